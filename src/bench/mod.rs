@@ -1,0 +1,1 @@
+//! `qbridge bench` (written next).

@@ -1,0 +1,1 @@
+//! clap definitions (written next).

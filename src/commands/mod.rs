@@ -1,0 +1,1 @@
+//! CLI subcommand implementations (written next).

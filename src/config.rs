@@ -1,0 +1,539 @@
+//! Configuration: a TOML file plus flags/env, validated into [`Config`]. Unknown
+//! keys and wrong types are errors that name the key; durations are strings like
+//! `"250ms"`, `"30s"`, `"5m"`, `"1h"`; sizes like `"1MiB"`, `"512KiB"` or bytes.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::error::{Error, Result};
+use crate::queue::backoff::Backoff;
+use crate::queue::claim::TenantCap;
+use crate::queue::schedule::{Cadence, Schedule};
+use crate::queue::{validate, NewJob};
+
+/// A duration written as `"500ms"`, `"30s"`, `"5m"`, `"2h"` or `"1d"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+/// Parses a duration string (see [`Dur`]).
+pub fn parse_duration(text: &str) -> Result<Duration> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| Error::Config(format!("bad duration {text:?}: use e.g. \"500ms\", \"30s\", \"5m\"")))?;
+    let secs = match unit.trim() {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        "d" => value * 86400.0,
+        _ => {
+            return Err(Error::Config(format!(
+                "bad duration {text:?}: unit must be ms, s, m, h or d"
+            )))
+        }
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(Error::Config(format!("bad duration {text:?}")));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_duration(&s).map(Dur).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A size written as bytes (`1048576`) or with a unit (`"1MiB"`, `"64KiB"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bytes(pub usize);
+
+impl<'de> Deserialize<'de> for Bytes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(Bytes(n as usize)),
+            Raw::S(s) => {
+                let t = s.trim();
+                let (num, mult) = if let Some(n) = t.strip_suffix("MiB") {
+                    (n, 1024 * 1024)
+                } else if let Some(n) = t.strip_suffix("KiB") {
+                    (n, 1024)
+                } else if let Some(n) = t.strip_suffix('B') {
+                    (n, 1)
+                } else {
+                    (t, 1)
+                };
+                num.trim()
+                    .parse::<usize>()
+                    .map(|n| Bytes(n * mult))
+                    .map_err(|_| serde::de::Error::custom(format!("bad size {s:?}: use e.g. \"1MiB\"")))
+            }
+        }
+    }
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:9187".into()
+}
+
+/// `[http]`
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Address of /metrics, /livez, /readyz. Loopback unless set otherwise.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig { listen: default_listen() }
+    }
+}
+
+/// A pool's handler.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum HandlerConfig {
+    /// POST the payload to `url`.
+    Http {
+        url: String,
+        #[serde(default = "default_handler_timeout")]
+        timeout: Dur,
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+    },
+    /// Run `program` with the payload on stdin.
+    Command {
+        program: String,
+        #[serde(default)]
+        args: Vec<String>,
+        #[serde(default = "default_handler_timeout")]
+        timeout: Dur,
+        /// Exit codes that mean "permanent failure" (dead-letter at once).
+        #[serde(default)]
+        permanent_exit_codes: Vec<i32>,
+    },
+    /// Completes at once (benchmarks, demos).
+    Noop,
+}
+
+fn default_handler_timeout() -> Dur {
+    Dur(Duration::from_secs(30))
+}
+
+/// `[pools.tenant]`
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// JSON pointer to the tenant in the payload, e.g. `/tenant_id`.
+    pub pointer: String,
+    /// Most jobs per tenant in one claim.
+    pub cap: i64,
+    /// Ready rows one claim looks at (default 1000).
+    #[serde(default)]
+    pub window: Option<i64>,
+}
+
+/// `[[pools]]` as written in the file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct PoolFile {
+    name: Option<String>,
+    queues: Vec<String>,
+    #[serde(default)]
+    kinds: Option<Vec<String>>,
+    #[serde(default)]
+    concurrency: Option<usize>,
+    #[serde(default)]
+    batch_size: Option<i64>,
+    #[serde(default)]
+    lease: Option<Dur>,
+    #[serde(default)]
+    poll_interval: Option<Dur>,
+    #[serde(default)]
+    backoff_base: Option<Dur>,
+    #[serde(default)]
+    backoff_cap: Option<Dur>,
+    #[serde(default)]
+    lock_retry_delay: Option<Dur>,
+    #[serde(default)]
+    tenant: Option<TenantConfig>,
+    handler: HandlerConfig,
+}
+
+/// A validated pool.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub name: String,
+    pub queues: Vec<String>,
+    pub kinds: Option<Vec<String>>,
+    /// Handlers running at once.
+    pub concurrency: usize,
+    /// Most jobs per claim.
+    pub batch_size: i64,
+    pub lease: Duration,
+    /// The backstop: claim at least this often even without a NOTIFY.
+    pub poll_interval: Duration,
+    pub backoff: Backoff,
+    pub lock_retry_delay: Duration,
+    pub tenant: Option<TenantCap>,
+    pub handler: HandlerConfig,
+}
+
+/// `[[schedules]]`
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct ScheduleFile {
+    name: String,
+    queue: String,
+    #[serde(default)]
+    every: Option<Dur>,
+    #[serde(default)]
+    cron: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    payload: Option<serde_json::Value>,
+    #[serde(default)]
+    priority: i32,
+}
+
+/// `[history]`
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryConfig {
+    /// Days of completed-job history to keep in `jobs_done`; 0 keeps none.
+    #[serde(default)]
+    pub retention_days: u32,
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    database_url: Option<String>,
+    #[serde(default)]
+    max_connections: Option<u32>,
+    #[serde(default)]
+    worker_id: Option<String>,
+    #[serde(default)]
+    shutdown_deadline: Option<Dur>,
+    #[serde(default)]
+    payload_limit: Option<Bytes>,
+    #[serde(default)]
+    reaper_interval: Option<Dur>,
+    #[serde(default)]
+    completer_batch: Option<usize>,
+    #[serde(default)]
+    completer_tick: Option<Dur>,
+    #[serde(default)]
+    http: HttpConfig,
+    #[serde(default)]
+    history: HistoryConfig,
+    #[serde(default)]
+    pools: Vec<PoolFile>,
+    #[serde(default)]
+    schedules: Vec<ScheduleFile>,
+}
+
+/// Everything `qbridge run` needs, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub database_url: String,
+    pub max_connections: u32,
+    /// `locked_by` of this process's claims.
+    pub worker_id: String,
+    /// Longest a graceful shutdown waits for running handlers.
+    pub shutdown_deadline: Duration,
+    pub payload_limit: usize,
+    pub reaper_interval: Duration,
+    pub completer_batch: usize,
+    pub completer_tick: Duration,
+    pub http: HttpConfig,
+    pub history: HistoryConfig,
+    pub pools: Vec<PoolConfig>,
+    pub schedules: Vec<Schedule>,
+}
+
+/// Values from flags/env that win over the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub database_url: Option<String>,
+    pub http_listen: Option<String>,
+}
+
+impl Config {
+    /// Reads and validates a config file (or none: defaults), then applies overrides.
+    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config> {
+        let text = match path {
+            Some(p) => std::fs::read_to_string(p)
+                .map_err(|e| Error::Config(format!("cannot read {}: {e}", p.display())))?,
+            None => String::new(),
+        };
+        Config::from_toml(&text, overrides)
+    }
+
+    /// Parses and validates TOML text.
+    pub fn from_toml(text: &str, overrides: &Overrides) -> Result<Config> {
+        let file: FileConfig = toml::from_str(text).map_err(|e| {
+            // toml's message spans lines (it quotes the source); keep it on one.
+            Error::Config(e.to_string().split_whitespace().collect::<Vec<_>>().join(" "))
+        })?;
+        validate_file(file, overrides)
+    }
+}
+
+fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<Config> {
+    let database_url = overrides
+        .database_url
+        .clone()
+        .or(file.database_url)
+        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let payload_limit = file
+        .payload_limit
+        .map(|b| b.0)
+        .unwrap_or(validate::DEFAULT_PAYLOAD_LIMIT);
+    if payload_limit == 0 {
+        return Err(Error::Config("payload_limit must be more than 0".into()));
+    }
+    let mut http = file.http;
+    if let Some(listen) = &overrides.http_listen {
+        http.listen = listen.clone();
+    }
+    let mut names = HashSet::new();
+    let mut pools = Vec::new();
+    for (i, p) in file.pools.into_iter().enumerate() {
+        let pool = validate_pool(i, p)?;
+        if !names.insert(pool.name.clone()) {
+            return Err(Error::Config(format!("two pools are named {:?}", pool.name)));
+        }
+        pools.push(pool);
+    }
+    let mut schedules = Vec::new();
+    let mut schedule_names = HashSet::new();
+    for s in file.schedules {
+        if !schedule_names.insert(s.name.clone()) {
+            return Err(Error::Config(format!("two schedules are named {:?}", s.name)));
+        }
+        schedules.push(validate_schedule(s)?);
+    }
+    let worker_id = file.worker_id.unwrap_or_else(default_worker_id);
+    Ok(Config {
+        database_url,
+        max_connections: file.max_connections.unwrap_or(10).max(2),
+        worker_id,
+        shutdown_deadline: file.shutdown_deadline.map(|d| d.0).unwrap_or(Duration::from_secs(30)),
+        payload_limit,
+        reaper_interval: file.reaper_interval.map(|d| d.0).unwrap_or(Duration::from_secs(5)),
+        completer_batch: file.completer_batch.unwrap_or(1000).max(1),
+        completer_tick: file.completer_tick.map(|d| d.0).unwrap_or(Duration::from_millis(2)),
+        http,
+        history: file.history,
+        pools,
+        schedules,
+    })
+}
+
+fn default_worker_id() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "qbridge".into());
+    format!("{host}:{}", std::process::id())
+}
+
+fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
+    let name = p.name.unwrap_or_else(|| format!("pool{index}"));
+    let ctx = |msg: String| Error::Config(format!("pool {name:?}: {msg}"));
+    if p.queues.is_empty() {
+        return Err(ctx("queues must name at least one queue".into()));
+    }
+    for q in &p.queues {
+        validate::queue_name(q).map_err(|e| ctx(e.to_string()))?;
+    }
+    let concurrency = p.concurrency.unwrap_or(10);
+    if concurrency == 0 {
+        return Err(ctx("concurrency must be at least 1".into()));
+    }
+    let batch_size = p.batch_size.unwrap_or(concurrency.min(100) as i64);
+    if batch_size < 1 {
+        return Err(ctx("batch_size must be at least 1".into()));
+    }
+    let lease = p.lease.map(|d| d.0).unwrap_or(Duration::from_secs(60));
+    if lease < Duration::from_secs(1) {
+        return Err(ctx("lease must be at least 1s".into()));
+    }
+    let poll_interval = p.poll_interval.map(|d| d.0).unwrap_or(Duration::from_secs(1));
+    if poll_interval.is_zero() {
+        return Err(ctx("poll_interval must be more than 0".into()));
+    }
+    let backoff = Backoff {
+        base: p.backoff_base.map(|d| d.0).unwrap_or(Backoff::default().base),
+        cap: p.backoff_cap.map(|d| d.0).unwrap_or(Backoff::default().cap),
+    };
+    if backoff.base > backoff.cap {
+        return Err(ctx("backoff_base must not exceed backoff_cap".into()));
+    }
+    let tenant = match p.tenant {
+        None => None,
+        Some(t) => {
+            if t.cap < 1 {
+                return Err(ctx("tenant.cap must be at least 1".into()));
+            }
+            let path = validate::json_pointer_path(&t.pointer).map_err(|e| ctx(e.to_string()))?;
+            Some(TenantCap {
+                path,
+                cap: t.cap,
+                window: t.window.unwrap_or(1000).max(1),
+            })
+        }
+    };
+    match &p.handler {
+        HandlerConfig::Http { url, .. } => {
+            let parsed = url::Url::parse(url).map_err(|e| ctx(format!("handler url {url:?}: {e}")))?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(ctx(format!("handler url {url:?} must be http or https")));
+            }
+        }
+        HandlerConfig::Command { program, .. } if program.is_empty() => {
+            return Err(ctx("handler program is empty".into()));
+        }
+        _ => {}
+    }
+    Ok(PoolConfig {
+        name,
+        queues: p.queues,
+        kinds: p.kinds,
+        concurrency,
+        batch_size,
+        lease,
+        poll_interval,
+        backoff,
+        lock_retry_delay: p.lock_retry_delay.map(|d| d.0).unwrap_or(Duration::from_secs(1)),
+        tenant,
+        handler: p.handler,
+    })
+}
+
+fn validate_schedule(s: ScheduleFile) -> Result<Schedule> {
+    let ctx = |msg: String| Error::Config(format!("schedule {:?}: {msg}", s.name));
+    validate::queue_name(&s.queue).map_err(|e| ctx(e.to_string()))?;
+    let cadence = match (&s.every, &s.cron) {
+        (Some(d), None) if !d.0.is_zero() => Cadence::Every(d.0),
+        (Some(_), None) => return Err(ctx("every must be more than 0".into())),
+        (None, Some(expr)) => Cadence::cron(expr).map_err(|e| ctx(e.to_string()))?,
+        _ => return Err(ctx("set exactly one of `every` and `cron`".into())),
+    };
+    let mut job = NewJob::new(s.queue.clone(), s.payload.clone().unwrap_or(serde_json::json!({})));
+    job.kind = s.kind.clone();
+    job.priority = s.priority;
+    Ok(Schedule {
+        name: s.name,
+        cadence,
+        job,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Config> {
+        Config::from_toml(text, &Overrides::default())
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("s").is_err());
+    }
+
+    #[test]
+    fn full_config() {
+        let cfg = load(
+            r#"
+            payload_limit = "64KiB"
+            [http]
+            listen = "127.0.0.1:9999"
+            [[pools]]
+            name = "mail"
+            queues = ["emails"]
+            concurrency = 4
+            lease = "30s"
+            tenant = { pointer = "/tenant", cap = 2 }
+            handler = { type = "http", url = "http://127.0.0.1:8080/run", timeout = "5s" }
+            [[pools]]
+            queues = ["bulk"]
+            handler = { type = "command", program = "/bin/cat", permanent_exit_codes = [75] }
+            [[schedules]]
+            name = "tick"
+            queue = "emails"
+            every = "60s"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(cfg.payload_limit, 64 * 1024);
+        assert_eq!(cfg.pools.len(), 2);
+        assert_eq!(cfg.pools[0].batch_size, 4);
+        assert_eq!(cfg.pools[0].tenant.as_ref().unwrap().path, vec!["tenant"]);
+        assert_eq!(cfg.pools[1].name, "pool1");
+        assert_eq!(cfg.schedules.len(), 1);
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let err = load("colour = \"blue\"").unwrap_err().to_string();
+        assert!(err.contains("colour"), "{err}");
+        let err = load("[[pools]]\nqueues=[\"a\"]\nhandler={type=\"noop\"}\nconcurency=3")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("concurency"), "{err}");
+        let err = load("[[pools]]\nqueues=[\"a\"]\nhandler={type=\"noop\", url=\"x\"}")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("url"), "{err}");
+    }
+
+    #[test]
+    fn wrong_types_and_values_are_errors() {
+        assert!(load("max_connections = \"ten\"").is_err());
+        assert!(load("[[pools]]\nqueues=[\"bad name\"]\nhandler={type=\"noop\"}").is_err());
+        assert!(load("[[pools]]\nqueues=[\"a\"]\nconcurrency=0\nhandler={type=\"noop\"}").is_err());
+        assert!(load("[[pools]]\nqueues=[\"a\"]\nlease=\"10x\"\nhandler={type=\"noop\"}").is_err());
+        assert!(load("[[schedules]]\nname=\"x\"\nqueue=\"a\"\ncron=\"nope\"").is_err());
+        assert!(load("[[schedules]]\nname=\"x\"\nqueue=\"a\"").is_err());
+        assert!(load("[[pools]]\nqueues=[\"a\"]\nhandler={type=\"http\", url=\"ftp://x\"}").is_err());
+    }
+
+    #[test]
+    fn errors_are_one_line() {
+        let err = load("[[pools]]\nqueues = 5").unwrap_err().to_string();
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn overrides_win() {
+        let o = Overrides {
+            database_url: Some("postgres://x@y/z".into()),
+            http_listen: Some("0.0.0.0:1".into()),
+        };
+        let cfg = Config::from_toml("database_url = \"postgres://a@b/c\"", &o).unwrap();
+        assert_eq!(cfg.database_url, "postgres://x@y/z");
+        assert_eq!(cfg.http.listen, "0.0.0.0:1");
+    }
+}

@@ -1,0 +1,58 @@
+//! Connecting to Postgres and checking the schema, with errors that say what to
+//! do and never show a password.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+
+use crate::error::{Error, Result};
+use crate::queue::MIGRATOR;
+use crate::redact::redact_url;
+
+/// Opens a pool of at most `max_connections`, failing fast (5 s) with a
+/// one-line error when the server cannot be reached.
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
+    let options: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| Error::Unreachable {
+        url: redact_url(url),
+        reason: format!("not a valid Postgres URL ({})", first_line(&e.to_string())),
+    })?;
+    // Statement logging would print bound values, i.e. payloads.
+    let options = options.disable_statement_logging();
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(options)
+        .await
+        .map_err(|e| Error::Unreachable {
+            url: redact_url(url),
+            reason: first_line(&e.to_string()),
+        })
+}
+
+/// Applies pending migrations.
+pub async fn migrate(pool: &PgPool) -> Result<()> {
+    MIGRATOR.run(pool).await?;
+    Ok(())
+}
+
+/// Errors with [`Error::SchemaNotCurrent`] unless every embedded migration is applied.
+pub async fn check_schema(pool: &PgPool) -> Result<()> {
+    let applied: Option<i64> = sqlx::query_scalar(
+        "SELECT max(version) FROM _sqlx_migrations WHERE success \
+          AND EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'qbridge')",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(|_| Error::SchemaNotCurrent)?;
+    let wanted = MIGRATOR.iter().map(|m| m.version).max();
+    if applied.is_some() && applied >= wanted {
+        Ok(())
+    } else {
+        Err(Error::SchemaNotCurrent)
+    }
+}
+
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or_default().to_string()
+}

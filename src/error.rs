@@ -1,0 +1,52 @@
+//! The crate's error type. Every message is one line that names the problem and,
+//! where there is one, what to do about it. Connection URLs inside messages are
+//! redacted before they get here (see [`crate::redact`]).
+
+use thiserror::Error;
+
+/// Errors at qbridge's module boundaries. `anyhow` is only used in `main`.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// A queue name outside 1–128 characters of `[A-Za-z0-9_.:-]`.
+    #[error("invalid queue name {0:?}: use 1-128 characters of A-Z a-z 0-9 _ . : -")]
+    InvalidQueueName(String),
+
+    /// A payload that is not valid JSON.
+    #[error("payload is not valid JSON ({0}); qbridge stores payloads as jsonb")]
+    PayloadNotJson(String),
+
+    /// A payload over the configured size limit.
+    #[error("payload is {size} bytes, over the limit of {limit} bytes (raise payload_limit in the config if this is intended)")]
+    PayloadTooLarge { size: usize, limit: usize },
+
+    /// Anything else wrong with what a caller asked for.
+    #[error("{0}")]
+    InvalidInput(String),
+
+    /// A configuration file or flag that does not validate.
+    #[error("config: {0}")]
+    Config(String),
+
+    /// The database could not be reached at all.
+    #[error("cannot connect to Postgres at {url}: {reason} (is it running? check --database-url / QBRIDGE_DATABASE_URL)")]
+    Unreachable { url: String, reason: String },
+
+    /// The schema is older than this binary.
+    #[error("database schema is not current: run `qbridge migrate` first")]
+    SchemaNotCurrent,
+
+    /// A database error during an operation.
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+
+    /// A migration failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+
+    /// Local I/O (files, sockets).
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Shorthand used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

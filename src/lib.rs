@@ -1,0 +1,30 @@
+//! qbridge: move Redis-list job queues onto a Postgres job queue without
+//! downtime, without losing a job and without running one twice.
+//!
+//! Module map:
+//! - [`queue`] — the Postgres queue core (no Redis): enqueue, claim, fenced
+//!   heartbeat/complete/retry/dead-letter, completer, reaper, DLQ, schedules.
+//! - [`worker`] — pools, handlers (`http`, `command`, `noop`), graceful shutdown.
+//! - [`http`] — `/metrics`, `/livez`, `/readyz`.
+//! - [`config`] — TOML + flags/env → validated [`config::Config`].
+//! - [`db`] — connecting, migrating, checking the schema.
+//! - [`cli`] / [`commands`] — the `qbridge` command line.
+//! - [`bench`] — `qbridge bench`.
+//! - [`metrics`], [`telemetry`], [`shutdown`], [`redact`], [`error`] — plumbing.
+
+pub mod bench;
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod queue;
+pub mod redact;
+pub mod shutdown;
+pub mod telemetry;
+pub mod worker;
+
+pub use error::{Error, Result};
+pub use queue::MIGRATOR;

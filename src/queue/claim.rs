@@ -1,0 +1,132 @@
+//! Claim: take up to N ready jobs in one autocommit statement — a
+//! `FOR NO KEY UPDATE SKIP LOCKED` subselect in claim order, an UPDATE to
+//! `running` with a fresh lease token, RETURNING. No transaction is held while
+//! handlers run. Optional per-kind filter and per-tenant cap.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::error::Result;
+use crate::queue::job::ClaimedJob;
+use crate::queue::lock_keys;
+
+/// Per-tenant fairness: one claim takes at most `cap` jobs per tenant.
+#[derive(Debug, Clone)]
+pub struct TenantCap {
+    /// Path into the payload (from a JSON pointer) naming the tenant.
+    pub path: Vec<String>,
+    /// Jobs per tenant per claim.
+    pub cap: i64,
+    /// How many ready rows (in claim order) one claim looks at to find tenants.
+    /// A tenant behind more than this many ready jobs waits for the window.
+    pub window: i64,
+}
+
+/// What to claim.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// Queues to claim from.
+    pub queues: &'a [String],
+    /// Only these kinds, when set (a pool for latency-sensitive kinds).
+    pub kinds: Option<&'a [String]>,
+    /// Most jobs to take.
+    pub limit: i64,
+    /// Recorded in `locked_by` for operators.
+    pub worker: &'a str,
+    /// Lease length; heartbeats extend it.
+    pub lease: Duration,
+    /// Optional tenant cap.
+    pub tenant: Option<&'a TenantCap>,
+    /// Delay before a job whose lock key is busy is offered again.
+    pub lock_retry_delay: Duration,
+}
+
+const RETURNING: &str = "RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.priority, \
+     j.attempts, j.max_attempts, j.lease, j.run_at, j.created_at, j.lock_key";
+
+// The `l` CTE draws one lease token per claim: ids tell the jobs of a batch
+// apart, so (id, lease) is still unique per attempt. A CTE with a volatile
+// function is evaluated once.
+const CLAIM_SQL: &str = r#"
+WITH cand AS (
+    SELECT id FROM qbridge.jobs
+     WHERE state = 'ready' AND queue = ANY($1) AND run_at <= now()
+       AND ($5::text[] IS NULL OR kind = ANY($5))
+     ORDER BY priority DESC, run_at, id
+     LIMIT $2
+     FOR NO KEY UPDATE SKIP LOCKED
+), l AS (SELECT nextval('qbridge.lease_seq') AS lease)
+UPDATE qbridge.jobs j
+   SET state = 'running', attempts = j.attempts + 1, lease = l.lease,
+       locked_by = $3, lease_until = now() + $4 * interval '1 millisecond'
+  FROM cand, l
+ WHERE j.id = cand.id
+"#;
+
+// Tenant cap: read a window of ready rows without locking them, keep at most
+// $7 per tenant, then lock only the picks (SKIP LOCKED drops any another claimer
+// took in the meantime).
+const CLAIM_TENANT_SQL: &str = r#"
+WITH win AS (
+    SELECT id, priority, run_at, payload #>> $6::text[] AS tenant FROM qbridge.jobs
+     WHERE state = 'ready' AND queue = ANY($1) AND run_at <= now()
+       AND ($5::text[] IS NULL OR kind = ANY($5))
+     ORDER BY priority DESC, run_at, id
+     LIMIT $8
+), ranked AS (
+    SELECT id, priority, run_at,
+           row_number() OVER (PARTITION BY tenant ORDER BY priority DESC, run_at, id) AS rn
+      FROM win
+), pick AS (
+    SELECT id FROM ranked WHERE rn <= $7 ORDER BY priority DESC, run_at, id LIMIT $2
+), cand AS (
+    SELECT id FROM qbridge.jobs
+     WHERE id IN (SELECT id FROM pick) AND state = 'ready'
+     FOR NO KEY UPDATE SKIP LOCKED
+), l AS (SELECT nextval('qbridge.lease_seq') AS lease)
+UPDATE qbridge.jobs j
+   SET state = 'running', attempts = j.attempts + 1, lease = l.lease,
+       locked_by = $3, lease_until = now() + $4 * interval '1 millisecond'
+  FROM cand, l
+ WHERE j.id = cand.id
+"#;
+
+/// Claims up to `req.limit` jobs. Jobs whose lock key is held by a running job
+/// are put back (see [`lock_keys`]) and not returned.
+pub async fn claim(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Vec<ClaimedJob>> {
+    if req.limit <= 0 || req.queues.is_empty() {
+        return Ok(Vec::new());
+    }
+    let lease_ms = req.lease.as_millis().min(i64::MAX as u128) as i64;
+    let kinds: Option<Vec<String>> = req.kinds.map(|k| k.to_vec());
+    let jobs: Vec<ClaimedJob> = match req.tenant {
+        None => {
+            sqlx::query_as(&format!("{CLAIM_SQL}{RETURNING}"))
+                .bind(req.queues)
+                .bind(req.limit)
+                .bind(req.worker)
+                .bind(lease_ms)
+                .bind(kinds)
+                .fetch_all(pool)
+                .await?
+        }
+        Some(t) => {
+            sqlx::query_as(&format!("{CLAIM_TENANT_SQL}{RETURNING}"))
+                .bind(req.queues)
+                .bind(req.limit)
+                .bind(req.worker)
+                .bind(lease_ms)
+                .bind(kinds)
+                .bind(&t.path)
+                .bind(t.cap)
+                .bind(t.window.max(req.limit))
+                .fetch_all(pool)
+                .await?
+        }
+    };
+    if jobs.iter().any(|j| j.lock_key.is_some()) {
+        return lock_keys::settle(pool, jobs, req.lock_retry_delay).await;
+    }
+    Ok(jobs)
+}

@@ -1,0 +1,183 @@
+//! Fenced state changes on claimed jobs: heartbeat, complete, retry, dead-letter
+//! and release. Each one matches on (id, lease, state = 'running'); a job that
+//! does not match has lost its lease (reaped, or claimed again) and the call's
+//! result for it is discarded, never applied. All take batches: one statement
+//! for many jobs.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::error::Result;
+use crate::queue::job::JobRef;
+
+/// Which jobs of a fenced call were applied and which had lost their lease.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FenceResult {
+    /// Ids whose change was applied.
+    pub applied: Vec<i64>,
+    /// Attempts whose lease was gone: nothing was changed for them.
+    pub lost: Vec<JobRef>,
+}
+
+impl FenceResult {
+    fn from_applied(refs: &[JobRef], applied: Vec<i64>) -> Self {
+        let set: HashSet<i64> = applied.iter().copied().collect();
+        let lost = refs.iter().filter(|r| !set.contains(&r.id)).copied().collect();
+        FenceResult { applied, lost }
+    }
+}
+
+fn split(refs: &[JobRef]) -> (Vec<i64>, Vec<i64>) {
+    refs.iter().map(|r| (r.id, r.lease)).unzip()
+}
+
+fn millis(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+const HEARTBEAT_SQL: &str = r#"
+UPDATE qbridge.jobs j SET lease_until = now() + $3 * interval '1 millisecond'
+  FROM unnest($1::int8[], $2::int8[]) AS c(id, lease)
+ WHERE j.id = c.id AND j.lease = c.lease AND j.state = 'running'
+RETURNING j.id
+"#;
+
+const COMPLETE_SQL: &str = r#"
+DELETE FROM qbridge.jobs j USING unnest($1::int8[], $2::int8[]) AS c(id, lease)
+ WHERE j.id = c.id AND j.lease = c.lease AND j.state = 'running'
+RETURNING j.id
+"#;
+
+const COMPLETE_WITH_HISTORY_SQL: &str = r#"
+WITH d AS (
+    DELETE FROM qbridge.jobs j USING unnest($1::int8[], $2::int8[]) AS c(id, lease)
+     WHERE j.id = c.id AND j.lease = c.lease AND j.state = 'running'
+    RETURNING j.id, j.queue, j.kind, j.key, j.attempts, j.created_at
+)
+INSERT INTO qbridge.jobs_done (id, queue, kind, key, attempts, created_at)
+SELECT id, queue, kind, key, attempts, created_at FROM d
+RETURNING id
+"#;
+
+const RETRY_SQL: &str = r#"
+UPDATE qbridge.jobs j
+   SET state = 'ready', run_at = now() + c.delay_ms * interval '1 millisecond',
+       lease_until = NULL, locked_by = NULL, last_error = c.err
+  FROM unnest($1::int8[], $2::int8[], $3::int8[], $4::text[]) AS c(id, lease, delay_ms, err)
+ WHERE j.id = c.id AND j.lease = c.lease AND j.state = 'running'
+RETURNING j.id
+"#;
+
+const DEAD_SQL: &str = r#"
+WITH d AS (
+    DELETE FROM qbridge.jobs j USING unnest($1::int8[], $2::int8[], $3::text[]) AS c(id, lease, err)
+     WHERE j.id = c.id AND j.lease = c.lease AND j.state = 'running'
+    RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.priority, j.attempts,
+              j.max_attempts, c.err, j.created_at
+)
+INSERT INTO qbridge.jobs_dead
+       (id, queue, kind, key, payload, priority, attempts, max_attempts, last_error, created_at)
+SELECT * FROM d
+RETURNING id
+"#;
+
+// Handing a job back wakes other workers at once instead of at their next poll.
+const RELEASE_SQL: &str = r#"
+WITH u AS (
+    UPDATE qbridge.jobs j
+       SET state = 'ready', lease_until = NULL, locked_by = NULL,
+           attempts = j.attempts - CASE WHEN $3 THEN 1 ELSE 0 END
+      FROM unnest($1::int8[], $2::int8[]) AS c(id, lease)
+     WHERE j.id = c.id AND j.lease = c.lease AND j.state = 'running'
+    RETURNING j.id, j.queue
+), n AS (
+    SELECT pg_notify('qbridge_jobs', q.queue) FROM (SELECT DISTINCT queue FROM u) q
+)
+SELECT u.id FROM u, (SELECT count(*) FROM n) AS sent
+"#;
+
+/// Extends the leases of running jobs by `lease` from now.
+pub async fn heartbeat(pool: &PgPool, refs: &[JobRef], lease: Duration) -> Result<FenceResult> {
+    if refs.is_empty() {
+        return Ok(FenceResult::default());
+    }
+    let (ids, leases) = split(refs);
+    let applied = sqlx::query_scalar(HEARTBEAT_SQL)
+        .bind(ids)
+        .bind(leases)
+        .bind(millis(lease))
+        .fetch_all(pool)
+        .await?;
+    Ok(FenceResult::from_applied(refs, applied))
+}
+
+/// Completes jobs: they leave the hot table (into day-partitioned history when
+/// `keep_history`).
+pub async fn complete(pool: &PgPool, refs: &[JobRef], keep_history: bool) -> Result<FenceResult> {
+    if refs.is_empty() {
+        return Ok(FenceResult::default());
+    }
+    let (ids, leases) = split(refs);
+    let sql = if keep_history {
+        COMPLETE_WITH_HISTORY_SQL
+    } else {
+        COMPLETE_SQL
+    };
+    let applied = sqlx::query_scalar(sql)
+        .bind(ids)
+        .bind(leases)
+        .fetch_all(pool)
+        .await?;
+    Ok(FenceResult::from_applied(refs, applied))
+}
+
+/// Puts jobs back to `ready` after their delay, recording the error.
+pub async fn retry(pool: &PgPool, items: &[(JobRef, Duration, String)]) -> Result<FenceResult> {
+    if items.is_empty() {
+        return Ok(FenceResult::default());
+    }
+    let refs: Vec<JobRef> = items.iter().map(|i| i.0).collect();
+    let (ids, leases) = split(&refs);
+    let applied = sqlx::query_scalar(RETRY_SQL)
+        .bind(ids)
+        .bind(leases)
+        .bind(items.iter().map(|i| millis(i.1)).collect::<Vec<_>>())
+        .bind(items.iter().map(|i| i.2.clone()).collect::<Vec<_>>())
+        .fetch_all(pool)
+        .await?;
+    Ok(FenceResult::from_applied(&refs, applied))
+}
+
+/// Moves jobs to `jobs_dead` with their error.
+pub async fn dead_letter(pool: &PgPool, items: &[(JobRef, String)]) -> Result<FenceResult> {
+    if items.is_empty() {
+        return Ok(FenceResult::default());
+    }
+    let refs: Vec<JobRef> = items.iter().map(|i| i.0).collect();
+    let (ids, leases) = split(&refs);
+    let applied = sqlx::query_scalar(DEAD_SQL)
+        .bind(ids)
+        .bind(leases)
+        .bind(items.iter().map(|i| i.1.clone()).collect::<Vec<_>>())
+        .fetch_all(pool)
+        .await?;
+    Ok(FenceResult::from_applied(&refs, applied))
+}
+
+/// Hands jobs back to `ready` at once (shutdown). `refund_attempt` undoes the
+/// attempt count for jobs whose handler never started.
+pub async fn release(pool: &PgPool, refs: &[JobRef], refund_attempt: bool) -> Result<FenceResult> {
+    if refs.is_empty() {
+        return Ok(FenceResult::default());
+    }
+    let (ids, leases) = split(refs);
+    let applied = sqlx::query_scalar(RELEASE_SQL)
+        .bind(ids)
+        .bind(leases)
+        .bind(refund_attempt)
+        .fetch_all(pool)
+        .await?;
+    Ok(FenceResult::from_applied(refs, applied))
+}

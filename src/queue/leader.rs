@@ -1,0 +1,23 @@
+//! Leadership for maintenance passes. A pass runs inside a transaction that holds
+//! `pg_try_advisory_xact_lock(key)`: at most one process per database runs a
+//! given pass at a time, and the lock cannot leak — it ends with the
+//! transaction, also when the process dies or its connection drops.
+
+use sqlx::PgConnection;
+
+use crate::error::Result;
+
+/// Advisory lock key of the reaper pass.
+pub const REAPER: i64 = 0x7162_7200_0001;
+/// Advisory lock key of the recurring-schedule pass.
+pub const SCHEDULER: i64 = 0x7162_7200_0002;
+/// Advisory lock key of the history partition pass.
+pub const HISTORY: i64 = 0x7162_7200_0003;
+
+/// Tries to become this pass's leader inside the caller's open transaction.
+pub async fn try_lead(tx: &mut PgConnection, key: i64) -> Result<bool> {
+    Ok(sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(key)
+        .fetch_one(tx)
+        .await?)
+}

@@ -1,0 +1,198 @@
+//! One worker pool: claims batches from its queues while it has free slots, runs
+//! each job's handler in its own task, and sends the outcome to the completer.
+//! Sleeps until a NOTIFY wake-up or the poll interval, whichever comes first.
+//!
+//! Shutdown: when `intake` is cancelled it stops claiming; running handlers get
+//! until `deadline`; after that they are cancelled and their jobs handed back.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::PoolConfig;
+use crate::metrics as m;
+use crate::queue::completer::{Finished, Outcome};
+use crate::queue::{claim, fence, ClaimRequest, ClaimedJob};
+use crate::worker::handler::{Handler, HandlerResult};
+use crate::worker::heartbeat::{self, InFlight};
+
+/// Totals of one pool's life.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PoolReport {
+    pub claimed: u64,
+    /// Jobs handed back at shutdown because their handler did not finish in time.
+    pub handed_back: u64,
+}
+
+/// Everything a pool needs.
+pub struct WorkerPool {
+    pub config: PoolConfig,
+    pub db: PgPool,
+    pub handler: Arc<Handler>,
+    pub completer: mpsc::Sender<Finished>,
+    pub waker: Arc<Notify>,
+    pub worker_id: String,
+}
+
+impl WorkerPool {
+    /// Runs until `intake` is cancelled and every attempt is settled.
+    pub async fn run(self, intake: CancellationToken, deadline: Duration) -> PoolReport {
+        let slots = Arc::new(Semaphore::new(self.config.concurrency));
+        let tracker = TaskTracker::new();
+        let inflight = InFlight::default();
+        let beat_stop = CancellationToken::new();
+        let beat = tokio::spawn(heartbeat::run(
+            self.db.clone(),
+            inflight.clone(),
+            self.config.lease,
+            beat_stop.clone(),
+        ));
+        let queue_label: Arc<str> = Arc::from(self.config.queues.join(",").as_str());
+        let mut report = PoolReport::default();
+        let mut failures = 0u32;
+
+        while !intake.is_cancelled() {
+            // Wait for one free slot, then take as many more as are free now.
+            let first = tokio::select! {
+                _ = intake.cancelled() => break,
+                p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            };
+            let mut permits = vec![first];
+            while (permits.len() as i64) < self.config.batch_size {
+                match slots.clone().try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            let req = ClaimRequest {
+                queues: &self.config.queues,
+                kinds: self.config.kinds.as_deref(),
+                limit: permits.len() as i64,
+                worker: &self.worker_id,
+                lease: self.config.lease,
+                tenant: self.config.tenant.as_ref(),
+                lock_retry_delay: self.config.lock_retry_delay,
+            };
+            let started = Instant::now();
+            let jobs = match claim(&self.db, &req).await {
+                Ok(jobs) => {
+                    failures = 0;
+                    metrics::histogram!(m::CLAIM_SECONDS, "queue" => queue_label.to_string())
+                        .record(started.elapsed().as_secs_f64());
+                    jobs
+                }
+                Err(err) => {
+                    failures += 1;
+                    tracing::warn!(error = %err, pool = %self.config.name, "claim failed");
+                    drop(permits);
+                    let pause = self.config.poll_interval.min(Duration::from_millis(100 * u64::from(failures.min(20))));
+                    tokio::select! {
+                        _ = intake.cancelled() => break,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    continue;
+                }
+            };
+            let got = jobs.len();
+            let asked = permits.len();
+            report.claimed += got as u64;
+            if got > 0 {
+                metrics::counter!(m::JOBS_CLAIMED, "queue" => queue_label.to_string()).increment(got as u64);
+            }
+            for (job, permit) in jobs.into_iter().zip(permits.drain(..)) {
+                let cancel = inflight.insert(job.job_ref());
+                let ctx = AttemptCtx {
+                    db: self.db.clone(),
+                    handler: self.handler.clone(),
+                    completer: self.completer.clone(),
+                    inflight: inflight.clone(),
+                    config: self.config.clone(),
+                };
+                tracker.spawn(async move {
+                    ctx.run(job, cancel).await;
+                    drop(permit);
+                });
+            }
+            drop(permits);
+            if got < asked {
+                // The queue looked empty: sleep until a wake-up or the poll backstop.
+                tokio::select! {
+                    _ = intake.cancelled() => break,
+                    _ = self.waker.notified() => {}
+                    _ = tokio::time::sleep(self.config.poll_interval) => {}
+                }
+            }
+        }
+
+        tracker.close();
+        if tokio::time::timeout(deadline, tracker.wait()).await.is_err() {
+            let left = inflight.len();
+            tracing::warn!(pool = %self.config.name, running = left,
+                "shutdown deadline passed; cancelling handlers and handing their jobs back");
+            report.handed_back = left as u64;
+            inflight.cancel_all();
+            tracker.wait().await;
+        }
+        beat_stop.cancel();
+        let _ = beat.await;
+        report
+    }
+}
+
+/// What one attempt's task carries.
+struct AttemptCtx {
+    db: PgPool,
+    handler: Arc<Handler>,
+    completer: mpsc::Sender<Finished>,
+    inflight: InFlight,
+    config: PoolConfig,
+}
+
+impl AttemptCtx {
+    async fn run(self, job: ClaimedJob, cancel: CancellationToken) {
+        let job_ref = job.job_ref();
+        let waited = (chrono::Utc::now() - job.run_at).num_microseconds().unwrap_or(0).max(0);
+        metrics::histogram!(m::ENQUEUE_TO_START, "queue" => job.queue.clone())
+            .record(waited as f64 / 1e6);
+        let result = tokio::select! {
+            r = self.handler.run(&job) => Some(r),
+            _ = cancel.cancelled() => None,
+        };
+        self.inflight.remove(job.id);
+        let Some(result) = result else {
+            // Cancelled: either the lease was lost (then nothing may be written)
+            // or shutdown ran out of time (then hand the job back now rather
+            // than after the lease expires). release() is fenced, so it is a
+            // no-op in the first case.
+            if let Err(err) = fence::release(&self.db, &[job_ref], false).await {
+                tracing::warn!(job.id = job.id, error = %err, "could not hand job back; it returns when its lease expires");
+            }
+            return;
+        };
+        let outcome = match result {
+            HandlerResult::Done => Outcome::Complete,
+            HandlerResult::Permanent(error) => Outcome::Dead { error },
+            HandlerResult::Retry(error) if job.attempts >= job.max_attempts => Outcome::Dead {
+                error: format!("attempts exhausted ({}): {error}", job.attempts),
+            },
+            HandlerResult::Retry(error) => Outcome::Retry {
+                delay: self.config.backoff.delay(job.attempts),
+                error,
+            },
+        };
+        let finished = Finished {
+            job: job_ref,
+            queue: Arc::from(job.queue.as_str()),
+            outcome,
+        };
+        // The completer outlives every pool, so this only fails if it crashed;
+        // the lease then expires and the job runs again.
+        if self.completer.send(finished).await.is_err() {
+            tracing::error!(job.id = job.id, "completer is gone; job will be re-run after its lease expires");
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! The worker runtime: builds everything `qbridge run` runs — pools, the batched
+//! completer, the LISTEN connection, reaper, scheduler, history retention, gauges
+//! and the HTTP listener — and shuts it down in order: stop intake, drain
+//! handlers under the deadline, flush completions, stop maintenance, close the pool.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::error::Result;
+use crate::queue::completer::{self, CompleterConfig, CompleterReport};
+use crate::queue::listener::{self, Wakers};
+use crate::queue::{history, reaper, schedule};
+use crate::worker::pool::{PoolReport, WorkerPool};
+use crate::worker::{gauges, Handler};
+
+/// Totals after a run.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RuntimeReport {
+    pub claimed: u64,
+    pub handed_back: u64,
+    pub completer: CompleterReport,
+}
+
+/// A built, not yet running, worker process.
+pub struct Runtime {
+    pub config: Config,
+    pub db: PgPool,
+    /// Start the HTTP listener (tests and benches may not want one).
+    pub serve_http: bool,
+    /// Gauge collection period.
+    pub gauge_interval: Duration,
+}
+
+impl Runtime {
+    /// Connects and checks the schema.
+    pub async fn build(config: Config) -> Result<Runtime> {
+        let db = crate::db::connect(&config.database_url, config.max_connections).await?;
+        crate::db::check_schema(&db).await?;
+        Ok(Runtime {
+            config,
+            db,
+            serve_http: true,
+            gauge_interval: Duration::from_secs(5),
+        })
+    }
+
+    /// Runs until `stop` is cancelled, then shuts down gracefully.
+    pub async fn run_until_stopped(self, stop: CancellationToken) -> Result<RuntimeReport> {
+        let cfg = &self.config;
+        let maintenance = CancellationToken::new();
+        let mut background = Vec::new();
+
+        if cfg.history.retention_days > 0 {
+            // Before any completion, so today's partition exists.
+            history::run_once(&self.db, cfg.history.retention_days).await?;
+            let (db, days, token) = (self.db.clone(), cfg.history.retention_days, maintenance.clone());
+            background.push(tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = token.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
+                    }
+                    if let Err(err) = history::run_once(&db, days).await {
+                        tracing::warn!(error = %err, "history maintenance failed");
+                    }
+                }
+            }));
+        }
+        if self.serve_http {
+            let state = crate::http::AppState {
+                db: self.db.clone(),
+                prometheus: crate::telemetry::prometheus(),
+            };
+            let listen = cfg.http.listen.clone();
+            // Bind now so a taken port is a start-up error, not a log line.
+            let token = maintenance.clone();
+            let listener = tokio::net::TcpListener::bind(&listen)
+                .await
+                .map_err(|e| crate::Error::Config(format!("cannot listen on {listen}: {e}")))?;
+            tracing::info!(listen = %listen, "http listening");
+            background.push(tokio::spawn(async move {
+                let app = crate::http::router(state);
+                if let Err(err) = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { token.cancelled().await })
+                    .await
+                {
+                    tracing::error!(error = %err, "http listener failed");
+                }
+            }));
+        }
+
+        let (done_tx, done_rx) = completer::spawn(
+            self.db.clone(),
+            CompleterConfig {
+                batch_size: cfg.completer_batch,
+                tick: cfg.completer_tick,
+                keep_history: cfg.history.retention_days > 0,
+                ..Default::default()
+            },
+        );
+
+        let mut wakers = Wakers::default();
+        let mut pools = Vec::new();
+        for pc in &cfg.pools {
+            let waker = Arc::new(Notify::new());
+            wakers.register(&pc.queues, waker.clone());
+            pools.push(WorkerPool {
+                config: pc.clone(),
+                db: self.db.clone(),
+                handler: Arc::new(Handler::from_config(&pc.handler)?),
+                completer: done_tx.clone(),
+                waker,
+                worker_id: cfg.worker_id.clone(),
+            });
+        }
+        drop(done_tx);
+
+        background.push(tokio::spawn(listener::run(
+            cfg.database_url.clone(),
+            wakers,
+            maintenance.clone(),
+        )));
+        background.push(tokio::spawn(reaper::run(
+            self.db.clone(),
+            cfg.reaper_interval,
+            maintenance.clone(),
+        )));
+        background.push(tokio::spawn(schedule::run(
+            self.db.clone(),
+            cfg.schedules.clone(),
+            cfg.payload_limit,
+            Duration::from_secs(1),
+            maintenance.clone(),
+        )));
+        background.push(tokio::spawn(gauges::run(
+            self.db.clone(),
+            self.gauge_interval,
+            maintenance.clone(),
+        )));
+
+        tracing::info!(pools = pools.len(), worker = %cfg.worker_id, "worker runtime started");
+        let deadline = cfg.shutdown_deadline;
+        let running: Vec<_> = pools
+            .into_iter()
+            .map(|p| tokio::spawn(p.run(stop.clone(), deadline)))
+            .collect();
+
+        let mut report = RuntimeReport::default();
+        for handle in running {
+            let r: PoolReport = handle.await.unwrap_or_default();
+            report.claimed += r.claimed;
+            report.handed_back += r.handed_back;
+        }
+        // Every pool (and so every completer sender) is gone: the completer
+        // flushes what is left and returns.
+        report.completer = done_rx.await.unwrap_or_default();
+        maintenance.cancel();
+        for handle in background {
+            let _ = handle.await;
+        }
+        self.db.close().await;
+        tracing::info!(claimed = report.claimed, completed = report.completer.completed,
+            handed_back = report.handed_back, "worker runtime stopped");
+        Ok(report)
+    }
+}
