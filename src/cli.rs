@@ -1,1 +1,157 @@
-//! clap definitions (written next).
+//! The command line (clap derive). Secrets come from the environment with
+//! `hide_env_values`, so `--help` never prints them.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::telemetry::LogFormat;
+
+/// Move Redis-list job queues onto a Postgres job queue without downtime.
+#[derive(Debug, Parser)]
+#[command(name = "qbridge", version, propagate_version = true)]
+pub struct Cli {
+    /// Postgres URL (default: the config file's, else postgres://postgres@127.0.0.1:5432/postgres).
+    #[arg(long, global = true, env = "QBRIDGE_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// TOML config file.
+    #[arg(long, short = 'c', global = true, env = "QBRIDGE_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Machine-readable output on stdout.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value = "text", env = "QBRIDGE_LOG_FORMAT")]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or update the qbridge schema.
+    #[command(after_help = "Example:\n  qbridge migrate --database-url postgres://app@db/app")]
+    Migrate,
+
+    /// Run the worker pools, maintenance and the HTTP listener.
+    #[command(after_help = "Example:\n  qbridge run --config qbridge.toml\n\n\
+        SIGINT/SIGTERM stop intake, let running jobs finish (shutdown_deadline), flush completions.")]
+    Run(RunArgs),
+
+    /// Enqueue jobs from arguments or a JSON-lines file.
+    #[command(after_help = "Examples:\n  qbridge enqueue --queue emails '{\"to\":\"a@example.com\"}'\n  \
+        qbridge enqueue --queue emails --file jobs.jsonl --key-pointer /id\n  \
+        qbridge enqueue --queue reports --delay 10m '{\"report\":42}'")]
+    Enqueue(EnqueueArgs),
+
+    /// Per-queue ready, running, scheduled, dead and lag, plus database health.
+    #[command(after_help = "Example:\n  qbridge stats --json")]
+    Stats,
+
+    /// Inspect and requeue dead-lettered jobs.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+
+    /// Benchmarks: burn-down, steady state, pickup latency, claim latency.
+    #[command(after_help = "Examples:\n  qbridge bench burndown --jobs 50000 --workers 2\n  \
+        qbridge bench latency --samples 200\n  qbridge bench steady --duration 20s")]
+    Bench(crate::bench::BenchArgs),
+}
+
+/// `qbridge run`
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Address of /metrics, /livez and /readyz (overrides [http] listen).
+    #[arg(long, env = "QBRIDGE_HTTP_LISTEN")]
+    pub http_listen: Option<String>,
+}
+
+/// `qbridge enqueue`
+#[derive(Debug, Args)]
+pub struct EnqueueArgs {
+    /// Queue name.
+    #[arg(long, short = 'q')]
+    pub queue: String,
+    /// JSON payloads (one job each).
+    pub payloads: Vec<String>,
+    /// Read payloads from a JSON-lines file ("-" for stdin), one job per line.
+    #[arg(long, conflicts_with = "payloads")]
+    pub file: Option<PathBuf>,
+    /// Job kind.
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Idempotency key (one payload only).
+    #[arg(long, conflicts_with = "key_pointer")]
+    pub key: Option<String>,
+    /// Take each job's key from its payload at this JSON pointer (e.g. /id).
+    #[arg(long)]
+    pub key_pointer: Option<String>,
+    /// Larger runs first.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Run no earlier than this RFC 3339 time.
+    #[arg(long, conflicts_with = "delay")]
+    pub run_at: Option<String>,
+    /// Run after this delay (e.g. 30s, 10m).
+    #[arg(long)]
+    pub delay: Option<String>,
+    /// Attempts before dead-lettering.
+    #[arg(long)]
+    pub max_attempts: Option<i32>,
+    /// Jobs with the same lock key never run at the same time.
+    #[arg(long)]
+    pub lock_key: Option<String>,
+}
+
+/// `qbridge dlq …`
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// List dead jobs, newest first (payloads are not shown).
+    #[command(after_help = "Example:\n  qbridge dlq list --queue emails --error timeout")]
+    List {
+        #[command(flatten)]
+        filter: DlqFilter,
+        /// Most rows to show.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Show one dead job, with its payload.
+    #[command(after_help = "Example:\n  qbridge dlq show 1234")]
+    Show {
+        /// Job id.
+        id: i64,
+    },
+    /// Move dead jobs back to the queue (attempts reset) at a bounded rate.
+    #[command(after_help = "Examples:\n  qbridge dlq requeue --id 1234 --id 1235\n  \
+        qbridge dlq requeue --queue emails --error 'http handler answered 503' --rate 200\n  \
+        qbridge dlq requeue --all --rate 1000")]
+    Requeue {
+        #[command(flatten)]
+        filter: DlqFilter,
+        /// Requeue every dead job (required when no filter is given).
+        #[arg(long)]
+        all: bool,
+        /// Most jobs per second, so a replay cannot starve live work.
+        #[arg(long, default_value_t = 100)]
+        rate: u32,
+    },
+}
+
+/// Filters shared by `dlq list` and `dlq requeue`.
+#[derive(Debug, Args)]
+pub struct DlqFilter {
+    /// Only these job ids.
+    #[arg(long = "id")]
+    pub ids: Vec<i64>,
+    /// Only this queue.
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Only jobs whose last error contains this text.
+    #[arg(long = "error")]
+    pub error_contains: Option<String>,
+}

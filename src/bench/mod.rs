@@ -1,1 +1,190 @@
-//! `qbridge bench` (written next).
+//! `qbridge bench`: measured, never asserted. Burn-down (enqueue N no-op jobs,
+//! then drain), steady state (producers and workers at once), idle pickup
+//! latency (with and without NOTIFY) and claim latency over a large dead-letter
+//! history. Run it on a scratch database: it only touches its own queue, but it
+//! loads the server.
+
+mod burndown;
+mod claim_latency;
+mod harness;
+mod latency;
+mod steady;
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use crate::config::{parse_duration, Config};
+use crate::error::Result;
+
+/// The queue every bench mode uses (and clears first).
+pub const BENCH_QUEUE: &str = "qbridge_bench";
+
+/// `qbridge bench …`
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub mode: BenchMode,
+    /// Also print `RESULT {json}` (the format of the peer benchmark harness).
+    #[arg(long, global = true)]
+    pub peer_result: bool,
+}
+
+/// Bench modes.
+#[derive(Debug, Subcommand)]
+pub enum BenchMode {
+    /// Enqueue N no-op jobs in batches, then drain them with W workers.
+    #[command(after_help = "Example:\n  qbridge bench burndown --jobs 50000 --workers 2 --batch 500")]
+    Burndown(WorkerArgs),
+    /// Producers and workers at once for a duration; enqueue-to-start latency.
+    #[command(after_help = "Example:\n  qbridge bench steady --duration 20s --rate 5000")]
+    Steady {
+        #[command(flatten)]
+        workers: WorkerArgs,
+        /// How long to run.
+        #[arg(long, default_value = "20s", value_parser = parse_dur)]
+        duration: Duration,
+        /// Target jobs/s over all producers (0 = as fast as possible).
+        #[arg(long, default_value_t = 5000)]
+        rate: u64,
+        /// Producer tasks.
+        #[arg(long, default_value_t = 2)]
+        producers: usize,
+        /// Jobs per producer insert.
+        #[arg(long, default_value_t = 50)]
+        producer_batch: usize,
+    },
+    /// Idle-queue pickup: jobs enqueued one at a time; with NOTIFY and via the poll backstop.
+    #[command(after_help = "Example:\n  qbridge bench latency --samples 200 --interval 20ms")]
+    Latency {
+        /// Jobs to enqueue one by one.
+        #[arg(long, default_value_t = 200)]
+        samples: usize,
+        /// Pause between enqueues.
+        #[arg(long, default_value = "20ms", value_parser = parse_dur)]
+        interval: Duration,
+        /// Poll interval of the worker (the bound when a NOTIFY is lost).
+        #[arg(long, default_value = "250ms", value_parser = parse_dur)]
+        poll_interval: Duration,
+    },
+    /// Claim statement latency with a large dead-letter history present.
+    #[command(after_help = "Example:\n  qbridge bench claim --dead-history 1000000")]
+    Claim {
+        /// Dead-letter rows to create first (kept between runs).
+        #[arg(long, default_value_t = 1_000_000)]
+        dead_history: i64,
+        /// Claims to time.
+        #[arg(long, default_value_t = 2000)]
+        samples: usize,
+        /// Jobs per claim.
+        #[arg(long, default_value_t = 10)]
+        batch: i64,
+    },
+}
+
+/// Worker settings shared by burn-down and steady state.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    /// Jobs to enqueue (burn-down).
+    #[arg(long, default_value_t = 50_000)]
+    pub jobs: usize,
+    /// Worker runtimes, each with its own connection pool (like worker processes).
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Jobs per claim.
+    #[arg(long, default_value_t = 500)]
+    pub batch: i64,
+    /// Handlers running at once per worker.
+    #[arg(long, default_value_t = 1000)]
+    pub concurrency: usize,
+    /// Outcomes per completer statement.
+    #[arg(long, default_value_t = 1000)]
+    pub completer_batch: usize,
+    /// Jobs per enqueue call (burn-down).
+    #[arg(long, default_value_t = 5000)]
+    pub enqueue_batch: usize,
+}
+
+fn parse_dur(s: &str) -> std::result::Result<Duration, String> {
+    parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// One bench result: printed as a table for people, JSON for scripts.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub system: String,
+    pub version: String,
+    pub mode: String,
+    pub n: u64,
+    pub settings: serde_json::Value,
+    /// name → value, in print order.
+    pub numbers: Vec<(String, f64)>,
+    pub ok: bool,
+    pub notes: Vec<String>,
+}
+
+impl BenchReport {
+    fn print(&self, as_json: bool, peer_result: bool) {
+        if as_json {
+            let mut obj = serde_json::Map::new();
+            obj.insert("system".into(), self.system.clone().into());
+            obj.insert("version".into(), self.version.clone().into());
+            obj.insert("mode".into(), self.mode.clone().into());
+            obj.insert("n".into(), self.n.into());
+            obj.insert("settings".into(), self.settings.clone());
+            for (k, v) in &self.numbers {
+                obj.insert(k.clone(), serde_json::json!((v * 1000.0).round() / 1000.0));
+            }
+            obj.insert("ok".into(), self.ok.into());
+            obj.insert("notes".into(), self.notes.clone().into());
+            let text = serde_json::Value::Object(obj).to_string();
+            if peer_result {
+                println!("RESULT {text}");
+            } else {
+                println!("{text}");
+            }
+            return;
+        }
+        println!("qbridge bench {} (n = {}, settings {})", self.mode, self.n, self.settings);
+        for (k, v) in &self.numbers {
+            println!("  {k:<28} {v:>12.1}");
+        }
+        for note in &self.notes {
+            println!("  note: {note}");
+        }
+        println!("  ok: {}", self.ok);
+    }
+}
+
+/// Runs one bench mode.
+pub async fn run(config: &Config, args: BenchArgs, as_json: bool) -> Result<()> {
+    let report = match args.mode {
+        BenchMode::Burndown(w) => burndown::run(config, &w, as_json).await?,
+        BenchMode::Steady {
+            workers,
+            duration,
+            rate,
+            producers,
+            producer_batch,
+        } => steady::run(config, &workers, duration, rate, producers, producer_batch).await?,
+        BenchMode::Latency {
+            samples,
+            interval,
+            poll_interval,
+        } => latency::run(config, samples, interval, poll_interval).await?,
+        BenchMode::Claim {
+            dead_history,
+            samples,
+            batch,
+        } => claim_latency::run(config, dead_history, samples, batch).await?,
+    };
+    report.print(as_json || args.peer_result, args.peer_result);
+    if report.ok {
+        Ok(())
+    } else {
+        Err(crate::Error::InvalidInput(
+            "bench finished but its checks failed (see ok/notes above)".into(),
+        ))
+    }
+}

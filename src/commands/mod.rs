@@ -1,1 +1,51 @@
-//! CLI subcommand implementations (written next).
+//! Subcommand implementations. Each returns a crate `Result`; `main` turns an
+//! error into one line on stderr and a non-zero exit code.
+
+mod dlq;
+mod enqueue;
+pub(crate) mod output;
+pub(crate) use output::progress as progress_bar;
+mod stats;
+
+use crate::cli::{Cli, Command};
+use crate::config::{Config, Overrides};
+use crate::error::Result;
+
+/// Runs the parsed command line.
+pub async fn dispatch(cli: Cli) -> Result<()> {
+    let overrides = Overrides {
+        database_url: cli.database_url.clone(),
+        http_listen: match &cli.command {
+            Command::Run(args) => args.http_listen.clone(),
+            _ => None,
+        },
+    };
+    let config = Config::load(cli.config.as_deref(), &overrides)?;
+    match cli.command {
+        Command::Migrate => {
+            let db = crate::db::connect(&config.database_url, 2).await?;
+            crate::db::migrate(&db).await?;
+            output::done(cli.json, "schema qbridge is current");
+            Ok(())
+        }
+        Command::Run(_) => run(config).await,
+        Command::Enqueue(args) => enqueue::run(&config, &args, cli.json).await,
+        Command::Stats => stats::run(&config, cli.json).await,
+        Command::Dlq(cmd) => dlq::run(&config, cmd, cli.json).await,
+        Command::Bench(args) => crate::bench::run(&config, args, cli.json).await,
+    }
+}
+
+async fn run(config: Config) -> Result<()> {
+    if config.pools.is_empty() && config.schedules.is_empty() {
+        return Err(crate::Error::Config(
+            "nothing to run: add at least one [[pools]] entry to the config file (see README)".into(),
+        ));
+    }
+    // Installs the recorder before any metric is touched.
+    crate::telemetry::prometheus();
+    let runtime = crate::worker::Runtime::build(config).await?;
+    let stop = crate::shutdown::on_signal();
+    runtime.run_until_stopped(stop).await?;
+    Ok(())
+}

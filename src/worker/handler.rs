@@ -36,6 +36,50 @@ pub enum Handler {
         permanent_exit_codes: Vec<i32>,
     },
     Noop,
+    /// Completes at once and records the attempt (benchmarks and tests).
+    Probe(std::sync::Arc<Probe>),
+}
+
+/// Records every attempt a [`Handler::Probe`] saw: count, distinct jobs and
+/// enqueue-to-start latency.
+#[derive(Debug, Default)]
+pub struct Probe {
+    runs: std::sync::atomic::AtomicU64,
+    inner: std::sync::Mutex<ProbeData>,
+}
+
+#[derive(Debug, Default)]
+struct ProbeData {
+    seen: std::collections::HashSet<i64>,
+    latencies: Vec<f64>,
+}
+
+impl Probe {
+    fn record(&self, job: &ClaimedJob) {
+        let waited = (chrono::Utc::now() - job.run_at).num_microseconds().unwrap_or(0).max(0);
+        self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut d) = self.inner.lock() {
+            d.seen.insert(job.id);
+            d.latencies.push(waited as f64 / 1e6);
+        }
+    }
+
+    /// Attempts run so far.
+    pub fn runs(&self) -> u64 {
+        self.runs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Distinct jobs run so far.
+    pub fn distinct(&self) -> usize {
+        self.inner.lock().map(|d| d.seen.len()).unwrap_or(0)
+    }
+
+    /// Enqueue-to-start latencies in seconds, sorted.
+    pub fn latencies(&self) -> Vec<f64> {
+        let mut v = self.inner.lock().map(|d| d.latencies.clone()).unwrap_or_default();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v
+    }
 }
 
 /// Most stderr kept as the error text of a failed command.
@@ -72,6 +116,10 @@ impl Handler {
     pub async fn run(&self, job: &ClaimedJob) -> HandlerResult {
         match self {
             Handler::Noop => HandlerResult::Done,
+            Handler::Probe(p) => {
+                p.record(job);
+                HandlerResult::Done
+            }
             Handler::Http { client, url, headers } => run_http(client, url, headers, job).await,
             Handler::Command {
                 program,

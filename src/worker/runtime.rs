@@ -34,6 +34,10 @@ pub struct Runtime {
     pub serve_http: bool,
     /// Gauge collection period.
     pub gauge_interval: Duration,
+    /// Keep the LISTEN connection (off only to measure the poll backstop).
+    pub listen: bool,
+    /// Use this handler for every pool instead of the configured ones.
+    pub handler_override: Option<Arc<Handler>>,
 }
 
 impl Runtime {
@@ -46,6 +50,8 @@ impl Runtime {
             db,
             serve_http: true,
             gauge_interval: Duration::from_secs(5),
+            listen: true,
+            handler_override: None,
         })
     }
 
@@ -112,7 +118,10 @@ impl Runtime {
             pools.push(WorkerPool {
                 config: pc.clone(),
                 db: self.db.clone(),
-                handler: Arc::new(Handler::from_config(&pc.handler)?),
+                handler: match &self.handler_override {
+                    Some(h) => h.clone(),
+                    None => Arc::new(Handler::from_config(&pc.handler)?),
+                },
                 completer: done_tx.clone(),
                 waker,
                 worker_id: cfg.worker_id.clone(),
@@ -120,11 +129,13 @@ impl Runtime {
         }
         drop(done_tx);
 
-        background.push(tokio::spawn(listener::run(
-            cfg.database_url.clone(),
-            wakers,
-            maintenance.clone(),
-        )));
+        if self.listen {
+            background.push(tokio::spawn(listener::run(
+                cfg.database_url.clone(),
+                wakers,
+                maintenance.clone(),
+            )));
+        }
         background.push(tokio::spawn(reaper::run(
             self.db.clone(),
             cfg.reaper_interval,

@@ -1,0 +1,79 @@
+//! Claim latency with history: fills `jobs_dead` with a large history (once;
+//! kept between runs, in the bench queue), enqueues a backlog, and times
+//! sequential claim statements of `batch` jobs, completing each batch.
+
+use std::time::{Duration, Instant};
+
+use crate::bench::harness;
+use crate::bench::{BenchReport, BENCH_QUEUE};
+use crate::config::Config;
+use crate::error::Result;
+use crate::queue::{claim, enqueue, fence, ClaimRequest, NewJob};
+
+pub async fn run(config: &Config, dead_history: i64, samples: usize, batch: i64) -> Result<BenchReport> {
+    let db = harness::prepare(config).await?;
+    let have: i64 = sqlx::query_scalar("SELECT count(*) FROM qbridge.jobs_dead WHERE queue = $1")
+        .bind(BENCH_QUEUE)
+        .fetch_one(&db)
+        .await?;
+    if have < dead_history {
+        // Ids far from the identity range of live jobs.
+        sqlx::query(
+            "INSERT INTO qbridge.jobs_dead (id, queue, payload, priority, attempts, max_attempts, last_error, created_at, failed_at) \
+             SELECT -g, $1, jsonb_build_object('i', g), 0, 25, 25, 'bench history', now(), now() - g * interval '1 second' \
+               FROM generate_series($2 + 1, $3) g ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(BENCH_QUEUE)
+        .bind(have)
+        .bind(dead_history)
+        .execute(&db)
+        .await?;
+        sqlx::query("VACUUM ANALYZE qbridge.jobs_dead").execute(&db).await?;
+    }
+    let backlog = samples as i64 * batch;
+    let jobs: Vec<NewJob> = (0..backlog)
+        .map(|i| NewJob::new(BENCH_QUEUE, serde_json::json!({ "i": i })))
+        .collect();
+    enqueue::enqueue_many(&db, &jobs, usize::MAX).await?;
+    sqlx::query("ANALYZE qbridge.jobs").execute(&db).await?;
+
+    let queues = vec![BENCH_QUEUE.to_string()];
+    let mut times = Vec::with_capacity(samples);
+    let mut claimed = 0usize;
+    for _ in 0..samples {
+        let req = ClaimRequest {
+            queues: &queues,
+            kinds: None,
+            limit: batch,
+            worker: "bench",
+            lease: Duration::from_secs(60),
+            tenant: None,
+            lock_retry_delay: Duration::from_secs(1),
+        };
+        let t = Instant::now();
+        let got = claim(&db, &req).await?;
+        times.push(t.elapsed().as_secs_f64());
+        claimed += got.len();
+        let refs: Vec<_> = got.iter().map(|j| j.job_ref()).collect();
+        fence::complete(&db, &refs, false).await?;
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    let ms = |p: f64| harness::percentile(&times, p) * 1000.0;
+    let dead_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM qbridge.jobs_dead")
+        .fetch_one(&db)
+        .await?;
+    Ok(BenchReport {
+        system: "qbridge".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        mode: "claim".into(),
+        n: samples as u64,
+        settings: serde_json::json!({ "batch": batch, "dead_rows": dead_rows, "backlog": backlog }),
+        numbers: vec![
+            ("claim_p50_ms".into(), ms(50.0)),
+            ("claim_p99_ms".into(), ms(99.0)),
+            ("claim_max_ms".into(), ms(100.0)),
+        ],
+        ok: claimed as i64 == backlog,
+        notes: Vec::new(),
+    })
+}

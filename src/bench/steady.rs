@@ -1,0 +1,96 @@
+//! Steady state: producers enqueue at a target rate while W workers drain, for
+//! a fixed duration. Reports achieved enqueue and completion rates and the
+//! enqueue-to-start latency of every job.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::bench::harness::{self, Workers};
+use crate::bench::{BenchReport, WorkerArgs, BENCH_QUEUE};
+use crate::config::Config;
+use crate::error::Result;
+use crate::queue::{enqueue, NewJob};
+use crate::worker::handler::Probe;
+
+pub async fn run(
+    config: &Config,
+    w: &WorkerArgs,
+    duration: Duration,
+    rate: u64,
+    producers: usize,
+    producer_batch: usize,
+) -> Result<BenchReport> {
+    let db = harness::prepare(config).await?;
+    let cfg = harness::worker_config(config, w, Duration::from_millis(100));
+    let probe = Arc::new(Probe::default());
+    let workers = Workers::start(&cfg, w.workers, probe.clone(), true).await?;
+    let rss_stop = tokio_util::sync::CancellationToken::new();
+    let rss = harness::sample_rss(rss_stop.clone());
+
+    let produced = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let producers = producers.max(1);
+    let batch = producer_batch.max(1);
+    let mut tasks = Vec::new();
+    for p in 0..producers {
+        let (db, produced) = (db.clone(), produced.clone());
+        tasks.push(tokio::spawn(async move {
+            // Each producer sends `batch` jobs every `period` to hit its share of the rate.
+            let share = rate as f64 / producers as f64;
+            let period = if rate == 0 { Duration::ZERO } else { Duration::from_secs_f64(batch as f64 / share) };
+            let mut next = Instant::now();
+            let mut i = 0u64;
+            while started.elapsed() < duration {
+                let jobs: Vec<NewJob> = (0..batch)
+                    .map(|k| NewJob::new(BENCH_QUEUE, serde_json::json!({ "p": p, "i": i + k as u64 })))
+                    .collect();
+                i += batch as u64;
+                if enqueue::enqueue_many(&db, &jobs, usize::MAX).await.is_ok() {
+                    produced.fetch_add(batch as u64, Ordering::Relaxed);
+                }
+                next += period;
+                if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let produce_secs = started.elapsed().as_secs_f64();
+    let produced = produced.load(Ordering::Relaxed);
+    let ran_in_window = probe.runs();
+    // Let the backlog finish so every job's latency is counted.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while harness::remaining(&db).await? > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    rss_stop.cancel();
+    let rss_peak = rss.await.unwrap_or(0.0);
+    let _ = workers.stop().await?;
+    let lat = probe.latencies();
+    let ok = probe.runs() == produced && probe.distinct() as u64 == produced;
+    Ok(BenchReport {
+        system: "qbridge".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        mode: "steady".into(),
+        n: produced,
+        settings: serde_json::json!({
+            "workers": w.workers, "batch": w.batch, "concurrency": w.concurrency,
+            "target_rate": rate, "producers": producers, "producer_batch": batch,
+            "seconds": duration.as_secs_f64(),
+        }),
+        numbers: vec![
+            ("enqueue_jobs_s".into(), produced as f64 / produce_secs),
+            ("completed_jobs_s".into(), ran_in_window as f64 / produce_secs),
+            ("latency_p50_ms".into(), harness::percentile(&lat, 50.0) * 1000.0),
+            ("latency_p99_ms".into(), harness::percentile(&lat, 99.0) * 1000.0),
+            ("latency_max_ms".into(), harness::percentile(&lat, 100.0) * 1000.0),
+            ("rss_peak_mib".into(), rss_peak),
+        ],
+        ok,
+        notes: Vec::new(),
+    })
+}
