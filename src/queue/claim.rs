@@ -45,52 +45,87 @@ pub struct ClaimRequest<'a> {
 const RETURNING: &str = "RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.priority, \
      j.attempts, j.max_attempts, j.lease, j.run_at, j.created_at, j.lock_key";
 
-// The `l` CTE draws one lease token per claim: ids tell the jobs of a batch
-// apart, so (id, lease) is still unique per attempt. A CTE with a volatile
-// function is evaluated once.
-const CLAIM_SQL: &str = r#"
-WITH cand AS (
+// One queue: `queue = $1[1]` is an equality the claim index can walk in
+// (priority DESC, run_at, id) order. `queue = ANY($1)` cannot keep that order,
+// and the planner falls back to a scan and sort of every ready row.
+const ONE_QUEUE_CAND: &str = r#"
     SELECT id FROM qbridge.jobs
-     WHERE state = 'ready' AND queue = ANY($1) AND run_at <= now()
+     WHERE state = 'ready' AND queue = ($1::text[])[1] AND run_at <= now()
        AND ($5::text[] IS NULL OR kind = ANY($5))
      ORDER BY priority DESC, run_at, id
      LIMIT $2
      FOR NO KEY UPDATE SKIP LOCKED
-), l AS (SELECT nextval('qbridge.lease_seq') AS lease)
-UPDATE qbridge.jobs j
-   SET state = 'running', attempts = j.attempts + 1, lease = l.lease,
-       locked_by = $3, lease_until = now() + $4 * interval '1 millisecond'
-  FROM cand, l
- WHERE j.id = cand.id
+"#;
+
+// Several queues: walk the index once per queue, then merge. Rows locked by a
+// per-queue branch but cut by the outer LIMIT stay locked only until this
+// statement commits.
+const MANY_QUEUES_CAND: &str = r#"
+    SELECT x.id FROM unnest($1::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM qbridge.jobs
+         WHERE state = 'ready' AND queue = q.name AND run_at <= now()
+           AND ($5::text[] IS NULL OR kind = ANY($5))
+         ORDER BY priority DESC, run_at, id
+         LIMIT $2
+         FOR NO KEY UPDATE SKIP LOCKED
+     ) x
+     ORDER BY x.priority DESC, x.run_at, x.id
+     LIMIT $2
 "#;
 
 // Tenant cap: read a window of ready rows without locking them, keep at most
-// $7 per tenant, then lock only the picks (SKIP LOCKED drops any another claimer
-// took in the meantime).
-const CLAIM_TENANT_SQL: &str = r#"
-WITH win AS (
-    SELECT id, priority, run_at, payload #>> $6::text[] AS tenant FROM qbridge.jobs
-     WHERE state = 'ready' AND queue = ANY($1) AND run_at <= now()
-       AND ($5::text[] IS NULL OR kind = ANY($5))
-     ORDER BY priority DESC, run_at, id
-     LIMIT $8
-), ranked AS (
-    SELECT id, priority, run_at,
-           row_number() OVER (PARTITION BY tenant ORDER BY priority DESC, run_at, id) AS rn
-      FROM win
-), pick AS (
-    SELECT id FROM ranked WHERE rn <= $7 ORDER BY priority DESC, run_at, id LIMIT $2
-), cand AS (
+// $7 per tenant, then lock only the picks (SKIP LOCKED drops any that another
+// claimer took in the meantime).
+const TENANT_CAND: &str = r#"
+    WITH win AS (
+        SELECT x.id, x.priority, x.run_at, x.payload #>> $6::text[] AS tenant
+          FROM unnest($1::text[]) AS q(name)
+         CROSS JOIN LATERAL (
+            SELECT id, priority, run_at, payload FROM qbridge.jobs
+             WHERE state = 'ready' AND queue = q.name AND run_at <= now()
+               AND ($5::text[] IS NULL OR kind = ANY($5))
+             ORDER BY priority DESC, run_at, id
+             LIMIT $8
+         ) x
+    ), ranked AS (
+        SELECT id, priority, run_at,
+               row_number() OVER (PARTITION BY tenant ORDER BY priority DESC, run_at, id) AS rn
+          FROM win
+    ), pick AS (
+        SELECT id FROM ranked WHERE rn <= $7 ORDER BY priority DESC, run_at, id LIMIT $2
+    )
     SELECT id FROM qbridge.jobs
      WHERE id IN (SELECT id FROM pick) AND state = 'ready'
      FOR NO KEY UPDATE SKIP LOCKED
-), l AS (SELECT nextval('qbridge.lease_seq') AS lease)
+"#;
+
+// The `l` CTE draws one lease token per claim: ids tell the jobs of a batch
+// apart, so (id, lease) is still unique per attempt. A CTE with a volatile
+// function is evaluated once.
+fn claim_sql(cand: &str) -> String {
+    format!(
+        "WITH cand AS ({cand}), l AS (SELECT nextval('qbridge.lease_seq') AS lease)
 UPDATE qbridge.jobs j
    SET state = 'running', attempts = j.attempts + 1, lease = l.lease,
        locked_by = $3, lease_until = now() + $4 * interval '1 millisecond'
   FROM cand, l
  WHERE j.id = cand.id
-"#;
+{RETURNING}"
+    )
+}
+
+/// The three statement texts, built once from the constant pieces above.
+fn statements() -> &'static [String; 3] {
+    static SQL: std::sync::OnceLock<[String; 3]> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        [
+            claim_sql(ONE_QUEUE_CAND),
+            claim_sql(MANY_QUEUES_CAND),
+            claim_sql(TENANT_CAND),
+        ]
+    })
+}
 
 /// Claims up to `req.limit` jobs. Jobs whose lock key is held by a running job
 /// are put back (see [`lock_keys`]) and not returned.
@@ -100,9 +135,11 @@ pub async fn claim(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Vec<ClaimedJ
     }
     let lease_ms = req.lease.as_millis().min(i64::MAX as u128) as i64;
     let kinds: Option<Vec<String>> = req.kinds.map(|k| k.to_vec());
+    let [one, many, tenant] = statements();
     let jobs: Vec<ClaimedJob> = match req.tenant {
         None => {
-            sqlx::query_as(&format!("{CLAIM_SQL}{RETURNING}"))
+            let sql = if req.queues.len() == 1 { one } else { many };
+            sqlx::query_as(sql)
                 .bind(req.queues)
                 .bind(req.limit)
                 .bind(req.worker)
@@ -112,7 +149,7 @@ pub async fn claim(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Vec<ClaimedJ
                 .await?
         }
         Some(t) => {
-            sqlx::query_as(&format!("{CLAIM_TENANT_SQL}{RETURNING}"))
+            sqlx::query_as(tenant)
                 .bind(req.queues)
                 .bind(req.limit)
                 .bind(req.worker)

@@ -94,11 +94,15 @@ pub async fn show(pool: &PgPool, id: i64) -> Result<Option<DeadJobDetail>> {
 /// again are left in the dead-letter table.
 pub async fn requeue_batch(pool: &PgPool, sel: &Selector, batch: i64) -> Result<u64> {
     let sql = format!(
-        "WITH pick AS ( \
-             SELECT d.id FROM qbridge.jobs_dead d \
+        "WITH cand AS ( \
+             SELECT d.id, d.queue, d.key FROM qbridge.jobs_dead d \
               WHERE {FILTER} \
                 AND NOT EXISTS (SELECT 1 FROM qbridge.jobs j WHERE j.queue = d.queue AND j.key = d.key) \
               ORDER BY d.id LIMIT $4 FOR UPDATE SKIP LOCKED \
+         ), pick AS ( \
+             SELECT id FROM cand WHERE key IS NULL \
+             UNION ALL \
+             SELECT min(id) FROM cand WHERE key IS NOT NULL GROUP BY queue, key \
          ), moved AS ( \
              DELETE FROM qbridge.jobs_dead d USING pick WHERE d.id = pick.id \
              RETURNING d.queue, d.kind, d.key, d.payload, d.priority, d.max_attempts, d.last_error \
@@ -106,6 +110,9 @@ pub async fn requeue_batch(pool: &PgPool, sel: &Selector, batch: i64) -> Result<
          INSERT INTO qbridge.jobs (queue, kind, key, payload, priority, max_attempts, last_error) \
          SELECT queue, kind, key, payload, priority, max_attempts, last_error FROM moved"
     );
+    // The same (queue, key) can be dead more than once (it failed, was
+    // enqueued again and failed again): `pick` moves only the oldest of them,
+    // the others then find their key in flight and stay dead.
     // No ON CONFLICT: if a key races back in flight, the unique index fails the
     // whole statement and nothing is deleted.
     let done = sqlx::query(&sql)

@@ -4,7 +4,7 @@
 //! result for it is discarded, never applied. All take batches: one statement
 //! for many jobs.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -24,7 +24,22 @@ pub struct FenceResult {
 impl FenceResult {
     fn from_applied(refs: &[JobRef], applied: Vec<i64>) -> Self {
         let set: HashSet<i64> = applied.iter().copied().collect();
-        let lost = refs.iter().filter(|r| !set.contains(&r.id)).copied().collect();
+        // A batch can hold two attempts of one job (a stale worker's outcome
+        // next to the current one's, in the same completer batch). The
+        // statements return only ids, but at most one attempt per id can
+        // match, and it is the one with the largest lease: lease tokens only
+        // grow, and the row carries the newest one handed out. Every other
+        // attempt of that id was fenced out.
+        let mut newest: HashMap<i64, i64> = HashMap::new();
+        for r in refs {
+            let e = newest.entry(r.id).or_insert(r.lease);
+            *e = (*e).max(r.lease);
+        }
+        let lost = refs
+            .iter()
+            .filter(|r| !set.contains(&r.id) || newest.get(&r.id) != Some(&r.lease))
+            .copied()
+            .collect();
         FenceResult { applied, lost }
     }
 }

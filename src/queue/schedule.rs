@@ -28,7 +28,12 @@ impl Cadence {
     pub fn cron(expr: &str) -> Result<Self> {
         cron::Schedule::from_str(expr)
             .map(|s| Cadence::Cron(Box::new(s)))
-            .map_err(|e| Error::Config(format!("bad cron expression {expr:?}: {e}")))
+            .map_err(|e| {
+                // The cron crate's message quotes the expression with a caret
+                // line under it; errors here are one line.
+                let msg = e.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+                Error::Config(format!("bad cron expression {expr:?}: {msg}"))
+            })
     }
 
     /// The first fire time strictly after `after`.

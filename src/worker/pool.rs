@@ -119,11 +119,15 @@ impl WorkerPool {
             }
             drop(permits);
             if got < asked {
-                // The queue looked empty: sleep until a wake-up or the poll backstop.
+                // The queue looked empty: sleep until a wake-up or the poll
+                // backstop. Polls keep a fixed cadence from the last claim's
+                // start, so a job nobody was told about waits at most one poll
+                // interval plus one claim.
+                let next_poll = tokio::time::Instant::from_std(started + self.config.poll_interval);
                 tokio::select! {
                     _ = intake.cancelled() => break,
                     _ = self.waker.notified() => {}
-                    _ = tokio::time::sleep(self.config.poll_interval) => {}
+                    _ = tokio::time::sleep_until(next_poll) => {}
                 }
             }
         }
