@@ -88,6 +88,7 @@ pub async fn run_once(pool: &PgPool, inflight: &InFlight, lease: Duration) -> us
             if !result.lost.is_empty() {
                 tracing::warn!(lost = result.lost.len(), "heartbeat found lost leases; cancelling those attempts");
                 inflight.cancel(&result.lost);
+                metrics::counter!(crate::metrics::JOBS_LOST_LEASE).increment(result.lost.len() as u64);
             }
             result.lost.len()
         }
