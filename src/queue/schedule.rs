@@ -31,7 +31,11 @@ impl Cadence {
             .map_err(|e| {
                 // The cron crate's message quotes the expression with a caret
                 // line under it; errors here are one line.
-                let msg = e.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+                let msg = e
+                    .to_string()
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ");
                 Error::Config(format!("bad cron expression {expr:?}: {msg}"))
             })
     }
