@@ -1,0 +1,17 @@
+//! qbridge's integration tests: one binary, one module per topic, real
+//! Postgres (`DATABASE_URL`, see `.cargo/config.toml`). Every test gets a fresh
+//! database from `#[sqlx::test]`.
+
+mod bad_input;
+mod claim;
+mod dlq;
+mod enqueue;
+mod fence;
+mod lock_key;
+mod maintenance;
+mod retry;
+mod schedule;
+mod shutdown;
+mod support;
+mod wakeup;
+mod worker;

@@ -1,0 +1,243 @@
+//! Shared helpers: database URLs and extra pools for a test's database, a
+//! builder for [`PoolConfig`], running a [`WorkerPool`] with its completer, and
+//! waiting on a condition with a timeout (tests never sleep to wait).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use qbridge::config::{Dur, HandlerConfig, PoolConfig};
+use qbridge::queue::backoff::Backoff;
+use qbridge::queue::completer::{self, CompleterConfig, CompleterReport};
+use qbridge::queue::{ClaimRequest, ClaimedJob, JobRef, NewJob};
+use qbridge::worker::pool::{PoolReport, WorkerPool};
+use qbridge::worker::Handler;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Payload limit used by tests that do not test the limit.
+pub const LIMIT: usize = qbridge::queue::validate::DEFAULT_PAYLOAD_LIMIT;
+
+/// The URL of the test's own database (for the listener and the runtime).
+pub fn db_url(pool: &PgPool) -> String {
+    let opts = pool.connect_options();
+    let db = opts.get_database().expect("test pool names its database");
+    format!("postgres://postgres@127.0.0.1:5432/{db}")
+}
+
+/// The name of the test's own database.
+pub fn db_name(pool: &PgPool) -> String {
+    pool.connect_options()
+        .get_database()
+        .expect("test pool names its database")
+        .to_string()
+}
+
+/// A second pool on the test's database with `n` connections (the
+/// `#[sqlx::test]` pool is capped at 5). Close it before the test returns, or
+/// the test database cannot be dropped.
+pub async fn extra_pool(pool: &PgPool, n: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(n)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .expect("extra pool connects")
+}
+
+/// Polls `cond` every 20 ms until it holds; panics naming `what` after `timeout`.
+/// Returns how long it took.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut cond: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = Instant::now();
+    loop {
+        if cond().await {
+            return started.elapsed();
+        }
+        if started.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs a scalar count query.
+pub async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Rows in the hot table.
+pub async fn jobs(pool: &PgPool) -> i64 {
+    count(pool, "SELECT count(*) FROM qbridge.jobs").await
+}
+
+/// Rows in the dead-letter table.
+pub async fn dead(pool: &PgPool) -> i64 {
+    count(pool, "SELECT count(*) FROM qbridge.jobs_dead").await
+}
+
+/// Enqueues on the pool and returns the inserted ids (panics on duplicates).
+pub async fn enqueue_ids(pool: &PgPool, jobs: &[NewJob]) -> Vec<i64> {
+    qbridge::queue::enqueue_many(pool, jobs, LIMIT)
+        .await
+        .expect("enqueue")
+        .into_iter()
+        .map(|o| match o {
+            qbridge::queue::EnqueueOutcome::Inserted(id) => id,
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect()
+}
+
+/// `n` plain jobs on `queue` with payload `{"n": i}`.
+pub fn plain_jobs(queue: &str, n: usize) -> Vec<NewJob> {
+    (0..n)
+        .map(|i| NewJob::new(queue, serde_json::json!({ "n": i })))
+        .collect()
+}
+
+/// A claim request with the usual test defaults.
+pub fn claim_req<'a>(
+    queues: &'a [String],
+    limit: i64,
+    worker: &'a str,
+    lease: Duration,
+) -> ClaimRequest<'a> {
+    ClaimRequest {
+        queues,
+        kinds: None,
+        limit,
+        worker,
+        lease,
+        tenant: None,
+        lock_retry_delay: Duration::from_millis(50),
+    }
+}
+
+/// Claims with default settings.
+pub async fn claim(pool: &PgPool, queue: &str, limit: i64, lease: Duration) -> Vec<ClaimedJob> {
+    let queues = vec![queue.to_string()];
+    qbridge::queue::claim(pool, &claim_req(&queues, limit, "test", lease))
+        .await
+        .expect("claim")
+}
+
+/// Refs of claimed jobs.
+pub fn refs(jobs: &[ClaimedJob]) -> Vec<JobRef> {
+    jobs.iter().map(|j| j.job_ref()).collect()
+}
+
+/// A `/bin/sh -c script` command handler; inside the script `$1..` are `args`.
+pub fn sh(script: &str, args: &[&str]) -> HandlerConfig {
+    let mut all = vec!["-c".to_string(), script.to_string(), "sh".to_string()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    HandlerConfig::Command {
+        program: "/bin/sh".into(),
+        args: all,
+        timeout: Dur(Duration::from_secs(30)),
+        permanent_exit_codes: Vec::new(),
+    }
+}
+
+/// Builds a [`PoolConfig`] with small, test-friendly defaults: one queue,
+/// concurrency 4, lease 30 s, poll 100 ms, backoff 10–100 ms, noop handler.
+pub struct PoolBuilder(PoolConfig);
+
+impl PoolBuilder {
+    pub fn new(queue: &str) -> Self {
+        PoolBuilder(PoolConfig {
+            name: "test".into(),
+            queues: vec![queue.to_string()],
+            kinds: None,
+            concurrency: 4,
+            batch_size: 4,
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_millis(100),
+            backoff: Backoff {
+                base: Duration::from_millis(10),
+                cap: Duration::from_millis(100),
+            },
+            lock_retry_delay: Duration::from_millis(50),
+            tenant: None,
+            handler: HandlerConfig::Noop,
+        })
+    }
+
+    /// Sets concurrency and batch size together.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.0.concurrency = n;
+        self.0.batch_size = n as i64;
+        self
+    }
+
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.0.lease = d;
+        self
+    }
+
+    pub fn poll(mut self, d: Duration) -> Self {
+        self.0.poll_interval = d;
+        self
+    }
+
+    pub fn backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.0.backoff = Backoff { base, cap };
+        self
+    }
+
+    pub fn handler(mut self, h: HandlerConfig) -> Self {
+        self.0.handler = h;
+        self
+    }
+
+    pub fn build(self) -> PoolConfig {
+        self.0
+    }
+}
+
+/// A [`WorkerPool`] running with its own completer.
+pub struct RunningPool {
+    intake: CancellationToken,
+    pool: JoinHandle<PoolReport>,
+    completer: JoinHandle<CompleterReport>,
+}
+
+impl RunningPool {
+    /// Starts `config` on `db`. Nothing LISTENs for it: it finds jobs by polling.
+    pub fn start(db: &PgPool, config: PoolConfig) -> RunningPool {
+        let (tx, completer) = completer::spawn(db.clone(), CompleterConfig::default());
+        let handler = Arc::new(Handler::from_config(&config.handler).expect("handler builds"));
+        let pool = WorkerPool {
+            config,
+            db: db.clone(),
+            handler,
+            completer: tx,
+            waker: Arc::new(Notify::new()),
+            worker_id: "test-worker".into(),
+        };
+        let intake = CancellationToken::new();
+        let handle = tokio::spawn(pool.run(intake.clone(), Duration::from_secs(30)));
+        RunningPool {
+            intake,
+            pool: handle,
+            completer,
+        }
+    }
+
+    /// Stops intake, waits for running handlers, then for the completer's
+    /// final flush.
+    pub async fn stop(self) -> (PoolReport, CompleterReport) {
+        self.intake.cancel();
+        let pool = self.pool.await.expect("pool task");
+        let completer = self.completer.await.expect("completer task");
+        (pool, completer)
+    }
+}
