@@ -303,7 +303,7 @@ fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<Config> {
         .database_url
         .clone()
         .or(file.database_url)
-        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        .unwrap_or_else(|| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into());
     let payload_limit = file
         .payload_limit
         .map(|b| b.0)

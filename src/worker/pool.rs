@@ -188,6 +188,15 @@ impl AttemptCtx {
                 error,
             },
         };
+        // Ids and queue only: error texts can echo payload data, so they go
+        // to the database (last_error), never to the log.
+        match &outcome {
+            Outcome::Complete => {}
+            Outcome::Retry { delay, .. } => tracing::info!(job.id = job.id, queue = %job.queue,
+                attempt = job.attempts, retry_in_ms = delay.as_millis() as u64, "job failed; will retry"),
+            Outcome::Dead { .. } => tracing::warn!(job.id = job.id, queue = %job.queue,
+                attempt = job.attempts, "job failed permanently; moved to the dead-letter table"),
+        }
         let finished = Finished {
             job: job_ref,
             queue: Arc::from(job.queue.as_str()),
