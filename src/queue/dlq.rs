@@ -55,6 +55,11 @@ const FILTER: &str = "($1::int8[] IS NULL OR d.id = ANY($1)) \
     AND ($2::text IS NULL OR d.queue = $2) \
     AND ($3::text IS NULL OR strpos(d.last_error, $3) > 0)";
 
+/// [`FILTER`] applied to a second `jobs_dead` row aliased `d2`.
+const FILTER_D2: &str = "($1::int8[] IS NULL OR d2.id = ANY($1)) \
+    AND ($2::text IS NULL OR d2.queue = $2) \
+    AND ($3::text IS NULL OR strpos(d2.last_error, $3) > 0)";
+
 const COLUMNS: &str =
     "d.id, d.queue, d.kind, d.key, d.attempts, d.max_attempts, d.last_error, d.created_at, d.failed_at";
 
@@ -94,15 +99,14 @@ pub async fn show(pool: &PgPool, id: i64) -> Result<Option<DeadJobDetail>> {
 /// again are left in the dead-letter table.
 pub async fn requeue_batch(pool: &PgPool, sel: &Selector, batch: i64) -> Result<u64> {
     let sql = format!(
-        "WITH cand AS ( \
-             SELECT d.id, d.queue, d.key FROM qbridge.jobs_dead d \
+        "WITH pick AS ( \
+             SELECT d.id FROM qbridge.jobs_dead d \
               WHERE {FILTER} \
                 AND NOT EXISTS (SELECT 1 FROM qbridge.jobs j WHERE j.queue = d.queue AND j.key = d.key) \
+                AND NOT EXISTS (SELECT 1 FROM qbridge.jobs_dead d2 \
+                                 WHERE d2.queue = d.queue AND d2.key = d.key AND d2.id < d.id \
+                                   AND {FILTER_D2}) \
               ORDER BY d.id LIMIT $4 FOR UPDATE SKIP LOCKED \
-         ), pick AS ( \
-             SELECT id FROM cand WHERE key IS NULL \
-             UNION ALL \
-             SELECT min(id) FROM cand WHERE key IS NOT NULL GROUP BY queue, key \
          ), moved AS ( \
              DELETE FROM qbridge.jobs_dead d USING pick WHERE d.id = pick.id \
              RETURNING d.queue, d.kind, d.key, d.payload, d.priority, d.max_attempts, d.last_error \
@@ -111,8 +115,9 @@ pub async fn requeue_batch(pool: &PgPool, sel: &Selector, batch: i64) -> Result<
          SELECT queue, kind, key, payload, priority, max_attempts, last_error FROM moved"
     );
     // The same (queue, key) can be dead more than once (it failed, was
-    // enqueued again and failed again): `pick` moves only the oldest of them,
-    // the others then find their key in flight and stay dead.
+    // enqueued again and failed again): `pick` takes only the oldest matching
+    // one, the others then find their key in flight and stay dead. Skipping
+    // them in `pick` (not after it) keeps a short batch meaning "no more rows".
     // No ON CONFLICT: if a key races back in flight, the unique index fails the
     // whole statement and nothing is deleted.
     let done = sqlx::query(&sql)
