@@ -12,7 +12,12 @@ use crate::telemetry::LogFormat;
 #[command(name = "qbridge", version, propagate_version = true)]
 pub struct Cli {
     /// Postgres URL (default: the config file's, else postgres://postgres@127.0.0.1:5432/postgres).
-    #[arg(long, global = true, env = "QBRIDGE_DATABASE_URL", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        env = "QBRIDGE_DATABASE_URL",
+        hide_env_values = true
+    )]
     pub database_url: Option<String>,
 
     /// TOML config file.
@@ -24,7 +29,13 @@ pub struct Cli {
     pub json: bool,
 
     /// Log format on stderr.
-    #[arg(long, global = true, value_enum, default_value = "text", env = "QBRIDGE_LOG_FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "QBRIDGE_LOG_FORMAT"
+    )]
     pub log_format: LogFormat,
 
     #[command(subcommand)]
@@ -44,9 +55,11 @@ pub enum Command {
     Run(RunArgs),
 
     /// Enqueue jobs from arguments or a JSON-lines file.
-    #[command(after_help = "Examples:\n  qbridge enqueue --queue emails '{\"to\":\"a@example.com\"}'\n  \
+    #[command(
+        after_help = "Examples:\n  qbridge enqueue --queue emails '{\"to\":\"a@example.com\"}'\n  \
         qbridge enqueue --queue emails --file jobs.jsonl --key-pointer /id\n  \
-        qbridge enqueue --queue reports --delay 10m '{\"report\":42}'")]
+        qbridge enqueue --queue reports --delay 10m '{\"report\":42}'"
+    )]
     Enqueue(EnqueueArgs),
 
     /// Per-queue ready, running, scheduled, dead and lag, plus database health.
@@ -58,8 +71,10 @@ pub enum Command {
     Dlq(DlqCommand),
 
     /// Benchmarks: burn-down, steady state, pickup latency, claim latency.
-    #[command(after_help = "Examples:\n  qbridge bench burndown --jobs 50000 --workers 2\n  \
-        qbridge bench latency --samples 200\n  qbridge bench steady --duration 20s")]
+    #[command(
+        after_help = "Examples:\n  qbridge bench burndown --jobs 50000 --workers 2\n  \
+        qbridge bench latency --samples 200\n  qbridge bench steady --duration 20s"
+    )]
     Bench(crate::bench::BenchArgs),
 }
 
@@ -127,9 +142,11 @@ pub enum DlqCommand {
         id: i64,
     },
     /// Move dead jobs back to the queue (attempts reset) at a bounded rate.
-    #[command(after_help = "Examples:\n  qbridge dlq requeue --id 1234 --id 1235\n  \
+    #[command(
+        after_help = "Examples:\n  qbridge dlq requeue --id 1234 --id 1235\n  \
         qbridge dlq requeue --queue emails --error 'http handler answered 503' --rate 200\n  \
-        qbridge dlq requeue --all --rate 1000")]
+        qbridge dlq requeue --all --rate 1000"
+    )]
     Requeue {
         #[command(flatten)]
         filter: DlqFilter,

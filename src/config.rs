@@ -21,11 +21,15 @@ pub struct Dur(pub Duration);
 /// Parses a duration string (see [`Dur`]).
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| Error::Config(format!("bad duration {text:?}: use e.g. \"500ms\", \"30s\", \"5m\"")))?;
+    let value: f64 = num.parse().map_err(|_| {
+        Error::Config(format!(
+            "bad duration {text:?}: use e.g. \"500ms\", \"30s\", \"5m\""
+        ))
+    })?;
     let secs = match unit.trim() {
         "ms" => value / 1000.0,
         "s" => value,
@@ -47,7 +51,9 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        parse_duration(&s).map(Dur).map_err(serde::de::Error::custom)
+        parse_duration(&s)
+            .map(Dur)
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -79,7 +85,9 @@ impl<'de> Deserialize<'de> for Bytes {
                 num.trim()
                     .parse::<usize>()
                     .map(|n| Bytes(n * mult))
-                    .map_err(|_| serde::de::Error::custom(format!("bad size {s:?}: use e.g. \"1MiB\"")))
+                    .map_err(|_| {
+                        serde::de::Error::custom(format!("bad size {s:?}: use e.g. \"1MiB\""))
+                    })
             }
         }
     }
@@ -100,7 +108,9 @@ pub struct HttpConfig {
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { listen: default_listen() }
+        HttpConfig {
+            listen: default_listen(),
+        }
     }
 }
 
@@ -127,8 +137,9 @@ pub enum HandlerConfig {
         #[serde(default)]
         permanent_exit_codes: Vec<i32>,
     },
-    /// Completes at once (benchmarks, demos).
-    Noop,
+    /// Completes at once (benchmarks, demos). A struct variant, not a unit
+    /// one: serde ignores unknown keys beside the tag of a unit variant.
+    Noop {},
 }
 
 fn default_handler_timeout() -> Dur {
@@ -292,7 +303,12 @@ impl Config {
     pub fn from_toml(text: &str, overrides: &Overrides) -> Result<Config> {
         let file: FileConfig = toml::from_str(text).map_err(|e| {
             // toml's message spans lines (it quotes the source); keep it on one.
-            Error::Config(e.to_string().split_whitespace().collect::<Vec<_>>().join(" "))
+            Error::Config(
+                e.to_string()
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            )
         })?;
         validate_file(file, overrides)
     }
@@ -320,7 +336,10 @@ fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<Config> {
     for (i, p) in file.pools.into_iter().enumerate() {
         let pool = validate_pool(i, p)?;
         if !names.insert(pool.name.clone()) {
-            return Err(Error::Config(format!("two pools are named {:?}", pool.name)));
+            return Err(Error::Config(format!(
+                "two pools are named {:?}",
+                pool.name
+            )));
         }
         pools.push(pool);
     }
@@ -328,7 +347,10 @@ fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<Config> {
     let mut schedule_names = HashSet::new();
     for s in file.schedules {
         if !schedule_names.insert(s.name.clone()) {
-            return Err(Error::Config(format!("two schedules are named {:?}", s.name)));
+            return Err(Error::Config(format!(
+                "two schedules are named {:?}",
+                s.name
+            )));
         }
         schedules.push(validate_schedule(s)?);
     }
@@ -337,11 +359,20 @@ fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<Config> {
         database_url,
         max_connections: file.max_connections.unwrap_or(10).max(2),
         worker_id,
-        shutdown_deadline: file.shutdown_deadline.map(|d| d.0).unwrap_or(Duration::from_secs(30)),
+        shutdown_deadline: file
+            .shutdown_deadline
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(30)),
         payload_limit,
-        reaper_interval: file.reaper_interval.map(|d| d.0).unwrap_or(Duration::from_secs(5)),
+        reaper_interval: file
+            .reaper_interval
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(5)),
         completer_batch: file.completer_batch.unwrap_or(1000).max(1),
-        completer_tick: file.completer_tick.map(|d| d.0).unwrap_or(Duration::from_millis(2)),
+        completer_tick: file
+            .completer_tick
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_millis(2)),
         http,
         history: file.history,
         pools,
@@ -375,12 +406,18 @@ fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
     if lease < Duration::from_secs(1) {
         return Err(ctx("lease must be at least 1s".into()));
     }
-    let poll_interval = p.poll_interval.map(|d| d.0).unwrap_or(Duration::from_secs(1));
+    let poll_interval = p
+        .poll_interval
+        .map(|d| d.0)
+        .unwrap_or(Duration::from_secs(1));
     if poll_interval.is_zero() {
         return Err(ctx("poll_interval must be more than 0".into()));
     }
     let backoff = Backoff {
-        base: p.backoff_base.map(|d| d.0).unwrap_or(Backoff::default().base),
+        base: p
+            .backoff_base
+            .map(|d| d.0)
+            .unwrap_or(Backoff::default().base),
         cap: p.backoff_cap.map(|d| d.0).unwrap_or(Backoff::default().cap),
     };
     if backoff.base > backoff.cap {
@@ -402,7 +439,8 @@ fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
     };
     match &p.handler {
         HandlerConfig::Http { url, .. } => {
-            let parsed = url::Url::parse(url).map_err(|e| ctx(format!("handler url {url:?}: {e}")))?;
+            let parsed =
+                url::Url::parse(url).map_err(|e| ctx(format!("handler url {url:?}: {e}")))?;
             if !matches!(parsed.scheme(), "http" | "https") {
                 return Err(ctx(format!("handler url {url:?} must be http or https")));
             }
@@ -421,7 +459,10 @@ fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
         lease,
         poll_interval,
         backoff,
-        lock_retry_delay: p.lock_retry_delay.map(|d| d.0).unwrap_or(Duration::from_secs(1)),
+        lock_retry_delay: p
+            .lock_retry_delay
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(1)),
         tenant,
         handler: p.handler,
     })
@@ -430,13 +471,21 @@ fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
 fn validate_schedule(s: ScheduleFile) -> Result<Schedule> {
     let ctx = |msg: String| Error::Config(format!("schedule {:?}: {msg}", s.name));
     validate::queue_name(&s.queue).map_err(|e| ctx(e.to_string()))?;
+    // Inner errors are config errors already: keep their text, not their prefix.
+    let inner = |e: Error| match e {
+        Error::Config(m) => m,
+        other => other.to_string(),
+    };
     let cadence = match (&s.every, &s.cron) {
         (Some(d), None) if !d.0.is_zero() => Cadence::Every(d.0),
         (Some(_), None) => return Err(ctx("every must be more than 0".into())),
-        (None, Some(expr)) => Cadence::cron(expr).map_err(|e| ctx(e.to_string()))?,
+        (None, Some(expr)) => Cadence::cron(expr).map_err(|e| ctx(inner(e)))?,
         _ => return Err(ctx("set exactly one of `every` and `cron`".into())),
     };
-    let mut job = NewJob::new(s.queue.clone(), s.payload.clone().unwrap_or(serde_json::json!({})));
+    let mut job = NewJob::new(
+        s.queue.clone(),
+        s.payload.clone().unwrap_or(serde_json::json!({})),
+    );
     job.kind = s.kind.clone();
     job.priority = s.priority;
     Ok(Schedule {
@@ -517,7 +566,9 @@ mod tests {
         assert!(load("[[pools]]\nqueues=[\"a\"]\nlease=\"10x\"\nhandler={type=\"noop\"}").is_err());
         assert!(load("[[schedules]]\nname=\"x\"\nqueue=\"a\"\ncron=\"nope\"").is_err());
         assert!(load("[[schedules]]\nname=\"x\"\nqueue=\"a\"").is_err());
-        assert!(load("[[pools]]\nqueues=[\"a\"]\nhandler={type=\"http\", url=\"ftp://x\"}").is_err());
+        assert!(
+            load("[[pools]]\nqueues=[\"a\"]\nhandler={type=\"http\", url=\"ftp://x\"}").is_err()
+        );
     }
 
     #[test]

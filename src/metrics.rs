@@ -54,22 +54,60 @@ pub const ALL: &[&str] = &[
 pub fn describe() {
     describe_gauge!(JOBS_READY, "Jobs runnable now, per queue");
     describe_gauge!(JOBS_RUNNING, "Jobs claimed and running, per queue");
-    describe_gauge!(JOBS_SCHEDULED, "Jobs waiting for a future run_at, per queue");
+    describe_gauge!(
+        JOBS_SCHEDULED,
+        "Jobs waiting for a future run_at, per queue"
+    );
     describe_gauge!(JOBS_DEAD, "Jobs in the dead-letter table, per queue");
-    describe_gauge!(QUEUE_LAG, Unit::Seconds, "Age of the oldest runnable job, per queue");
-    describe_histogram!(CLAIM_SECONDS, Unit::Seconds, "Duration of one claim statement");
-    describe_histogram!(ENQUEUE_TO_START, Unit::Seconds, "From run_at to handler start");
+    describe_gauge!(
+        QUEUE_LAG,
+        Unit::Seconds,
+        "Age of the oldest runnable job, per queue"
+    );
+    describe_histogram!(
+        CLAIM_SECONDS,
+        Unit::Seconds,
+        "Duration of one claim statement"
+    );
+    describe_histogram!(
+        ENQUEUE_TO_START,
+        Unit::Seconds,
+        "From run_at to handler start"
+    );
     describe_counter!(JOBS_CLAIMED, "Jobs claimed");
     describe_counter!(JOBS_COMPLETED, "Jobs completed");
-    describe_counter!(JOBS_RETRIED, "Attempts that failed and were scheduled again");
+    describe_counter!(
+        JOBS_RETRIED,
+        "Attempts that failed and were scheduled again"
+    );
     describe_counter!(JOBS_DEAD_LETTERED, "Jobs moved to the dead-letter table");
-    describe_counter!(JOBS_REAPED, "Expired leases returned to ready by the reaper");
-    describe_counter!(JOBS_LOST_LEASE, "Outcomes discarded because the lease was gone");
-    describe_counter!(LOCK_KEY_DEFERRED, "Claimed jobs put back because their lock key was busy");
+    describe_counter!(
+        JOBS_REAPED,
+        "Expired leases returned to ready by the reaper"
+    );
+    describe_counter!(
+        JOBS_LOST_LEASE,
+        "Outcomes discarded because the lease was gone"
+    );
+    describe_counter!(
+        LOCK_KEY_DEFERRED,
+        "Claimed jobs put back because their lock key was busy"
+    );
     describe_counter!(LISTENER_RECONNECTS, "LISTEN connection losses");
-    describe_gauge!(TABLE_DEAD_TUPLES, "Dead tuples in qbridge.jobs (vacuum debt)");
-    describe_gauge!(TABLE_SINCE_VACUUM, Unit::Seconds, "Seconds since qbridge.jobs was last vacuumed");
-    describe_gauge!(OLDEST_XACT, Unit::Seconds, "Age of the oldest transaction holding the xmin horizon");
+    describe_gauge!(
+        TABLE_DEAD_TUPLES,
+        "Dead tuples in qbridge.jobs (vacuum debt)"
+    );
+    describe_gauge!(
+        TABLE_SINCE_VACUUM,
+        Unit::Seconds,
+        "Seconds since qbridge.jobs was last vacuumed"
+    );
+    describe_gauge!(
+        OLDEST_XACT,
+        Unit::Seconds,
+        "Age of the oldest transaction holding the xmin horizon"
+    );
     describe_gauge!(OLDEST_XMIN_AGE, "Age in xids of the oldest backend xmin");
     describe_gauge!(NOTIFY_QUEUE_USAGE, "pg_notification_queue_usage(), 0..1");
 }

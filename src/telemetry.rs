@@ -16,7 +16,8 @@ pub enum LogFormat {
 
 /// Installs the tracing subscriber (stderr; `RUST_LOG` overrides `default_level`).
 pub fn init_logging(format: LogFormat, default_level: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -62,7 +62,9 @@ pub async fn run(config: &Config, w: &WorkerArgs, as_json: bool) -> Result<Bench
     let ok = runs == n as u64 && distinct == n as u64 && left == 0;
     let mut notes = Vec::new();
     if !ok {
-        notes.push(format!("runs {runs}, distinct {distinct}, left in table {left} (want {n}, {n}, 0)"));
+        notes.push(format!(
+            "runs {runs}, distinct {distinct}, left in table {left} (want {n}, {n}, 0)"
+        ));
     }
     Ok(BenchReport {
         system: "qbridge".into(),

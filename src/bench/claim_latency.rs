@@ -10,7 +10,12 @@ use crate::config::Config;
 use crate::error::Result;
 use crate::queue::{claim, enqueue, fence, ClaimRequest, NewJob};
 
-pub async fn run(config: &Config, dead_history: i64, samples: usize, batch: i64) -> Result<BenchReport> {
+pub async fn run(
+    config: &Config,
+    dead_history: i64,
+    samples: usize,
+    batch: i64,
+) -> Result<BenchReport> {
     let db = harness::prepare(config).await?;
     let have: i64 = sqlx::query_scalar("SELECT count(*) FROM qbridge.jobs_dead WHERE queue = $1")
         .bind(BENCH_QUEUE)
@@ -28,7 +33,9 @@ pub async fn run(config: &Config, dead_history: i64, samples: usize, batch: i64)
         .bind(dead_history)
         .execute(&db)
         .await?;
-        sqlx::query("VACUUM ANALYZE qbridge.jobs_dead").execute(&db).await?;
+        sqlx::query("VACUUM ANALYZE qbridge.jobs_dead")
+            .execute(&db)
+            .await?;
     }
     let backlog = samples as i64 * batch;
     let jobs: Vec<NewJob> = (0..backlog)

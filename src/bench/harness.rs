@@ -23,7 +23,9 @@ pub async fn prepare(config: &Config) -> Result<PgPool> {
         .bind(BENCH_QUEUE)
         .execute(&db)
         .await?;
-    sqlx::query("VACUUM ANALYZE qbridge.jobs").execute(&db).await?;
+    sqlx::query("VACUUM ANALYZE qbridge.jobs")
+        .execute(&db)
+        .await?;
     sqlx::query("CHECKPOINT").execute(&db).await.ok();
     Ok(db)
 }
@@ -48,7 +50,7 @@ pub fn worker_config(base: &Config, w: &WorkerArgs, poll: Duration) -> Config {
         backoff: Backoff::default(),
         lock_retry_delay: Duration::from_secs(1),
         tenant: None,
-        handler: HandlerConfig::Noop,
+        handler: HandlerConfig::Noop {},
     }];
     cfg
 }
@@ -92,10 +94,12 @@ impl Workers {
 
 /// Rows of the bench queue still in the hot table.
 pub async fn remaining(db: &PgPool) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM qbridge.jobs WHERE queue = $1")
-        .bind(BENCH_QUEUE)
-        .fetch_one(db)
-        .await?)
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM qbridge.jobs WHERE queue = $1")
+            .bind(BENCH_QUEUE)
+            .fetch_one(db)
+            .await?,
+    )
 }
 
 /// The p-th percentile (0..=100) of sorted values.

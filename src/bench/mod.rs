@@ -35,7 +35,9 @@ pub struct BenchArgs {
 #[derive(Debug, Subcommand)]
 pub enum BenchMode {
     /// Enqueue N no-op jobs in batches, then drain them with W workers.
-    #[command(after_help = "Example:\n  qbridge bench burndown --jobs 50000 --workers 2 --batch 500")]
+    #[command(
+        after_help = "Example:\n  qbridge bench burndown --jobs 50000 --workers 2 --batch 500"
+    )]
     Burndown(WorkerArgs),
     /// Producers and workers at once for a duration; enqueue-to-start latency.
     #[command(after_help = "Example:\n  qbridge bench steady --duration 20s --rate 5000")]
@@ -146,7 +148,10 @@ impl BenchReport {
             }
             return;
         }
-        println!("qbridge bench {} (n = {}, settings {})", self.mode, self.n, self.settings);
+        println!(
+            "qbridge bench {} (n = {}, settings {})",
+            self.mode, self.n, self.settings
+        );
         for (k, v) in &self.numbers {
             println!("  {k:<28} {v:>12.1}");
         }

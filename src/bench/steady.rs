@@ -38,12 +38,21 @@ pub async fn run(
         tasks.push(tokio::spawn(async move {
             // Each producer sends `batch` jobs every `period` to hit its share of the rate.
             let share = rate as f64 / producers as f64;
-            let period = if rate == 0 { Duration::ZERO } else { Duration::from_secs_f64(batch as f64 / share) };
+            let period = if rate == 0 {
+                Duration::ZERO
+            } else {
+                Duration::from_secs_f64(batch as f64 / share)
+            };
             let mut next = Instant::now();
             let mut i = 0u64;
             while started.elapsed() < duration {
                 let jobs: Vec<NewJob> = (0..batch)
-                    .map(|k| NewJob::new(BENCH_QUEUE, serde_json::json!({ "p": p, "i": i + k as u64 })))
+                    .map(|k| {
+                        NewJob::new(
+                            BENCH_QUEUE,
+                            serde_json::json!({ "p": p, "i": i + k as u64 }),
+                        )
+                    })
                     .collect();
                 i += batch as u64;
                 if enqueue::enqueue_many(&db, &jobs, usize::MAX).await.is_ok() {
@@ -84,10 +93,22 @@ pub async fn run(
         }),
         numbers: vec![
             ("enqueue_jobs_s".into(), produced as f64 / produce_secs),
-            ("completed_jobs_s".into(), ran_in_window as f64 / produce_secs),
-            ("latency_p50_ms".into(), harness::percentile(&lat, 50.0) * 1000.0),
-            ("latency_p99_ms".into(), harness::percentile(&lat, 99.0) * 1000.0),
-            ("latency_max_ms".into(), harness::percentile(&lat, 100.0) * 1000.0),
+            (
+                "completed_jobs_s".into(),
+                ran_in_window as f64 / produce_secs,
+            ),
+            (
+                "latency_p50_ms".into(),
+                harness::percentile(&lat, 50.0) * 1000.0,
+            ),
+            (
+                "latency_p99_ms".into(),
+                harness::percentile(&lat, 99.0) * 1000.0,
+            ),
+            (
+                "latency_max_ms".into(),
+                harness::percentile(&lat, 100.0) * 1000.0,
+            ),
             ("rss_peak_mib".into(), rss_peak),
         ],
         ok,

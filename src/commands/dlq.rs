@@ -44,7 +44,18 @@ pub async fn run(config: &Config, cmd: DlqCommand, as_json: bool) -> Result<()> 
                     .collect();
                 println!(
                     "{}",
-                    output::table(&["id", "queue", "kind", "key", "attempts", "failed_at", "last_error"], &table)
+                    output::table(
+                        &[
+                            "id",
+                            "queue",
+                            "kind",
+                            "key",
+                            "attempts",
+                            "failed_at",
+                            "last_error"
+                        ],
+                        &table
+                    )
                 );
             }
         }
@@ -68,7 +79,8 @@ pub async fn run(config: &Config, cmd: DlqCommand, as_json: bool) -> Result<()> 
             let sel = selector(&filter)?;
             if sel.is_empty() && !all {
                 return Err(Error::InvalidInput(
-                    "requeue needs --id, --queue or --error, or --all to requeue every dead job".into(),
+                    "requeue needs --id, --queue or --error, or --all to requeue every dead job"
+                        .into(),
                 ));
             }
             let total = dlq::count(&db, &sel).await?;

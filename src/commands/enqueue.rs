@@ -19,10 +19,7 @@ const BATCH: usize = 10_000;
 pub async fn run(config: &Config, args: &EnqueueArgs, as_json: bool) -> Result<()> {
     validate::queue_name(&args.queue)?;
     let run_at = run_at(args)?;
-    let key_path = match &args.key_pointer {
-        Some(p) => Some(p.clone()),
-        None => None,
-    };
+    let key_path = args.key_pointer.clone();
     let payloads = match &args.file {
         Some(path) => read_lines(path, config.payload_limit)?,
         None if args.payloads.is_empty() => {
@@ -49,7 +46,10 @@ pub async fn run(config: &Config, args: &EnqueueArgs, as_json: bool) -> Result<(
     for (i, payload) in payloads.into_iter().enumerate() {
         let key = match &key_path {
             Some(ptr) => Some(key_at(&payload, ptr).ok_or_else(|| {
-                Error::InvalidInput(format!("job {}: no string or number at key pointer {ptr}", i + 1))
+                Error::InvalidInput(format!(
+                    "job {}: no string or number at key pointer {ptr}",
+                    i + 1
+                ))
             })?),
             None => args.key.clone(),
         };
@@ -145,7 +145,11 @@ fn read_lines(path: &Path, limit: usize) -> Result<Vec<serde_json::Value>> {
             continue;
         }
         let value = validate::payload_text(&line, limit).map_err(|e| {
-            Error::InvalidInput(format!("{} line {}: {e}; nothing was enqueued", path.display(), i + 1))
+            Error::InvalidInput(format!(
+                "{} line {}: {e}; nothing was enqueued",
+                path.display(),
+                i + 1
+            ))
         })?;
         out.push(value);
     }

@@ -39,7 +39,8 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
 async fn run(config: Config) -> Result<()> {
     if config.pools.is_empty() && config.schedules.is_empty() {
         return Err(crate::Error::Config(
-            "nothing to run: add at least one [[pools]] entry to the config file (see README)".into(),
+            "nothing to run: add at least one [[pools]] entry to the config file (see README)"
+                .into(),
         ));
     }
     // Installs the recorder before any metric is touched.

@@ -28,7 +28,9 @@ pub fn progress(total: u64, as_json: bool, what: &str) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(total);
-    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({per_sec}, eta {eta})") {
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({per_sec}, eta {eta})")
+    {
         bar.set_style(style.progress_chars("=> "));
     }
     bar.set_message(what.to_string());

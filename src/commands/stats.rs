@@ -32,7 +32,10 @@ pub async fn run(config: &Config, as_json: bool) -> Result<()> {
     } else {
         println!(
             "{}",
-            output::table(&["queue", "ready", "running", "scheduled", "dead", "lag"], &rows)
+            output::table(
+                &["queue", "ready", "running", "scheduled", "dead", "lag"],
+                &rows
+            )
         );
     }
     println!(

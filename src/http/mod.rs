@@ -10,9 +10,6 @@ use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::PgPool;
 
-
-
-
 /// Shared state of the handlers.
 #[derive(Clone)]
 pub struct AppState {
@@ -34,11 +31,14 @@ async fn metrics(State(state): State<AppState>) -> String {
 }
 
 async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
-    let check = tokio::time::timeout(Duration::from_secs(2), crate::db::check_schema(&state.db)).await;
+    let check =
+        tokio::time::timeout(Duration::from_secs(2), crate::db::check_schema(&state.db)).await;
     match check {
         Ok(Ok(())) => (StatusCode::OK, "ready\n".into()),
         Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "not ready: Postgres did not answer within 2s\n".into()),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: Postgres did not answer within 2s\n".into(),
+        ),
     }
 }
-

@@ -152,7 +152,11 @@ async fn flush_with_retry(
 }
 
 /// Writes one batch: at most one statement per outcome type.
-pub async fn flush(pool: &PgPool, batch: &[Finished], keep_history: bool) -> Result<CompleterReport> {
+pub async fn flush(
+    pool: &PgPool,
+    batch: &[Finished],
+    keep_history: bool,
+) -> Result<CompleterReport> {
     let mut done = Vec::new();
     let mut retries = Vec::new();
     let mut deads = Vec::new();
@@ -189,7 +193,11 @@ pub async fn flush(pool: &PgPool, batch: &[Finished], keep_history: bool) -> Res
         metrics::counter!(name, "queue" => queue.to_string()).increment(n);
     }
     for job in &lost {
-        tracing::warn!(job.id = job.id, lease = job.lease, "lost lease: outcome discarded");
+        tracing::warn!(
+            job.id = job.id,
+            lease = job.lease,
+            "lost lease: outcome discarded"
+        );
     }
     Ok(CompleterReport {
         completed: completed.applied.len() as u64,

@@ -90,7 +90,8 @@ pub async fn count(pool: &PgPool, sel: &Selector) -> Result<i64> {
 
 /// One row with its payload.
 pub async fn show(pool: &PgPool, id: i64) -> Result<Option<DeadJobDetail>> {
-    let sql = format!("SELECT {COLUMNS}, d.payload, d.priority FROM qbridge.jobs_dead d WHERE d.id = $1");
+    let sql =
+        format!("SELECT {COLUMNS}, d.payload, d.priority FROM qbridge.jobs_dead d WHERE d.id = $1");
     Ok(sqlx::query_as(&sql).bind(id).fetch_optional(pool).await?)
 }
 
@@ -139,7 +140,9 @@ pub async fn requeue(
     mut progress: impl FnMut(u64),
 ) -> Result<u64> {
     if per_second == 0 {
-        return Err(Error::InvalidInput("requeue rate must be at least 1 job/s".into()));
+        return Err(Error::InvalidInput(
+            "requeue rate must be at least 1 job/s".into(),
+        ));
     }
     // Ten batches a second keeps each transaction short and the rate smooth.
     let batch = i64::from(per_second.div_ceil(10)).max(1);

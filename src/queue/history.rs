@@ -79,7 +79,10 @@ pub async fn run_once(pool: &PgPool, retention_days: u32) -> Result<HistoryRepor
         .await?;
     tx.commit().await?;
     if report.in_default > 0 {
-        tracing::warn!(rows = report.in_default, "jobs_done_default has rows: check the database clock");
+        tracing::warn!(
+            rows = report.in_default,
+            "jobs_done_default has rows: check the database clock"
+        );
     }
     Ok(report)
 }

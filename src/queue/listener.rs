@@ -23,7 +23,10 @@ impl Wakers {
     /// Registers a pool's waker for its queues.
     pub fn register(&mut self, queues: &[String], waker: Arc<Notify>) {
         for q in queues {
-            self.by_queue.entry(q.clone()).or_default().push(waker.clone());
+            self.by_queue
+                .entry(q.clone())
+                .or_default()
+                .push(waker.clone());
         }
     }
 

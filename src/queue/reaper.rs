@@ -101,7 +101,11 @@ pub async fn run(pool: PgPool, interval: Duration, token: CancellationToken) {
     loop {
         match run_once(&pool, 1000).await {
             Ok(r) if r.requeued + r.dead_lettered > 0 => {
-                tracing::info!(requeued = r.requeued, dead_lettered = r.dead_lettered, "reaped expired leases");
+                tracing::info!(
+                    requeued = r.requeued,
+                    dead_lettered = r.dead_lettered,
+                    "reaped expired leases"
+                );
             }
             Ok(_) => {}
             Err(err) => tracing::warn!(error = %err, "reaper pass failed"),

@@ -94,11 +94,17 @@ pub async fn run_once(
         return Ok(report);
     }
     report.led = true;
-    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *tx)
+        .await?;
     for s in schedules {
         let first = s.cadence.next_after(now).unwrap_or(now);
         // An `every` schedule fires at once the first time; cron waits for its slot.
-        let first = if matches!(s.cadence, Cadence::Every(_)) { now } else { first };
+        let first = if matches!(s.cadence, Cadence::Every(_)) {
+            now
+        } else {
+            first
+        };
         sqlx::query("INSERT INTO qbridge.schedules (name, next_run_at) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
             .bind(&s.name)
             .bind(first)
@@ -120,9 +126,10 @@ pub async fn run_once(
             Some(enqueue::EnqueueOutcome::Inserted(id)) => Some(*id),
             _ => None,
         };
-        let next = s.cadence.next_from(due, now).ok_or_else(|| {
-            Error::Config(format!("schedule {:?} has no next fire time", s.name))
-        })?;
+        let next = s
+            .cadence
+            .next_from(due, now)
+            .ok_or_else(|| Error::Config(format!("schedule {:?} has no next fire time", s.name)))?;
         sqlx::query(
             "UPDATE qbridge.schedules SET next_run_at = $2, last_run_at = $3, last_job_id = $4 WHERE name = $1",
         )

@@ -68,7 +68,14 @@ mod tests {
         assert!(queue_name("emails").is_ok());
         assert!(queue_name("a.b:c-d_e9").is_ok());
         assert!(queue_name(&"x".repeat(128)).is_ok());
-        for bad in ["", "has space", "semi;colon", "quote'", "ünï", &"x".repeat(129)] {
+        for bad in [
+            "",
+            "has space",
+            "semi;colon",
+            "quote'",
+            "ünï",
+            &"x".repeat(129),
+        ] {
             assert!(queue_name(bad).is_err(), "{bad:?} accepted");
         }
     }
@@ -76,7 +83,10 @@ mod tests {
     #[test]
     fn payload_checks() {
         assert!(payload_text("{\"a\":1}", 100).is_ok());
-        assert!(matches!(payload_text("{not json", 100), Err(Error::PayloadNotJson(_))));
+        assert!(matches!(
+            payload_text("{not json", 100),
+            Err(Error::PayloadNotJson(_))
+        ));
         assert!(matches!(
             payload_text("[1,2,3]", 3),
             Err(Error::PayloadTooLarge { size: 7, limit: 3 })

@@ -33,7 +33,13 @@ impl Gauges {
             now_seen.insert(label);
         }
         for gone in self.seen.difference(&now_seen) {
-            for name in [m::JOBS_READY, m::JOBS_RUNNING, m::JOBS_SCHEDULED, m::JOBS_DEAD, m::QUEUE_LAG] {
+            for name in [
+                m::JOBS_READY,
+                m::JOBS_RUNNING,
+                m::JOBS_SCHEDULED,
+                m::JOBS_DEAD,
+                m::QUEUE_LAG,
+            ] {
                 metrics::gauge!(name, "queue" => gone.clone()).set(0.0);
             }
         }

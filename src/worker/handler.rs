@@ -56,7 +56,10 @@ struct ProbeData {
 
 impl Probe {
     fn record(&self, job: &ClaimedJob) {
-        let waited = (chrono::Utc::now() - job.run_at).num_microseconds().unwrap_or(0).max(0);
+        let waited = (chrono::Utc::now() - job.run_at)
+            .num_microseconds()
+            .unwrap_or(0)
+            .max(0);
         self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut d) = self.inner.lock() {
             d.seen.insert(job.id);
@@ -76,7 +79,11 @@ impl Probe {
 
     /// Enqueue-to-start latencies in seconds, sorted.
     pub fn latencies(&self) -> Vec<f64> {
-        let mut v = self.inner.lock().map(|d| d.latencies.clone()).unwrap_or_default();
+        let mut v = self
+            .inner
+            .lock()
+            .map(|d| d.latencies.clone())
+            .unwrap_or_default();
         v.sort_by(|a, b| a.total_cmp(b));
         v
     }
@@ -89,13 +96,20 @@ impl Handler {
     /// Builds a handler from its config.
     pub fn from_config(cfg: &HandlerConfig) -> Result<Handler> {
         Ok(match cfg {
-            HandlerConfig::Http { url, timeout, headers } => Handler::Http {
+            HandlerConfig::Http {
+                url,
+                timeout,
+                headers,
+            } => Handler::Http {
                 client: reqwest::Client::builder()
                     .timeout(timeout.0)
                     .build()
                     .map_err(|e| Error::Config(format!("http handler: {e}")))?,
                 url: url.clone(),
-                headers: headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
             },
             HandlerConfig::Command {
                 program,
@@ -108,7 +122,7 @@ impl Handler {
                 timeout: timeout.0,
                 permanent_exit_codes: permanent_exit_codes.clone(),
             },
-            HandlerConfig::Noop => Handler::Noop,
+            HandlerConfig::Noop {} => Handler::Noop,
         })
     }
 
@@ -120,7 +134,11 @@ impl Handler {
                 p.record(job);
                 HandlerResult::Done
             }
-            Handler::Http { client, url, headers } => run_http(client, url, headers, job).await,
+            Handler::Http {
+                client,
+                url,
+                headers,
+            } => run_http(client, url, headers, job).await,
             Handler::Command {
                 program,
                 args,
@@ -213,12 +231,18 @@ async fn run_command(
                 return HandlerResult::Done;
             }
             let tail_start = err_buf.len().saturating_sub(STDERR_TAIL);
-            let tail = String::from_utf8_lossy(&err_buf[tail_start..]).trim().to_string();
+            let tail = String::from_utf8_lossy(&err_buf[tail_start..])
+                .trim()
+                .to_string();
             let what = match status.code() {
                 Some(code) => format!("exit code {code}"),
                 None => "killed by a signal".to_string(),
             };
-            let msg = if tail.is_empty() { what } else { format!("{what}: {tail}") };
+            let msg = if tail.is_empty() {
+                what
+            } else {
+                format!("{what}: {tail}")
+            };
             match status.code() {
                 Some(code) if permanent.contains(&code) => HandlerResult::Permanent(msg),
                 _ => HandlerResult::Retry(msg),

@@ -39,7 +39,11 @@ impl InFlight {
     pub fn refs(&self) -> Vec<JobRef> {
         self.inner
             .lock()
-            .map(|m| m.iter().map(|(&id, (lease, _))| JobRef { id, lease: *lease }).collect())
+            .map(|m| {
+                m.iter()
+                    .map(|(&id, (lease, _))| JobRef { id, lease: *lease })
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -86,9 +90,13 @@ pub async fn run_once(pool: &PgPool, inflight: &InFlight, lease: Duration) -> us
     match fence::heartbeat(pool, &refs, lease).await {
         Ok(result) => {
             if !result.lost.is_empty() {
-                tracing::warn!(lost = result.lost.len(), "heartbeat found lost leases; cancelling those attempts");
+                tracing::warn!(
+                    lost = result.lost.len(),
+                    "heartbeat found lost leases; cancelling those attempts"
+                );
                 inflight.cancel(&result.lost);
-                metrics::counter!(crate::metrics::JOBS_LOST_LEASE).increment(result.lost.len() as u64);
+                metrics::counter!(crate::metrics::JOBS_LOST_LEASE)
+                    .increment(result.lost.len() as u64);
             }
             result.lost.len()
         }

@@ -89,7 +89,10 @@ impl WorkerPool {
                     failures += 1;
                     tracing::warn!(error = %err, pool = %self.config.name, "claim failed");
                     drop(permits);
-                    let pause = self.config.poll_interval.min(Duration::from_millis(100 * u64::from(failures.min(20))));
+                    let pause = self
+                        .config
+                        .poll_interval
+                        .min(Duration::from_millis(100 * u64::from(failures.min(20))));
                     tokio::select! {
                         _ = intake.cancelled() => break,
                         _ = tokio::time::sleep(pause) => {}
@@ -101,7 +104,8 @@ impl WorkerPool {
             let asked = permits.len();
             report.claimed += got as u64;
             if got > 0 {
-                metrics::counter!(m::JOBS_CLAIMED, "queue" => queue_label.to_string()).increment(got as u64);
+                metrics::counter!(m::JOBS_CLAIMED, "queue" => queue_label.to_string())
+                    .increment(got as u64);
             }
             for (job, permit) in jobs.into_iter().zip(permits.drain(..)) {
                 let cancel = inflight.insert(job.job_ref());
@@ -133,7 +137,10 @@ impl WorkerPool {
         }
 
         tracker.close();
-        if tokio::time::timeout(deadline, tracker.wait()).await.is_err() {
+        if tokio::time::timeout(deadline, tracker.wait())
+            .await
+            .is_err()
+        {
             let left = inflight.len();
             tracing::warn!(pool = %self.config.name, running = left,
                 "shutdown deadline passed; cancelling handlers and handing their jobs back");
@@ -159,7 +166,10 @@ struct AttemptCtx {
 impl AttemptCtx {
     async fn run(self, job: ClaimedJob, cancel: CancellationToken) {
         let job_ref = job.job_ref();
-        let waited = (chrono::Utc::now() - job.run_at).num_microseconds().unwrap_or(0).max(0);
+        let waited = (chrono::Utc::now() - job.run_at)
+            .num_microseconds()
+            .unwrap_or(0)
+            .max(0);
         metrics::histogram!(m::ENQUEUE_TO_START, "queue" => job.queue.clone())
             .record(waited as f64 / 1e6);
         let result = tokio::select! {
@@ -205,7 +215,10 @@ impl AttemptCtx {
         // The completer outlives every pool, so this only fails if it crashed;
         // the lease then expires and the job runs again.
         if self.completer.send(finished).await.is_err() {
-            tracing::error!(job.id = job.id, "completer is gone; job will be re-run after its lease expires");
+            tracing::error!(
+                job.id = job.id,
+                "completer is gone; job will be re-run after its lease expires"
+            );
         }
     }
 }

@@ -64,7 +64,11 @@ impl Runtime {
         if cfg.history.retention_days > 0 {
             // Before any completion, so today's partition exists.
             history::run_once(&self.db, cfg.history.retention_days).await?;
-            let (db, days, token) = (self.db.clone(), cfg.history.retention_days, maintenance.clone());
+            let (db, days, token) = (
+                self.db.clone(),
+                cfg.history.retention_days,
+                maintenance.clone(),
+            );
             background.push(tokio::spawn(async move {
                 loop {
                     tokio::select! {
@@ -175,8 +179,12 @@ impl Runtime {
             let _ = handle.await;
         }
         self.db.close().await;
-        tracing::info!(claimed = report.claimed, completed = report.completer.completed,
-            handed_back = report.handed_back, "worker runtime stopped");
+        tracing::info!(
+            claimed = report.claimed,
+            completed = report.completer.completed,
+            handed_back = report.handed_back,
+            "worker runtime stopped"
+        );
         Ok(report)
     }
 }

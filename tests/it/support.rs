@@ -167,7 +167,7 @@ impl PoolBuilder {
             },
             lock_retry_delay: Duration::from_millis(50),
             tenant: None,
-            handler: HandlerConfig::Noop,
+            handler: HandlerConfig::Noop {},
         })
     }
 
