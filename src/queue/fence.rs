@@ -52,6 +52,11 @@ fn millis(d: Duration) -> i64 {
     d.as_millis().min(i64::MAX as u128) as i64
 }
 
+// Plan note: these join `jobs` with unnest(ids, leases). The planner reaches
+// the jobs through `jobs_running_idx` (running rows only, so as small as the
+// work in flight) and hash-joins: ~1.5 ms for 500 outcomes. Adding a redundant
+// `j.id = ANY($1)` looks helpful but turns it into a nested loop over the
+// unnest (measured 57 ms for 500), so don't.
 const HEARTBEAT_SQL: &str = r#"
 UPDATE qbridge.jobs j SET lease_until = now() + $3 * interval '1 millisecond'
   FROM unnest($1::int8[], $2::int8[]) AS c(id, lease)
