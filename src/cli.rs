@@ -67,7 +67,11 @@ pub enum Command {
     Stats,
 
     /// Inspect and requeue dead-lettered jobs.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  qbridge dlq list --queue emails\n  \
+        qbridge dlq show 1234\n  qbridge dlq requeue --queue emails --rate 200"
+    )]
     Dlq(DlqCommand),
 
     /// Benchmarks: burn-down, steady state, pickup latency, claim latency.

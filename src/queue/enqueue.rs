@@ -85,6 +85,11 @@ pub async fn enqueue_many(
     jobs: &[NewJob],
     payload_limit: usize,
 ) -> Result<Vec<EnqueueOutcome>> {
+    if jobs.len() <= CHUNK {
+        // One statement is atomic on its own: skip BEGIN/COMMIT round trips.
+        let mut conn = pool.acquire().await?;
+        return enqueue(&mut conn, jobs, payload_limit).await;
+    }
     let mut tx = pool.begin().await?;
     let outcomes = enqueue(&mut tx, jobs, payload_limit).await?;
     tx.commit().await?;

@@ -15,6 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::PoolConfig;
 use crate::metrics as m;
+use crate::queue::backoff::Backoff;
 use crate::queue::completer::{Finished, Outcome};
 use crate::queue::{claim, fence, ClaimRequest, ClaimedJob};
 use crate::worker::handler::{Handler, HandlerResult};
@@ -52,6 +53,8 @@ impl WorkerPool {
             beat_stop.clone(),
         ));
         let queue_label: Arc<str> = Arc::from(self.config.queues.join(",").as_str());
+        // Handles resolved once: a labelled lookup per job is measurable at 30k jobs/s.
+        let to_start = metrics::histogram!(m::ENQUEUE_TO_START, "queue" => queue_label.to_string());
         let mut report = PoolReport::default();
         let mut failures = 0u32;
 
@@ -114,7 +117,13 @@ impl WorkerPool {
                     handler: self.handler.clone(),
                     completer: self.completer.clone(),
                     inflight: inflight.clone(),
-                    config: self.config.clone(),
+                    backoff: self.config.backoff,
+                    to_start: to_start.clone(),
+                    queue: if self.config.queues.len() == 1 {
+                        queue_label.clone()
+                    } else {
+                        Arc::from(job.queue.as_str())
+                    },
                 };
                 tracker.spawn(async move {
                     ctx.run(job, cancel).await;
@@ -160,7 +169,10 @@ struct AttemptCtx {
     handler: Arc<Handler>,
     completer: mpsc::Sender<Finished>,
     inflight: InFlight,
-    config: PoolConfig,
+    backoff: Backoff,
+    to_start: metrics::Histogram,
+    /// The job's queue, shared with the pool when it serves one queue.
+    queue: Arc<str>,
 }
 
 impl AttemptCtx {
@@ -170,8 +182,7 @@ impl AttemptCtx {
             .num_microseconds()
             .unwrap_or(0)
             .max(0);
-        metrics::histogram!(m::ENQUEUE_TO_START, "queue" => job.queue.clone())
-            .record(waited as f64 / 1e6);
+        self.to_start.record(waited as f64 / 1e6);
         let result = tokio::select! {
             r = self.handler.run(&job) => Some(r),
             _ = cancel.cancelled() => None,
@@ -194,7 +205,7 @@ impl AttemptCtx {
                 error: format!("attempts exhausted ({}): {error}", job.attempts),
             },
             HandlerResult::Retry(error) => Outcome::Retry {
-                delay: self.config.backoff.delay(job.attempts),
+                delay: self.backoff.delay(job.attempts),
                 error,
             },
         };
@@ -209,7 +220,7 @@ impl AttemptCtx {
         }
         let finished = Finished {
             job: job_ref,
-            queue: Arc::from(job.queue.as_str()),
+            queue: self.queue,
             outcome,
         };
         // The completer outlives every pool, so this only fails if it crashed;
