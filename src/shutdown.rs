@@ -9,8 +9,13 @@ pub fn on_signal() -> CancellationToken {
     let cancel = token.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
-        tracing::info!("shutdown signal received: stopping intake and draining");
+        tracing::info!("shutdown signal received: stopping intake and draining (again to force)");
         cancel.cancel();
+        // A second signal means "now": leases of unfinished jobs expire and
+        // the reaper hands them out again, so nothing is lost.
+        wait_for_signal().await;
+        tracing::warn!("second signal: exiting without draining");
+        std::process::exit(130);
     });
     token
 }

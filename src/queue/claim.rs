@@ -9,7 +9,7 @@ use sqlx::PgPool;
 
 use crate::error::Result;
 use crate::queue::job::ClaimedJob;
-use crate::queue::lock_keys;
+use crate::queue::{fence, lock_keys};
 
 /// Per-tenant fairness: one claim takes at most `cap` jobs per tenant.
 #[derive(Debug, Clone)]
@@ -74,6 +74,23 @@ const MANY_QUEUES_CAND: &str = r#"
      LIMIT $2
 "#;
 
+// A pool limited to some kinds: walk `jobs_claim_kind_idx` once per (queue,
+// kind), so a bulk backlog of other kinds in the same queue is never read.
+const KINDS_CAND: &str = r#"
+    SELECT x.id FROM unnest($1::text[]) AS q(name)
+     CROSS JOIN unnest($5::text[]) AS k(kind)
+     CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM qbridge.jobs
+         WHERE state = 'ready' AND kind IS NOT NULL AND queue = q.name AND kind = k.kind
+           AND run_at <= now()
+         ORDER BY priority DESC, run_at, id
+         LIMIT $2
+         FOR NO KEY UPDATE SKIP LOCKED
+     ) x
+     ORDER BY x.priority DESC, x.run_at, x.id
+     LIMIT $2
+"#;
+
 // Tenant cap: read a window of ready rows without locking them, keep at most
 // $7 per tenant, then lock only the picks (SKIP LOCKED drops any that another
 // claimer took in the meantime).
@@ -115,30 +132,54 @@ UPDATE qbridge.jobs j
     )
 }
 
-/// The three statement texts, built once from the constant pieces above.
-fn statements() -> &'static [String; 3] {
-    static SQL: std::sync::OnceLock<[String; 3]> = std::sync::OnceLock::new();
+/// The four statement texts, built once from the constant pieces above.
+fn statements() -> &'static [String; 4] {
+    static SQL: std::sync::OnceLock<[String; 4]> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
         [
             claim_sql(ONE_QUEUE_CAND),
             claim_sql(MANY_QUEUES_CAND),
+            claim_sql(KINDS_CAND),
             claim_sql(TENANT_CAND),
         ]
     })
 }
 
+/// What one claim statement produced.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// Jobs to run now.
+    pub jobs: Vec<ClaimedJob>,
+    /// Jobs claimed but put back because their lock key was busy.
+    pub deferred: usize,
+    /// True when the queue probably has more runnable jobs right now, so the
+    /// caller should claim again at once instead of sleeping: the statement
+    /// filled its limit, or (with a tenant cap, which trims batches on purpose)
+    /// found anything at all.
+    pub more: bool,
+}
+
 /// Claims up to `req.limit` jobs. Jobs whose lock key is held by a running job
 /// are put back (see [`lock_keys`]) and not returned.
 pub async fn claim(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Vec<ClaimedJob>> {
+    Ok(claim_batch(pool, req).await?.jobs)
+}
+
+/// [`claim`] with the bookkeeping a worker pool needs to pace itself.
+pub async fn claim_batch(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claimed> {
     if req.limit <= 0 || req.queues.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Claimed::default());
     }
     let lease_ms = req.lease.as_millis().min(i64::MAX as u128) as i64;
     let kinds: Option<Vec<String>> = req.kinds.map(|k| k.to_vec());
-    let [one, many, tenant] = statements();
+    let [one, many, by_kind, tenant] = statements();
     let jobs: Vec<ClaimedJob> = match req.tenant {
         None => {
-            let sql = if req.queues.len() == 1 { one } else { many };
+            let sql = match (req.kinds.is_some(), req.queues.len()) {
+                (true, _) => by_kind,
+                (false, 1) => one,
+                (false, _) => many,
+            };
             sqlx::query_as(sql)
                 .bind(req.queues)
                 .bind(req.limit)
@@ -162,8 +203,32 @@ pub async fn claim(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Vec<ClaimedJ
                 .await?
         }
     };
-    if jobs.iter().any(|j| j.lock_key.is_some()) {
-        return lock_keys::settle(pool, jobs, req.lock_retry_delay).await;
+    let found = jobs.len();
+    let more = if req.tenant.is_some() {
+        found > 0
+    } else {
+        found as i64 >= req.limit
+    };
+    if !jobs.iter().any(|j| j.lock_key.is_some()) {
+        return Ok(Claimed {
+            jobs,
+            deferred: 0,
+            more,
+        });
     }
-    Ok(jobs)
+    let refs: Vec<_> = jobs.iter().map(|j| j.job_ref()).collect();
+    match lock_keys::settle(pool, jobs, req.lock_retry_delay).await {
+        Ok(kept) => Ok(Claimed {
+            deferred: found - kept.len(),
+            jobs: kept,
+            more,
+        }),
+        Err(err) => {
+            // The claim committed but nothing may run unchecked: hand every job
+            // back with its attempt refunded, so none is dead-lettered by the
+            // reaper without having run. Best effort; otherwise leases expire.
+            let _ = fence::release(pool, &refs, true).await;
+            Err(err)
+        }
+    }
 }

@@ -167,9 +167,24 @@ pub async fn flush(
             Outcome::Dead { error } => deads.push((f.job, error.clone())),
         }
     }
-    let completed = fence::complete(pool, &done, keep_history).await?;
-    let retried = fence::retry(pool, &retries).await?;
-    let dead = fence::dead_letter(pool, &deads).await?;
+    // One transaction: a batch that fails half-way is retried whole, and its
+    // already-applied half must not come back as "lost lease". A batch of one
+    // outcome type needs no BEGIN/COMMIT round trips.
+    let kinds = [!done.is_empty(), !retries.is_empty(), !deads.is_empty()];
+    let (completed, retried, dead) = if kinds.iter().filter(|k| **k).count() <= 1 {
+        (
+            fence::complete(pool, &done, keep_history).await?,
+            fence::retry(pool, &retries).await?,
+            fence::dead_letter(pool, &deads).await?,
+        )
+    } else {
+        let mut tx = pool.begin().await?;
+        let c = fence::complete(&mut *tx, &done, keep_history).await?;
+        let r = fence::retry(&mut *tx, &retries).await?;
+        let d = fence::dead_letter(&mut *tx, &deads).await?;
+        tx.commit().await?;
+        (c, r, d)
+    };
 
     let lost: std::collections::HashSet<JobRef> = completed
         .lost

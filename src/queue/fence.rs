@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use sqlx::PgPool;
+use sqlx::PgExecutor;
 
 use crate::error::Result;
 use crate::queue::job::JobRef;
@@ -95,10 +95,10 @@ WITH d AS (
     DELETE FROM qbridge.jobs j USING unnest($1::int8[], $2::int8[], $3::text[]) AS c(id, lease, err)
      WHERE j.id = c.id AND j.lease = c.lease AND j.state = 'running'
     RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.priority, j.attempts,
-              j.max_attempts, c.err, j.created_at
+              j.max_attempts, c.err, j.created_at, j.lock_key
 )
 INSERT INTO qbridge.jobs_dead
-       (id, queue, kind, key, payload, priority, attempts, max_attempts, last_error, created_at)
+       (id, queue, kind, key, payload, priority, attempts, max_attempts, last_error, created_at, lock_key)
 SELECT * FROM d
 RETURNING id
 "#;
@@ -119,7 +119,11 @@ SELECT u.id FROM u, (SELECT count(*) FROM n) AS sent
 "#;
 
 /// Extends the leases of running jobs by `lease` from now.
-pub async fn heartbeat(pool: &PgPool, refs: &[JobRef], lease: Duration) -> Result<FenceResult> {
+pub async fn heartbeat<'e>(
+    db: impl PgExecutor<'e>,
+    refs: &[JobRef],
+    lease: Duration,
+) -> Result<FenceResult> {
     if refs.is_empty() {
         return Ok(FenceResult::default());
     }
@@ -128,14 +132,18 @@ pub async fn heartbeat(pool: &PgPool, refs: &[JobRef], lease: Duration) -> Resul
         .bind(ids)
         .bind(leases)
         .bind(millis(lease))
-        .fetch_all(pool)
+        .fetch_all(db)
         .await?;
     Ok(FenceResult::from_applied(refs, applied))
 }
 
 /// Completes jobs: they leave the hot table (into day-partitioned history when
 /// `keep_history`).
-pub async fn complete(pool: &PgPool, refs: &[JobRef], keep_history: bool) -> Result<FenceResult> {
+pub async fn complete<'e>(
+    db: impl PgExecutor<'e>,
+    refs: &[JobRef],
+    keep_history: bool,
+) -> Result<FenceResult> {
     if refs.is_empty() {
         return Ok(FenceResult::default());
     }
@@ -148,13 +156,16 @@ pub async fn complete(pool: &PgPool, refs: &[JobRef], keep_history: bool) -> Res
     let applied = sqlx::query_scalar(sql)
         .bind(ids)
         .bind(leases)
-        .fetch_all(pool)
+        .fetch_all(db)
         .await?;
     Ok(FenceResult::from_applied(refs, applied))
 }
 
 /// Puts jobs back to `ready` after their delay, recording the error.
-pub async fn retry(pool: &PgPool, items: &[(JobRef, Duration, String)]) -> Result<FenceResult> {
+pub async fn retry<'e>(
+    db: impl PgExecutor<'e>,
+    items: &[(JobRef, Duration, String)],
+) -> Result<FenceResult> {
     if items.is_empty() {
         return Ok(FenceResult::default());
     }
@@ -165,13 +176,16 @@ pub async fn retry(pool: &PgPool, items: &[(JobRef, Duration, String)]) -> Resul
         .bind(leases)
         .bind(items.iter().map(|i| millis(i.1)).collect::<Vec<_>>())
         .bind(items.iter().map(|i| i.2.clone()).collect::<Vec<_>>())
-        .fetch_all(pool)
+        .fetch_all(db)
         .await?;
     Ok(FenceResult::from_applied(&refs, applied))
 }
 
 /// Moves jobs to `jobs_dead` with their error.
-pub async fn dead_letter(pool: &PgPool, items: &[(JobRef, String)]) -> Result<FenceResult> {
+pub async fn dead_letter<'e>(
+    db: impl PgExecutor<'e>,
+    items: &[(JobRef, String)],
+) -> Result<FenceResult> {
     if items.is_empty() {
         return Ok(FenceResult::default());
     }
@@ -181,14 +195,18 @@ pub async fn dead_letter(pool: &PgPool, items: &[(JobRef, String)]) -> Result<Fe
         .bind(ids)
         .bind(leases)
         .bind(items.iter().map(|i| i.1.clone()).collect::<Vec<_>>())
-        .fetch_all(pool)
+        .fetch_all(db)
         .await?;
     Ok(FenceResult::from_applied(&refs, applied))
 }
 
 /// Hands jobs back to `ready` at once (shutdown). `refund_attempt` undoes the
 /// attempt count for jobs whose handler never started.
-pub async fn release(pool: &PgPool, refs: &[JobRef], refund_attempt: bool) -> Result<FenceResult> {
+pub async fn release<'e>(
+    db: impl PgExecutor<'e>,
+    refs: &[JobRef],
+    refund_attempt: bool,
+) -> Result<FenceResult> {
     if refs.is_empty() {
         return Ok(FenceResult::default());
     }
@@ -197,7 +215,7 @@ pub async fn release(pool: &PgPool, refs: &[JobRef], refund_attempt: bool) -> Re
         .bind(ids)
         .bind(leases)
         .bind(refund_attempt)
-        .fetch_all(pool)
+        .fetch_all(db)
         .await?;
     Ok(FenceResult::from_applied(refs, applied))
 }

@@ -31,6 +31,11 @@ pub async fn run_once(pool: &PgPool, retention_days: u32) -> Result<HistoryRepor
         return Ok(report);
     }
     report.led = true;
+    // Partition DDL takes strong locks on jobs_done; behind a long query it
+    // would queue every history-keeping completion. Fail fast, retry next pass.
+    sqlx::query("SET LOCAL lock_timeout = '2s'")
+        .execute(&mut *tx)
+        .await?;
     let existing: Vec<String> = sqlx::query_scalar(
         "SELECT c.relname::text FROM pg_inherits i \
            JOIN pg_class c ON c.oid = i.inhrelid \

@@ -98,39 +98,67 @@ pub async fn run_once(
         .fetch_one(&mut *tx)
         .await?;
     for s in schedules {
-        let first = s.cadence.next_after(now).unwrap_or(now);
-        // An `every` schedule fires at once the first time; cron waits for its slot.
-        let first = if matches!(s.cadence, Cadence::Every(_)) {
-            now
-        } else {
-            first
-        };
-        sqlx::query("INSERT INTO qbridge.schedules (name, next_run_at) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
+        // A savepoint per schedule: one that cannot fire (bad payload, no next
+        // time) is skipped and logged; the others still fire.
+        sqlx::query("SAVEPOINT schedule").execute(&mut *tx).await?;
+        match fire_one(&mut tx, s, now, payload_limit).await {
+            Ok(Some(id)) => report.fired.push((s.name.clone(), id)),
+            Ok(None) => {}
+            Err(err) => {
+                tracing::warn!(schedule = %s.name, error = %err, "schedule could not fire");
+                sqlx::query("ROLLBACK TO SAVEPOINT schedule")
+                    .execute(&mut *tx)
+                    .await?;
+                continue;
+            }
+        }
+        sqlx::query("RELEASE SAVEPOINT schedule")
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(report)
+}
+
+/// Fires one schedule if it is due; returns the inserted job's id.
+async fn fire_one(
+    tx: &mut sqlx::PgConnection,
+    s: &Schedule,
+    now: DateTime<Utc>,
+    payload_limit: usize,
+) -> Result<Option<i64>> {
+    let first = s.cadence.next_after(now).unwrap_or(now);
+    // An `every` schedule fires at once the first time; cron waits for its slot.
+    let first = if matches!(s.cadence, Cadence::Every(_)) {
+        now
+    } else {
+        first
+    };
+    sqlx::query("INSERT INTO qbridge.schedules (name, next_run_at) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
             .bind(&s.name)
             .bind(first)
             .execute(&mut *tx)
             .await?;
-        let due: DateTime<Utc> = sqlx::query_scalar(
-            "SELECT next_run_at FROM qbridge.schedules WHERE name = $1 FOR UPDATE",
-        )
-        .bind(&s.name)
-        .fetch_one(&mut *tx)
-        .await?;
-        if due > now {
-            continue;
-        }
-        let mut job = s.job.clone();
-        job.key = Some(format!("schedule:{}:{}", s.name, due.timestamp()));
-        let outcome = enqueue::enqueue(&mut tx, std::slice::from_ref(&job), payload_limit).await?;
-        let job_id = match outcome.first() {
-            Some(enqueue::EnqueueOutcome::Inserted(id)) => Some(*id),
-            _ => None,
-        };
-        let next = s
-            .cadence
-            .next_from(due, now)
-            .ok_or_else(|| Error::Config(format!("schedule {:?} has no next fire time", s.name)))?;
-        sqlx::query(
+    let due: DateTime<Utc> =
+        sqlx::query_scalar("SELECT next_run_at FROM qbridge.schedules WHERE name = $1 FOR UPDATE")
+            .bind(&s.name)
+            .fetch_one(&mut *tx)
+            .await?;
+    if due > now {
+        return Ok(None);
+    }
+    let mut job = s.job.clone();
+    job.key = Some(format!("schedule:{}:{}", s.name, due.timestamp()));
+    let outcome = enqueue::enqueue(tx, std::slice::from_ref(&job), payload_limit).await?;
+    let job_id = match outcome.first() {
+        Some(enqueue::EnqueueOutcome::Inserted(id)) => Some(*id),
+        _ => None,
+    };
+    let next = s
+        .cadence
+        .next_from(due, now)
+        .ok_or_else(|| Error::Config(format!("schedule {:?} has no next fire time", s.name)))?;
+    sqlx::query(
             "UPDATE qbridge.schedules SET next_run_at = $2, last_run_at = $3, last_job_id = $4 WHERE name = $1",
         )
         .bind(&s.name)
@@ -139,12 +167,7 @@ pub async fn run_once(
         .bind(job_id)
         .execute(&mut *tx)
         .await?;
-        if let Some(id) = job_id {
-            report.fired.push((s.name.clone(), id));
-        }
-    }
-    tx.commit().await?;
-    Ok(report)
+    Ok(job_id)
 }
 
 /// Runs a pass every `tick` until cancelled.

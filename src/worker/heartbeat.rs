@@ -19,19 +19,30 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    /// Registers an attempt; its token is cancelled if the lease is lost.
+    /// Registers an attempt; its token is cancelled if the lease is lost. If the
+    /// same job is already registered under an older lease (it was reaped and
+    /// this pool claimed it again), that older attempt has lost its lease: it
+    /// is cancelled here rather than left running unheartbeated.
     pub fn insert(&self, job: JobRef) -> CancellationToken {
         let token = CancellationToken::new();
         if let Ok(mut map) = self.inner.lock() {
-            map.insert(job.id, (job.lease, token.clone()));
+            if let Some((_, old)) = map.insert(job.id, (job.lease, token.clone())) {
+                old.cancel();
+            }
         }
         token
     }
 
-    /// Forgets a finished attempt.
-    pub fn remove(&self, id: i64) {
+    /// Forgets a finished attempt — only if it is still the registered one, so
+    /// an old attempt finishing cannot unregister a newer attempt of the same job.
+    pub fn remove(&self, job: JobRef) {
         if let Ok(mut map) = self.inner.lock() {
-            map.remove(&id);
+            if map
+                .get(&job.id)
+                .is_some_and(|(lease, _)| *lease == job.lease)
+            {
+                map.remove(&job.id);
+            }
         }
     }
 
@@ -47,17 +58,22 @@ impl InFlight {
             .unwrap_or_default()
     }
 
-    /// Cancels the attempts whose lease was lost.
-    pub fn cancel(&self, lost: &[JobRef]) {
+    /// Cancels the attempts whose lease was lost and that are still running
+    /// (one that finished since the heartbeat read the map is not counted).
+    /// Returns how many were cancelled.
+    pub fn cancel(&self, lost: &[JobRef]) -> usize {
+        let mut cancelled = 0;
         if let Ok(map) = self.inner.lock() {
             for r in lost {
                 if let Some((lease, token)) = map.get(&r.id) {
-                    if *lease == r.lease {
+                    if *lease == r.lease && !token.is_cancelled() {
                         token.cancel();
+                        cancelled += 1;
                     }
                 }
             }
         }
+        cancelled
     }
 
     /// Cancels every attempt (shutdown deadline passed).
@@ -81,41 +97,86 @@ impl InFlight {
 }
 
 /// One heartbeat pass: extends every running lease, cancels lost ones.
-/// Returns how many were lost.
-pub async fn run_once(pool: &PgPool, inflight: &InFlight, lease: Duration) -> usize {
+/// Returns how many were lost, or the error when the pass failed.
+pub async fn run_once(
+    pool: &PgPool,
+    inflight: &InFlight,
+    lease: Duration,
+) -> Result<usize, crate::Error> {
     let refs = inflight.refs();
     if refs.is_empty() {
-        return 0;
+        return Ok(0);
     }
-    match fence::heartbeat(pool, &refs, lease).await {
-        Ok(result) => {
-            if !result.lost.is_empty() {
-                tracing::warn!(
-                    lost = result.lost.len(),
-                    "heartbeat found lost leases; cancelling those attempts"
-                );
-                inflight.cancel(&result.lost);
-                metrics::counter!(crate::metrics::JOBS_LOST_LEASE)
-                    .increment(result.lost.len() as u64);
-            }
-            result.lost.len()
-        }
-        Err(err) => {
-            // The lease still runs; the next beat (lease/3 later) tries again.
-            tracing::warn!(error = %err, "heartbeat failed");
-            0
-        }
+    let result = fence::heartbeat(pool, &refs, lease).await?;
+    let lost = inflight.cancel(&result.lost);
+    if lost > 0 {
+        tracing::warn!(
+            lost,
+            "heartbeat found lost leases; cancelling those attempts"
+        );
+        metrics::counter!(crate::metrics::JOBS_LOST_LEASE).increment(lost as u64);
     }
+    Ok(lost)
 }
 
-/// Beats every lease/3 until cancelled.
+/// Beats every lease/3 until cancelled. When beats keep failing (Postgres
+/// unreachable) for most of a lease, the leases are as good as gone — the
+/// reaper will hand the jobs to someone else — so the running attempts are
+/// cancelled instead of finishing work whose result would be rejected.
 pub async fn run(pool: PgPool, inflight: InFlight, lease: Duration, token: CancellationToken) {
     let every = (lease / 3).max(Duration::from_millis(100));
+    let mut last_ok = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = token.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        run_once(&pool, &inflight, lease).await;
+        match run_once(&pool, &inflight, lease).await {
+            Ok(_) => last_ok = tokio::time::Instant::now(),
+            Err(err) => {
+                tracing::warn!(error = %err, "heartbeat failed");
+                if last_ok.elapsed() > lease.mul_f64(0.8) && !inflight.is_empty() {
+                    tracing::warn!(
+                        running = inflight.len(),
+                        "no heartbeat succeeded for most of a lease; cancelling running attempts"
+                    );
+                    inflight.cancel_all();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(id: i64, lease: i64) -> JobRef {
+        JobRef { id, lease }
+    }
+
+    #[test]
+    fn a_newer_attempt_replaces_and_cancels_the_older_one() {
+        let inflight = InFlight::default();
+        let old = inflight.insert(r(1, 10));
+        let new = inflight.insert(r(1, 11));
+        assert!(old.is_cancelled(), "the reaped attempt must be cancelled");
+        assert!(!new.is_cancelled());
+        // The old attempt finishing must not unregister the new one.
+        inflight.remove(r(1, 10));
+        assert_eq!(inflight.refs(), vec![r(1, 11)]);
+        inflight.remove(r(1, 11));
+        assert!(inflight.is_empty());
+    }
+
+    #[test]
+    fn cancel_counts_only_matching_running_attempts() {
+        let inflight = InFlight::default();
+        let t = inflight.insert(r(1, 10));
+        assert_eq!(inflight.cancel(&[r(1, 9), r(2, 10)]), 0);
+        assert!(!t.is_cancelled());
+        assert_eq!(inflight.cancel(&[r(1, 10)]), 1);
+        assert!(t.is_cancelled());
+        assert_eq!(inflight.cancel(&[r(1, 10)]), 0, "already cancelled");
     }
 }

@@ -16,8 +16,9 @@ use tokio_util::task::TaskTracker;
 use crate::config::PoolConfig;
 use crate::metrics as m;
 use crate::queue::backoff::Backoff;
+use crate::queue::claim::claim_batch;
 use crate::queue::completer::{Finished, Outcome};
-use crate::queue::{claim, fence, ClaimRequest, ClaimedJob};
+use crate::queue::{fence, ClaimRequest, ClaimedJob};
 use crate::worker::handler::{Handler, HandlerResult};
 use crate::worker::heartbeat::{self, InFlight};
 
@@ -81,12 +82,12 @@ impl WorkerPool {
                 lock_retry_delay: self.config.lock_retry_delay,
             };
             let started = Instant::now();
-            let jobs = match claim(&self.db, &req).await {
-                Ok(jobs) => {
+            let claimed = match claim_batch(&self.db, &req).await {
+                Ok(claimed) => {
                     failures = 0;
                     metrics::histogram!(m::CLAIM_SECONDS, "queue" => queue_label.to_string())
                         .record(started.elapsed().as_secs_f64());
-                    jobs
+                    claimed
                 }
                 Err(err) => {
                     failures += 1;
@@ -103,8 +104,8 @@ impl WorkerPool {
                     continue;
                 }
             };
+            let jobs = claimed.jobs;
             let got = jobs.len();
-            let asked = permits.len();
             report.claimed += got as u64;
             if got > 0 {
                 metrics::counter!(m::JOBS_CLAIMED, "queue" => queue_label.to_string())
@@ -131,7 +132,7 @@ impl WorkerPool {
                 });
             }
             drop(permits);
-            if got < asked {
+            if !claimed.more {
                 // The queue looked empty: sleep until a wake-up or the poll
                 // backstop. Polls keep a fixed cadence from the last claim's
                 // start, so a job nobody was told about waits at most one poll
@@ -183,12 +184,14 @@ impl AttemptCtx {
             .unwrap_or(0)
             .max(0);
         self.to_start.record(waited as f64 / 1e6);
+        // biased: a handler that finished just as the deadline hit keeps its result.
         let result = tokio::select! {
+            biased;
             r = self.handler.run(&job) => Some(r),
             _ = cancel.cancelled() => None,
         };
-        self.inflight.remove(job.id);
         let Some(result) = result else {
+            self.inflight.remove(job_ref);
             // Cancelled: either the lease was lost (then nothing may be written)
             // or shutdown ran out of time (then hand the job back now rather
             // than after the lease expires). release() is fenced, so it is a
@@ -231,5 +234,7 @@ impl AttemptCtx {
                 "completer is gone; job will be re-run after its lease expires"
             );
         }
+        // Heartbeats go on until the outcome is queued for the completer.
+        self.inflight.remove(job_ref);
     }
 }

@@ -166,6 +166,10 @@ impl Runtime {
             .collect();
 
         let mut report = RuntimeReport::default();
+        if running.is_empty() {
+            // Schedules and maintenance only: nothing ends on its own.
+            stop.cancelled().await;
+        }
         for handle in running {
             let r: PoolReport = handle.await.unwrap_or_default();
             report.claimed += r.claimed;
@@ -175,10 +179,20 @@ impl Runtime {
         // flushes what is left and returns.
         report.completer = done_rx.await.unwrap_or_default();
         maintenance.cancel();
-        for handle in background {
-            let _ = handle.await;
+        // A maintenance pass stuck on a half-open connection must not hold the
+        // process: give them a moment, then abort.
+        let grace = tokio::time::Instant::now() + Duration::from_secs(5);
+        for mut handle in background {
+            if tokio::time::timeout_at(grace, &mut handle).await.is_err() {
+                handle.abort();
+            }
         }
-        self.db.close().await;
+        if tokio::time::timeout(Duration::from_secs(5), self.db.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!("closing database connections timed out");
+        }
         tracing::info!(
             claimed = report.claimed,
             completed = report.completer.completed,

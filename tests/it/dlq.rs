@@ -280,3 +280,27 @@ async fn requeue_is_rate_limited(pool: PgPool) {
         "requeue ran faster than its rate"
     );
 }
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_dead_job_keeps_its_lock_key_through_requeue(pool: PgPool) {
+    let job = NewJob::new("serial", json!({"n": 1})).with_lock_key("account-7");
+    kill(&pool, &[(job, "boom")]).await;
+    let dead_key: Option<String> =
+        sqlx::query_scalar("SELECT lock_key FROM qbridge.jobs_dead WHERE queue = 'serial'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(dead_key.as_deref(), Some("account-7"));
+
+    let sel = Selector {
+        queue: Some("serial".into()),
+        ..Default::default()
+    };
+    assert_eq!(dlq::requeue_batch(&pool, &sel, 10).await.unwrap(), 1);
+    let live_key: Option<String> =
+        sqlx::query_scalar("SELECT lock_key FROM qbridge.jobs WHERE queue = 'serial'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(live_key.as_deref(), Some("account-7"));
+}

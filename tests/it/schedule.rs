@@ -115,3 +115,26 @@ async fn cron_schedule_waits_for_its_slot(pool: PgPool) {
     assert!(next > chrono::Utc::now());
     assert_eq!(next.format("%m-%d %H:%M:%S").to_string(), "01-01 00:00:00");
 }
+
+/// A config with schedules and no pools keeps running (and firing) until it
+/// is stopped, instead of returning at once.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_schedules_only_runtime_runs_until_stopped(pool: PgPool) {
+    let toml = format!(
+        "database_url = \"{}\"\n[[schedules]]\nname = \"tick\"\nqueue = \"ticks\"\nevery = \"1s\"\n",
+        support::db_url(&pool)
+    );
+    let config =
+        qbridge::config::Config::from_toml(&toml, &qbridge::config::Overrides::default()).unwrap();
+    let mut runtime = qbridge::worker::Runtime::build(config).await.unwrap();
+    runtime.serve_http = false;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let handle = tokio::spawn(runtime.run_until_stopped(stop.clone()));
+    support::wait_for("two periods fired", Duration::from_secs(10), || async {
+        support::count(&pool, "SELECT count(*) FROM qbridge.jobs WHERE queue = 'ticks'").await >= 2
+    })
+    .await;
+    assert!(!handle.is_finished(), "runtime returned before it was stopped");
+    stop.cancel();
+    handle.await.unwrap().unwrap();
+}
