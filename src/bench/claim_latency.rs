@@ -71,7 +71,9 @@ pub async fn run(
     let mut commits = Vec::with_capacity(samples);
     for _ in 0..samples {
         let t = Instant::now();
-        sqlx::query("SELECT pg_current_xact_id()").execute(&db).await?;
+        sqlx::query("SELECT pg_current_xact_id()")
+            .execute(&db)
+            .await?;
         commits.push(t.elapsed().as_secs_f64());
     }
     commits.sort_by(|a, b| a.total_cmp(b));
@@ -93,6 +95,9 @@ pub async fn run(
             ("commit_floor_p99_ms".into(), commit_ms(99.0)),
         ],
         ok: claimed as i64 == backlog,
-        notes: vec!["commit_floor = an empty committed transaction (WAL flush) on the same connection pool".into()],
+        notes: vec![
+            "commit_floor = an empty committed transaction (WAL flush) on the same connection pool"
+                .into(),
+        ],
     })
 }

@@ -131,10 +131,18 @@ async fn a_schedules_only_runtime_runs_until_stopped(pool: PgPool) {
     let stop = tokio_util::sync::CancellationToken::new();
     let handle = tokio::spawn(runtime.run_until_stopped(stop.clone()));
     support::wait_for("two periods fired", Duration::from_secs(10), || async {
-        support::count(&pool, "SELECT count(*) FROM qbridge.jobs WHERE queue = 'ticks'").await >= 2
+        support::count(
+            &pool,
+            "SELECT count(*) FROM qbridge.jobs WHERE queue = 'ticks'",
+        )
+        .await
+            >= 2
     })
     .await;
-    assert!(!handle.is_finished(), "runtime returned before it was stopped");
+    assert!(
+        !handle.is_finished(),
+        "runtime returned before it was stopped"
+    );
     stop.cancel();
     handle.await.unwrap().unwrap();
 }
