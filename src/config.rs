@@ -1,12 +1,17 @@
 //! Configuration: a TOML file plus flags/env, validated into [`Config`]. Unknown
 //! keys and wrong types are errors that name the key; durations are strings like
-//! `"250ms"`, `"30s"`, `"5m"`, `"1h"`; sizes like `"1MiB"`, `"512KiB"` or bytes.
+//! `"250ms"`, `"30s"`, `"5m"`, `"1h"`; sizes like `"1MiB"`, `"512KiB"` or bytes
+//! (see [`units`]). Anything that would only fail once jobs run (a bad handler
+//! header, a schedule that can never fire) fails here instead.
+
+mod units;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::queue::backoff::Backoff;
@@ -14,84 +19,7 @@ use crate::queue::claim::TenantCap;
 use crate::queue::schedule::{Cadence, Schedule};
 use crate::queue::{validate, NewJob};
 
-/// A duration written as `"500ms"`, `"30s"`, `"5m"`, `"2h"` or `"1d"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dur(pub Duration);
-
-/// Parses a duration string (see [`Dur`]).
-pub fn parse_duration(text: &str) -> Result<Duration> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num.parse().map_err(|_| {
-        Error::Config(format!(
-            "bad duration {text:?}: use e.g. \"500ms\", \"30s\", \"5m\""
-        ))
-    })?;
-    let secs = match unit.trim() {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        "d" => value * 86400.0,
-        _ => {
-            return Err(Error::Config(format!(
-                "bad duration {text:?}: unit must be ms, s, m, h or d"
-            )))
-        }
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(Error::Config(format!("bad duration {text:?}")));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        parse_duration(&s)
-            .map(Dur)
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-/// A size written as bytes (`1048576`) or with a unit (`"1MiB"`, `"64KiB"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bytes(pub usize);
-
-impl<'de> Deserialize<'de> for Bytes {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            N(u64),
-            S(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::N(n) => Ok(Bytes(n as usize)),
-            Raw::S(s) => {
-                let t = s.trim();
-                let (num, mult) = if let Some(n) = t.strip_suffix("MiB") {
-                    (n, 1024 * 1024)
-                } else if let Some(n) = t.strip_suffix("KiB") {
-                    (n, 1024)
-                } else if let Some(n) = t.strip_suffix('B') {
-                    (n, 1)
-                } else {
-                    (t, 1)
-                };
-                num.trim()
-                    .parse::<usize>()
-                    .map(|n| Bytes(n * mult))
-                    .map_err(|_| {
-                        serde::de::Error::custom(format!("bad size {s:?}: use e.g. \"1MiB\""))
-                    })
-            }
-        }
-    }
-}
+pub use units::{parse_duration, parse_size, Bytes, Dur};
 
 fn default_listen() -> String {
     "127.0.0.1:9187".into()
@@ -154,9 +82,6 @@ pub struct TenantConfig {
     pub pointer: String,
     /// Most jobs per tenant in one claim.
     pub cap: i64,
-    /// Ready rows one claim looks at (default 1000).
-    #[serde(default)]
-    pub window: Option<i64>,
 }
 
 /// `[[pools]]` as written in the file.
@@ -352,7 +277,7 @@ fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<Config> {
                 s.name
             )));
         }
-        schedules.push(validate_schedule(s)?);
+        schedules.push(validate_schedule(s, payload_limit)?);
     }
     let worker_id = file.worker_id.unwrap_or_else(default_worker_id);
     Ok(Config {
@@ -429,21 +354,26 @@ fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
             if t.cap < 1 {
                 return Err(ctx("tenant.cap must be at least 1".into()));
             }
+            if p.queues.len() != 1 {
+                return Err(ctx(
+                    "a tenant cap needs a pool with exactly one queue (use one pool per queue)".into(),
+                ));
+            }
             let path = validate::json_pointer_path(&t.pointer).map_err(|e| ctx(e.to_string()))?;
             Some(TenantCap {
                 path,
                 cap: t.cap,
-                window: t.window.unwrap_or(1000).max(1),
             })
         }
     };
     match &p.handler {
-        HandlerConfig::Http { url, .. } => {
+        HandlerConfig::Http { url, headers, .. } => {
             let parsed =
                 url::Url::parse(url).map_err(|e| ctx(format!("handler url {url:?}: {e}")))?;
             if !matches!(parsed.scheme(), "http" | "https") {
                 return Err(ctx(format!("handler url {url:?} must be http or https")));
             }
+            header_map(headers).map_err(ctx)?;
         }
         HandlerConfig::Command { program, .. } if program.is_empty() => {
             return Err(ctx("handler program is empty".into()));
@@ -468,7 +398,24 @@ fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
     })
 }
 
-fn validate_schedule(s: ScheduleFile) -> Result<Schedule> {
+/// Checks an HTTP handler's configured headers and builds the map sent with
+/// every request. Errors name the header, never its value (it may be a token);
+/// values are marked sensitive so `Debug` does not show them either.
+pub fn header_map(headers: &BTreeMap<String, String>) -> std::result::Result<HeaderMap, String> {
+    let mut map = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        let header = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("handler header name {name:?} is not a valid HTTP header name"))?;
+        let mut value = HeaderValue::from_str(value).map_err(|_| {
+            format!("handler header {name:?} has a value HTTP cannot carry (control characters?)")
+        })?;
+        value.set_sensitive(true);
+        map.insert(header, value);
+    }
+    Ok(map)
+}
+
+fn validate_schedule(s: ScheduleFile, payload_limit: usize) -> Result<Schedule> {
     let ctx = |msg: String| Error::Config(format!("schedule {:?}: {msg}", s.name));
     validate::queue_name(&s.queue).map_err(|e| ctx(e.to_string()))?;
     // Inner errors are config errors already: keep their text, not their prefix.
@@ -477,17 +424,42 @@ fn validate_schedule(s: ScheduleFile) -> Result<Schedule> {
         other => other.to_string(),
     };
     let cadence = match (&s.every, &s.cron) {
-        (Some(d), None) if !d.0.is_zero() => Cadence::Every(d.0),
-        (Some(_), None) => return Err(ctx("every must be more than 0".into())),
+        // Instance keys are unix seconds: a shorter period would collide.
+        (Some(d), None) if d.0 < Duration::from_secs(1) => {
+            return Err(ctx("every must be at least 1s".into()))
+        }
+        (Some(d), None) => Cadence::Every(d.0),
         (None, Some(expr)) => Cadence::cron(expr).map_err(|e| ctx(inner(e)))?,
         _ => return Err(ctx("set exactly one of `every` and `cron`".into())),
     };
+    // A schedule that can never fire (a past year, 30 February, a period past
+    // the calendar's end) is a typo; say so now rather than once per tick.
+    let now = chrono::Utc::now();
+    let fires = match &cadence {
+        Cadence::Every(d) => chrono::Duration::from_std(*d)
+            .ok()
+            .and_then(|d| now.checked_add_signed(d))
+            .is_some(),
+        Cadence::Cron(_) => cadence.next_after(now).is_some(),
+    };
+    if !fires {
+        return Err(ctx(match &s.cron {
+            Some(expr) => format!("cron expression {expr:?} has no fire time in the future"),
+            None => "every is too long: it would never fire".into(),
+        }));
+    }
     let mut job = NewJob::new(
         s.queue.clone(),
         s.payload.clone().unwrap_or(serde_json::json!({})),
     );
     job.kind = s.kind.clone();
     job.priority = s.priority;
+    validate::payload_value(&job.payload, payload_limit).map_err(|e| ctx(e.to_string()))?;
+    // Each instance gets the key `schedule:<name>:<unix seconds>`: check the
+    // longest one along with the kind.
+    let mut instance = job.clone();
+    instance.key = Some(format!("schedule:{}:{}", s.name, i64::MAX));
+    validate::job_fields(&instance).map_err(|e| ctx(e.to_string()))?;
     Ok(Schedule {
         name: s.name,
         cadence,
@@ -501,15 +473,6 @@ mod tests {
 
     fn load(text: &str) -> Result<Config> {
         Config::from_toml(text, &Overrides::default())
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert!(parse_duration("5 parsecs").is_err());
-        assert!(parse_duration("s").is_err());
     }
 
     #[test]
@@ -575,6 +538,77 @@ mod tests {
     fn errors_are_one_line() {
         let err = load("[[pools]]\nqueues = 5").unwrap_err().to_string();
         assert!(!err.contains('\n'), "{err}");
+    }
+
+    /// One-line config error text, or a panic naming the accepted input.
+    fn err(text: &str) -> String {
+        let Err(err) = load(text) else {
+            panic!("{text:?} was accepted");
+        };
+        assert!(matches!(err, Error::Config(_)), "{err:?}");
+        let msg = err.to_string();
+        assert!(!msg.contains('\n'), "{msg}");
+        msg
+    }
+
+    #[test]
+    fn out_of_range_units_are_errors_not_panics() {
+        let msg = err("shutdown_deadline = \"99999999999999999999d\"");
+        assert!(msg.contains("shutdown_deadline"), "{msg}");
+        let msg = err(&format!("payload_limit = \"{}MiB\"", usize::MAX / 1024));
+        assert!(msg.contains("payload_limit"), "{msg}");
+    }
+
+    #[test]
+    fn bad_handler_headers_are_config_errors() {
+        let pool = |headers: &str| {
+            format!(
+                "[[pools]]\nname = \"p\"\nqueues = [\"a\"]\n\
+                 handler = {{ type = \"http\", url = \"http://x/\", headers = {{ {headers} }} }}"
+            )
+        };
+        let msg = err(&pool("\"bad name\" = \"v\""));
+        assert!(msg.contains("bad name"), "{msg}");
+        let msg = err(&pool("Authorization = \"Bearer s3cret\\nX: y\""));
+        assert!(msg.contains("Authorization"), "{msg}");
+        assert!(!msg.contains("s3cret"), "a header value leaked: {msg}");
+        let cfg = load(&pool(
+            "Authorization = \"Bearer s3cret\", X-Team = \"mail\"",
+        ))
+        .unwrap();
+        assert_eq!(cfg.pools.len(), 1);
+    }
+
+    #[test]
+    fn schedules_that_cannot_work_are_refused() {
+        let sched = |rest: &str| format!("[[schedules]]\nname = \"s\"\nqueue = \"a\"\n{rest}");
+        for every in ["\"0s\"", "\"500ms\"", "\"999ms\""] {
+            let msg = err(&sched(&format!("every = {every}")));
+            assert!(msg.contains("at least 1s"), "{msg}");
+        }
+        assert!(load(&sched("every = \"1s\"")).is_ok());
+        let msg = err(&sched("every = \"9999999999d\""));
+        assert!(msg.contains("every"), "{msg}");
+        let msg = err(&sched("cron = \"0 0 0 1 1 * 2001\""));
+        assert!(msg.contains("no fire time"), "{msg}");
+        let msg = err(&sched("cron = \"0 0 0 30 2 *\""));
+        assert!(msg.contains("no fire time"), "{msg}");
+        assert!(load(&sched("cron = \"0 0 0 1 1 *\"")).is_ok());
+        let big = format!(
+            "payload_limit = \"1KiB\"\n{}",
+            sched(&format!(
+                "every = \"1m\"\npayload = {{ blob = \"{}\" }}",
+                "x".repeat(2000)
+            ))
+        );
+        let msg = err(&big);
+        assert!(msg.contains("over the limit"), "{msg}");
+        assert!(!msg.contains("xxxx"), "the payload leaked: {msg}");
+        let msg = err(&sched(&format!(
+            "every = \"1m\"\nkind = \"{}\"",
+            "k".repeat(1025)
+        )));
+        assert!(msg.contains("kind"), "{msg}");
     }
 
     #[test]

@@ -36,7 +36,14 @@ pub async fn migrate(pool: &PgPool) -> Result<()> {
     Ok(())
 }
 
-/// Errors with [`Error::SchemaNotCurrent`] unless every embedded migration is applied.
+/// SQLSTATE of a missing table (no `_sqlx_migrations`: never migrated).
+const UNDEFINED_TABLE: &str = "42P01";
+/// SQLSTATE of a missing schema.
+const INVALID_SCHEMA_NAME: &str = "3F000";
+
+/// Errors with [`Error::SchemaNotCurrent`] unless every embedded migration is
+/// applied. Any other failure (Postgres down, a timeout, no permission) is an
+/// [`Error::Db`]: "run qbridge migrate" would be the wrong advice for it.
 pub async fn check_schema(pool: &PgPool) -> Result<()> {
     let applied: Option<i64> = sqlx::query_scalar(
         "SELECT max(version) FROM _sqlx_migrations WHERE success \
@@ -44,7 +51,17 @@ pub async fn check_schema(pool: &PgPool) -> Result<()> {
     )
     .fetch_one(pool)
     .await
-    .map_err(|_| Error::SchemaNotCurrent)?;
+    .map_err(|e| {
+        let missing = e
+            .as_database_error()
+            .and_then(|d| d.code())
+            .is_some_and(|c| c == UNDEFINED_TABLE || c == INVALID_SCHEMA_NAME);
+        if missing {
+            Error::SchemaNotCurrent
+        } else {
+            Error::Db(e)
+        }
+    })?;
     let wanted = MIGRATOR.iter().map(|m| m.version).max();
     if applied.is_some() && applied >= wanted {
         Ok(())

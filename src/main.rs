@@ -5,6 +5,7 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = qbridge::cli::Cli::parse();
+    let as_json = cli.json;
     // Benchmarks print their own report; per-runtime info lines would drown it.
     let level = match cli.command {
         qbridge::cli::Command::Bench(_) => "warn",
@@ -15,7 +16,12 @@ async fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             let err = anyhow::Error::from(err);
-            eprintln!("error: {err}");
+            if as_json {
+                // Scripts asked for JSON: the error is one JSON line too.
+                eprintln!("{}", serde_json::json!({ "error": err.to_string() }));
+            } else {
+                eprintln!("error: {err}");
+            }
             std::process::ExitCode::FAILURE
         }
     }

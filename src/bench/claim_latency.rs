@@ -55,6 +55,7 @@ pub async fn run(
             worker: "bench",
             lease: Duration::from_secs(60),
             tenant: None,
+            tenant_after: None,
             lock_retry_delay: Duration::from_secs(1),
         };
         let t = Instant::now();

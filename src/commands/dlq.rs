@@ -24,7 +24,9 @@ pub async fn run(config: &Config, cmd: DlqCommand, as_json: bool) -> Result<()> 
         DlqCommand::List { filter, limit } => {
             let rows = dlq::list(&db, &selector(&filter)?, limit).await?;
             if as_json {
-                output::json(&rows);
+                // An object, like every other command's output, so fields can
+                // be added later without breaking scripts.
+                output::json(&serde_json::json!({ "dead_jobs": rows }));
             } else if rows.is_empty() {
                 println!("no dead jobs match");
             } else {

@@ -53,7 +53,7 @@ pub async fn run(config: &Config, args: &EnqueueArgs, as_json: bool) -> Result<(
             })?),
             None => args.key.clone(),
         };
-        jobs.push(NewJob {
+        let job = NewJob {
             queue: args.queue.clone(),
             kind: args.kind.clone(),
             key,
@@ -62,7 +62,12 @@ pub async fn run(config: &Config, args: &EnqueueArgs, as_json: bool) -> Result<(
             run_at,
             max_attempts: args.max_attempts,
             lock_key: args.lock_key.clone(),
-        });
+        };
+        // Refuse before connecting; enqueue checks again.
+        validate::job_fields(&job).map_err(|e| {
+            Error::InvalidInput(format!("job {}: {e}; nothing was enqueued", i + 1))
+        })?;
+        jobs.push(job);
     }
 
     let db = crate::db::connect(&config.database_url, 2).await?;

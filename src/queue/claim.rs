@@ -11,16 +11,15 @@ use crate::error::Result;
 use crate::queue::job::ClaimedJob;
 use crate::queue::{fence, lock_keys};
 
-/// Per-tenant fairness: one claim takes at most `cap` jobs per tenant.
+/// Per-tenant fairness: one claim takes at most `cap` jobs per tenant. The
+/// queue's tenant pointer is recorded with [`crate::queue::tenants::ensure`]
+/// on first use.
 #[derive(Debug, Clone)]
 pub struct TenantCap {
     /// Path into the payload (from a JSON pointer) naming the tenant.
     pub path: Vec<String>,
     /// Jobs per tenant per claim.
     pub cap: i64,
-    /// How many ready rows (in claim order) one claim looks at to find tenants.
-    /// A tenant behind more than this many ready jobs waits for the window.
-    pub window: i64,
 }
 
 /// What to claim.
@@ -36,14 +35,17 @@ pub struct ClaimRequest<'a> {
     pub worker: &'a str,
     /// Lease length; heartbeats extend it.
     pub lease: Duration,
-    /// Optional tenant cap.
+    /// Optional tenant cap (pools with one queue).
     pub tenant: Option<&'a TenantCap>,
+    /// With a tenant cap: start after this tenant (the previous claim's
+    /// [`Claimed::tenant_cursor`]), so claims rotate through tenants.
+    pub tenant_after: Option<&'a str>,
     /// Delay before a job whose lock key is busy is offered again.
     pub lock_retry_delay: Duration,
 }
 
 const RETURNING: &str = "RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.priority, \
-     j.attempts, j.max_attempts, j.lease, j.run_at, j.created_at, j.lock_key";
+     j.attempts, j.max_attempts, j.lease, j.run_at, j.created_at, j.lock_key, j.tenant";
 
 // One queue: `queue = $1[1]` is an equality the claim index can walk in
 // (priority DESC, run_at, id) order. `queue = ANY($1)` cannot keep that order,
@@ -91,38 +93,48 @@ const KINDS_CAND: &str = r#"
      LIMIT $2
 "#;
 
-// Tenant cap: read a window of ready rows without locking them, keep at most
-// $7 per tenant, then lock only the picks (SKIP LOCKED drops any that another
-// claimer took in the meantime).
+// Tenant cap (one queue). `tenants` walks `jobs_claim_tenant_idx` from tenant
+// to tenant (a loose index scan: one index probe per tenant, however many jobs
+// each has), starting after $7 (from the first when NULL) and, when $8 is
+// set, stopping at $8, so
+// successive claims rotate through the tenants. Each visited tenant offers at
+// most $6 of its jobs in claim order; the oldest $2 of those are taken.
+const TENANTS_CTE: &str = r#"RECURSIVE tenants(t, n) AS (
+    (SELECT tenant, 1 FROM qbridge.jobs
+      WHERE state = 'ready' AND tenant IS NOT NULL AND queue = ($1::text[])[1]
+        AND ($7::text IS NULL OR tenant > $7) AND ($8::text IS NULL OR tenant <= $8)
+      ORDER BY tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.tenant FROM qbridge.jobs j
+             WHERE j.state = 'ready' AND j.tenant IS NOT NULL AND j.queue = ($1::text[])[1]
+               AND j.tenant > tenants.t AND ($8::text IS NULL OR j.tenant <= $8)
+             ORDER BY j.tenant LIMIT 1),
+           n + 1
+      FROM tenants WHERE tenants.t IS NOT NULL AND n < $2
+),"#;
+
 const TENANT_CAND: &str = r#"
-    WITH win AS (
-        SELECT x.id, x.priority, x.run_at, x.payload #>> $6::text[] AS tenant
-          FROM unnest($1::text[]) AS q(name)
-         CROSS JOIN LATERAL (
-            SELECT id, priority, run_at, payload FROM qbridge.jobs
-             WHERE state = 'ready' AND queue = q.name AND run_at <= now()
-               AND ($5::text[] IS NULL OR kind = ANY($5))
-             ORDER BY priority DESC, run_at, id
-             LIMIT $8
-         ) x
-    ), ranked AS (
-        SELECT id, priority, run_at,
-               row_number() OVER (PARTITION BY tenant ORDER BY priority DESC, run_at, id) AS rn
-          FROM win
-    ), pick AS (
-        SELECT id FROM ranked WHERE rn <= $7 ORDER BY priority DESC, run_at, id LIMIT $2
-    )
-    SELECT id FROM qbridge.jobs
-     WHERE id IN (SELECT id FROM pick) AND state = 'ready'
-     FOR NO KEY UPDATE SKIP LOCKED
+    SELECT x.id FROM tenants
+     CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM qbridge.jobs
+         WHERE state = 'ready' AND tenant IS NOT NULL AND queue = ($1::text[])[1]
+           AND tenant = tenants.t AND run_at <= now()
+           AND ($5::text[] IS NULL OR kind = ANY($5))
+         ORDER BY priority DESC, run_at, id
+         LIMIT $6
+         FOR NO KEY UPDATE SKIP LOCKED
+     ) x
+     WHERE tenants.t IS NOT NULL
+     ORDER BY x.priority DESC, x.run_at, x.id
+     LIMIT $2
 "#;
 
 // The `l` CTE draws one lease token per claim: ids tell the jobs of a batch
 // apart, so (id, lease) is still unique per attempt. A CTE with a volatile
 // function is evaluated once.
-fn claim_sql(cand: &str) -> String {
+fn claim_sql(ctes: &str, cand: &str) -> String {
     format!(
-        "WITH cand AS ({cand}), l AS (SELECT nextval('qbridge.lease_seq') AS lease)
+        "WITH {ctes} cand AS ({cand}), l AS (SELECT nextval('qbridge.lease_seq') AS lease)
 UPDATE qbridge.jobs j
    SET state = 'running', attempts = j.attempts + 1, lease = l.lease,
        locked_by = $3, lease_until = now() + $4 * interval '1 millisecond'
@@ -137,10 +149,10 @@ fn statements() -> &'static [String; 4] {
     static SQL: std::sync::OnceLock<[String; 4]> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
         [
-            claim_sql(ONE_QUEUE_CAND),
-            claim_sql(MANY_QUEUES_CAND),
-            claim_sql(KINDS_CAND),
-            claim_sql(TENANT_CAND),
+            claim_sql("", ONE_QUEUE_CAND),
+            claim_sql("", MANY_QUEUES_CAND),
+            claim_sql("", KINDS_CAND),
+            claim_sql(TENANTS_CTE, TENANT_CAND),
         ]
     })
 }
@@ -157,6 +169,8 @@ pub struct Claimed {
     /// filled its limit, or (with a tenant cap, which trims batches on purpose)
     /// found anything at all.
     pub more: bool,
+    /// With a tenant cap: where the next claim should start.
+    pub tenant_cursor: Option<String>,
 }
 
 /// Claims up to `req.limit` jobs. Jobs whose lock key is held by a running job
@@ -190,20 +204,35 @@ pub async fn claim_batch(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claime
                 .await?
         }
         Some(t) => {
-            sqlx::query_as(tenant)
-                .bind(req.queues)
-                .bind(req.limit)
-                .bind(req.worker)
-                .bind(lease_ms)
-                .bind(kinds)
-                .bind(&t.path)
-                .bind(t.cap)
-                .bind(t.window.max(req.limit))
-                .fetch_all(pool)
-                .await?
+            let queue = &req.queues[0];
+            super::tenants::ensure(pool, queue, &t.path).await?;
+            let after = req.tenant_after.map(str::to_string);
+            let run = |after: Option<String>, upto: Option<String>, limit: i64| {
+                sqlx::query_as::<_, ClaimedJob>(tenant)
+                    .bind(&req.queues[..1])
+                    .bind(limit)
+                    .bind(req.worker)
+                    .bind(lease_ms)
+                    .bind(kinds.clone())
+                    .bind(t.cap)
+                    .bind(after)
+                    .bind(upto)
+                    .fetch_all(pool)
+            };
+            let mut jobs = run(after.clone(), None, req.limit).await?;
+            if (jobs.len() as i64) < req.limit && after.is_some() {
+                // Wrap around: the tenants up to and including the cursor.
+                let rest = run(None, after, req.limit - jobs.len() as i64).await?;
+                jobs.extend(rest);
+            }
+            jobs
         }
     };
     let found = jobs.len();
+    let tenant_cursor = match req.tenant {
+        Some(_) => jobs.iter().filter_map(|j| j.tenant.clone()).max(),
+        None => None,
+    };
     let more = if req.tenant.is_some() {
         found > 0
     } else {
@@ -214,6 +243,7 @@ pub async fn claim_batch(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claime
             jobs,
             deferred: 0,
             more,
+            tenant_cursor,
         });
     }
     let refs: Vec<_> = jobs.iter().map(|j| j.job_ref()).collect();
@@ -222,6 +252,7 @@ pub async fn claim_batch(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claime
             deferred: found - kept.len(),
             jobs: kept,
             more,
+            tenant_cursor,
         }),
         Err(err) => {
             // The claim committed but nothing may run unchecked: hand every job

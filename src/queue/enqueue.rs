@@ -33,12 +33,15 @@ impl EnqueueOutcome {
 }
 
 const INSERT_SQL: &str = r#"
-INSERT INTO qbridge.jobs (queue, kind, key, payload, priority, run_at, max_attempts, lock_key)
+INSERT INTO qbridge.jobs (queue, kind, key, payload, priority, run_at, max_attempts, lock_key, tenant)
 SELECT t.queue, t.kind, t.key, t.payload::jsonb, t.priority, coalesce(t.run_at, now()),
-       coalesce(t.max_attempts, 25), t.lock_key
+       coalesce(t.max_attempts, 25), t.lock_key,
+       CASE WHEN s.tenant_path IS NOT NULL
+            THEN coalesce(t.payload::jsonb #>> s.tenant_path, '') END
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[],
               $6::timestamptz[], $7::int4[], $8::text[])
        WITH ORDINALITY AS t(queue, kind, key, payload, priority, run_at, max_attempts, lock_key, ord)
+  LEFT JOIN qbridge.queue_settings s ON s.queue = t.queue
  ORDER BY t.ord
 ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
 RETURNING id, queue, key
@@ -61,6 +64,7 @@ pub async fn enqueue(
     let mut payloads = Vec::with_capacity(jobs.len());
     for job in jobs {
         validate::queue_name(&job.queue)?;
+        validate::job_fields(job)?;
         if let Some(m) = job.max_attempts {
             if m < 1 {
                 return Err(crate::Error::InvalidInput(format!(

@@ -110,6 +110,8 @@ pub struct ClaimedJob {
     pub run_at: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
     pub lock_key: Option<String>,
+    /// Set on queues with a tenant pointer (see `queue::tenants`).
+    pub tenant: Option<String>,
 }
 
 impl ClaimedJob {

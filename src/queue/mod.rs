@@ -19,6 +19,7 @@ pub mod lock_keys;
 pub mod reaper;
 pub mod schedule;
 pub mod stats;
+pub mod tenants;
 pub mod validate;
 
 pub use claim::{claim, ClaimRequest, TenantCap};

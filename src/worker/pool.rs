@@ -58,6 +58,8 @@ impl WorkerPool {
         let to_start = metrics::histogram!(m::ENQUEUE_TO_START, "queue" => queue_label.to_string());
         let mut report = PoolReport::default();
         let mut failures = 0u32;
+        // Where the next tenant-capped claim starts (claims rotate through tenants).
+        let mut tenant_cursor: Option<String> = None;
 
         while !intake.is_cancelled() {
             // Wait for one free slot, then take as many more as are free now.
@@ -79,6 +81,7 @@ impl WorkerPool {
                 worker: &self.worker_id,
                 lease: self.config.lease,
                 tenant: self.config.tenant.as_ref(),
+                tenant_after: tenant_cursor.as_deref(),
                 lock_retry_delay: self.config.lock_retry_delay,
             };
             let started = Instant::now();
@@ -104,6 +107,8 @@ impl WorkerPool {
                     continue;
                 }
             };
+            // An empty claim restarts the rotation from the first tenant.
+            tenant_cursor = claimed.tenant_cursor;
             let jobs = claimed.jobs;
             let got = jobs.len();
             report.claimed += got as u64;

@@ -152,6 +152,21 @@ impl Runtime {
             Duration::from_secs(1),
             maintenance.clone(),
         )));
+        if cfg.pools.iter().any(|p| p.tenant.is_some()) {
+            // Jobs that raced with the tenant setting get their tenant here.
+            let (db, token) = (self.db.clone(), maintenance.clone());
+            background.push(tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = token.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+                    }
+                    if let Err(err) = crate::queue::tenants::backfill(&db).await {
+                        tracing::warn!(error = %err, "tenant backfill failed");
+                    }
+                }
+            }));
+        }
         background.push(tokio::spawn(gauges::run(
             self.db.clone(),
             self.gauge_interval,

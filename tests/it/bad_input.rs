@@ -119,6 +119,55 @@ async fn bad_payloads_are_refused_and_nothing_is_written(pool: PgPool) {
     assert_eq!(snapshot(&pool).await, before);
 }
 
+/// jsonb refuses U+0000 and text columns refuse NUL; keys, lock keys and
+/// kinds are capped. Each is refused before the insert, on one line that shows
+/// neither the payload nor the value, and nothing is written.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn nul_characters_and_long_fields_are_refused_before_anything_is_written(pool: PgPool) {
+    support::enqueue_ids(&pool, &support::plain_jobs("existing", 3)).await;
+    let before = snapshot(&pool).await;
+    let long = "k".repeat(validate::MAX_FIELD_LEN + 1);
+    let cases: Vec<(NewJob, &str)> = vec![
+        (NewJob::new("q", json!({"name": "pri\u{0}vate"})), "NUL"),
+        (NewJob::new("q", json!({"pri\u{0}vate": 1})), "NUL"),
+        (NewJob::new("q", json!([[{"a": ["pri\u{0}vate"]}]])), "NUL"),
+        (NewJob::new("q", json!({})).with_key("pri\u{0}vate"), "NUL"),
+        (NewJob::new("q", json!({})).with_key(long.clone()), "key"),
+        (
+            NewJob::new("q", json!({})).with_lock_key(long.clone()),
+            "lock_key",
+        ),
+        (NewJob::new("q", json!({})).with_kind(long.clone()), "kind"),
+    ];
+    for (bad, what) in cases {
+        let jobs = vec![NewJob::new("q", json!(1)), bad];
+        let err = enqueue_many(&pool, &jobs, LIMIT).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidInput(_)), "{what}: {err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains(what), "{msg}");
+        assert!(!msg.contains('\n'), "{msg}");
+        assert!(
+            !msg.contains("pri") && !msg.contains("kkkk"),
+            "a value leaked: {msg}"
+        );
+        assert_eq!(
+            snapshot(&pool).await,
+            before,
+            "{what}: something was written"
+        );
+    }
+    // At the limit is fine.
+    let max = "k".repeat(validate::MAX_FIELD_LEN);
+    support::enqueue_ids(
+        &pool,
+        &[NewJob::new("q", json!({}))
+            .with_key(max.clone())
+            .with_lock_key(max.clone())
+            .with_kind(max)],
+    )
+    .await;
+}
+
 fn config_err(text: &str) -> String {
     let Err(err) = Config::from_toml(text, &Overrides::default()) else {
         panic!("{text:?} was accepted");

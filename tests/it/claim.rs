@@ -129,11 +129,11 @@ async fn claim_order_is_priority_then_run_at(pool: PgPool) {
     assert_eq!(order, vec![ids[1], ids[2], ids[0]]);
 }
 
-/// 500 jobs of tenant A arrive before 10 of tenant B. A claim of 20 with a cap
-/// of 5 takes at most 5 of A, and B's jobs get in.
+/// 5,000 jobs of tenant A arrive before 10 of tenant B. A claim of 20 with a
+/// cap of 5 takes at most 5 of A, and B's jobs get in, however large A's burst.
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn tenant_cap_lets_other_tenants_through_a_burst(pool: PgPool) {
-    let mut jobs: Vec<NewJob> = (0..500)
+    let mut jobs: Vec<NewJob> = (0..5000)
         .map(|i| NewJob::new("t", json!({ "tenant": { "id": "A" }, "n": i })))
         .collect();
     jobs.extend((0..10).map(|i| NewJob::new("t", json!({ "tenant": { "id": "B" }, "n": i }))));
@@ -143,7 +143,6 @@ async fn tenant_cap_lets_other_tenants_through_a_burst(pool: PgPool) {
     let cap = TenantCap {
         path: qbridge::queue::validate::json_pointer_path("/tenant/id").unwrap(),
         cap: 5,
-        window: 1000,
     };
     let mut req = claim_req(&queues, 20, "w", LEASE);
     req.tenant = Some(&cap);
@@ -232,4 +231,65 @@ async fn claim_over_several_queues(pool: PgPool) {
         .await,
         1
     );
+}
+
+/// With more tenants than one claim takes, successive claims rotate through
+/// them: 30 tenants, claims of 10 with a cap of 1 → the first three claims
+/// together serve every tenant once. Jobs without the tenant field form the
+/// '' tenant and are claimed too.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn tenant_claims_rotate_through_tenants(pool: PgPool) {
+    let cap = TenantCap {
+        path: qbridge::queue::validate::json_pointer_path("/t").unwrap(),
+        cap: 1,
+    };
+    // Register first: jobs enqueued after it get their tenant at insert.
+    qbridge::queue::tenants::ensure(&pool, "rot", &cap.path).await.unwrap();
+    let mut jobs = Vec::new();
+    for round in 0..3 {
+        for t in 0..30 {
+            jobs.push(NewJob::new("rot", json!({ "t": format!("t{t:02}"), "round": round })));
+        }
+    }
+    jobs.push(NewJob::new("rot", json!({ "no_tenant": true })));
+    support::enqueue_ids(&pool, &jobs).await;
+
+    let queues = vec!["rot".to_string()];
+    let mut seen = std::collections::HashSet::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..4 {
+        let mut req = claim_req(&queues, 10, "w", LEASE);
+        req.tenant = Some(&cap);
+        req.tenant_after = cursor.as_deref();
+        let got = qbridge::queue::claim::claim_batch(&pool, &req).await.unwrap();
+        let tenants: Vec<_> = got.jobs.iter().map(|j| j.tenant.clone().unwrap()).collect();
+        let distinct: std::collections::HashSet<_> = tenants.iter().collect();
+        assert_eq!(distinct.len(), tenants.len(), "cap 1 per tenant per claim: {tenants:?}");
+        seen.extend(tenants);
+        cursor = got.tenant_cursor;
+    }
+    assert_eq!(seen.len(), 31, "every tenant (and the '' bucket) served: {seen:?}");
+    assert!(seen.contains(""));
+}
+
+/// Jobs enqueued before a queue had a tenant pointer get their tenant when it
+/// is registered, so a tenant-capped pool still sees them.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn jobs_enqueued_before_the_tenant_setting_are_backfilled(pool: PgPool) {
+    support::enqueue_ids(
+        &pool,
+        &[NewJob::new("late", json!({ "t": "x" })), NewJob::new("late", json!({}))],
+    )
+    .await;
+    let cap = TenantCap {
+        path: qbridge::queue::validate::json_pointer_path("/t").unwrap(),
+        cap: 5,
+    };
+    let queues = vec!["late".to_string()];
+    let mut req = claim_req(&queues, 10, "w", LEASE);
+    req.tenant = Some(&cap);
+    let got = queue::claim(&pool, &req).await.unwrap();
+    let mut tenants: Vec<_> = got.iter().map(|j| j.tenant.clone().unwrap()).collect();
+    tenants.sort();
+    assert_eq!(tenants, vec!["".to_string(), "x".to_string()]);
 }

@@ -4,6 +4,7 @@
 
 mod bad_input;
 mod claim;
+mod cli;
 mod dlq;
 mod enqueue;
 mod fence;
@@ -11,6 +12,7 @@ mod lock_key;
 mod maintenance;
 mod retry;
 mod schedule;
+mod schema_check;
 mod shutdown;
 mod support;
 mod wakeup;

@@ -118,6 +118,7 @@ pub fn claim_req<'a>(
         worker,
         lease,
         tenant: None,
+        tenant_after: None,
         lock_retry_delay: Duration::from_millis(50),
     }
 }

@@ -1,0 +1,150 @@
+//! The units of the config file: durations (`"250ms"`, `"30s"`, `"5m"`, `"1h"`,
+//! `"1d"`) and sizes (`"1MiB"`, `"512KiB"`, `"100B"` or a bare byte count).
+//! Out-of-range values are one-line errors, never a panic or a wrap-around.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::error::{Error, Result};
+
+/// A duration written as `"500ms"`, `"30s"`, `"5m"`, `"2h"` or `"1d"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+/// Parses a duration string (see [`Dur`]).
+pub fn parse_duration(text: &str) -> Result<Duration> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num.parse().map_err(|_| {
+        Error::Config(format!(
+            "bad duration {text:?}: use e.g. \"500ms\", \"30s\", \"5m\""
+        ))
+    })?;
+    let secs = match unit.trim() {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        "d" => value * 86400.0,
+        _ => {
+            return Err(Error::Config(format!(
+                "bad duration {text:?}: unit must be ms, s, m, h or d"
+            )))
+        }
+    };
+    // try_: from_secs_f64 panics on a finite value too large for a Duration.
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| Error::Config(format!("bad duration {text:?}: out of range")))
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_duration(&s)
+            .map(Dur)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// A size written as bytes (`1048576`) or with a unit (`"1MiB"`, `"64KiB"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bytes(pub usize);
+
+/// Parses a size string (see [`Bytes`]).
+pub fn parse_size(text: &str) -> Result<usize> {
+    let t = text.trim();
+    let (num, mult) = if let Some(n) = t.strip_suffix("MiB") {
+        (n, 1024 * 1024)
+    } else if let Some(n) = t.strip_suffix("KiB") {
+        (n, 1024)
+    } else if let Some(n) = t.strip_suffix('B') {
+        (n, 1)
+    } else {
+        (t, 1)
+    };
+    let n: usize = num
+        .trim()
+        .parse()
+        .map_err(|_| Error::Config(format!("bad size {text:?}: use e.g. \"1MiB\"")))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| Error::Config(format!("bad size {text:?}: out of range")))
+}
+
+impl<'de> Deserialize<'de> for Bytes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => usize::try_from(n)
+                .map(Bytes)
+                .map_err(|_| serde::de::Error::custom(format!("bad size {n}: out of range"))),
+            Raw::S(s) => parse_size(&s)
+                .map(Bytes)
+                // The text without the "config: " prefix: toml adds the key.
+                .map_err(|e| match e {
+                    Error::Config(m) => serde::de::Error::custom(m),
+                    other => serde::de::Error::custom(other),
+                }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86400));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("s").is_err());
+    }
+
+    /// Finite but beyond what a Duration holds: an error, not a panic.
+    #[test]
+    fn huge_durations_are_errors() {
+        for text in [
+            "99999999999999999999d",
+            "1e300s",
+            "340282366920938463463374607431768211456s",
+        ] {
+            let err = parse_duration(text).unwrap_err().to_string();
+            assert!(
+                err.contains("out of range") || err.contains("bad duration"),
+                "{err}"
+            );
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1MiB").unwrap(), 1024 * 1024);
+        assert_eq!(parse_size("64KiB").unwrap(), 64 * 1024);
+        assert_eq!(parse_size("100B").unwrap(), 100);
+        assert_eq!(parse_size("7").unwrap(), 7);
+        assert!(parse_size("lots").is_err());
+    }
+
+    /// Parses as a usize, overflows once multiplied: an error, not a panic
+    /// (debug) or a wrapped small limit (release).
+    #[test]
+    fn overflowing_sizes_are_errors() {
+        let text = format!("{}MiB", usize::MAX / 1024);
+        let err = parse_size(&text).unwrap_err().to_string();
+        assert!(err.contains("out of range"), "{err}");
+        let text = format!("{}KiB", usize::MAX);
+        assert!(parse_size(&text).is_err());
+    }
+}

@@ -1,0 +1,112 @@
+//! The `qbridge` binary as scripts see it: `--json` output is one JSON object
+//! on stdout, and an error under `--json` is one JSON line on stderr with a
+//! non-zero exit code.
+
+use std::process::Output;
+use std::time::Duration;
+
+use qbridge::queue::{fence, NewJob};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use crate::support;
+
+/// Runs the binary with `args`, away from the caller's QBRIDGE_* settings.
+async fn qbridge(args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+        .args(args)
+        .env_remove("QBRIDGE_DATABASE_URL")
+        .env_remove("QBRIDGE_CONFIG")
+        .env_remove("QBRIDGE_HTTP_LISTEN")
+        .env("QBRIDGE_LOG_FORMAT", "text")
+        .output()
+        .await
+        .expect("qbridge runs")
+}
+
+/// The last non-empty line of stderr (log lines may come before it).
+fn last_stderr_line(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn json_errors_are_one_json_line_on_stderr() {
+    let out = qbridge(&["--json", "enqueue", "--queue", "bad name", "{}"]).await;
+    assert!(!out.status.success(), "{out:?}");
+    assert!(out.stdout.is_empty(), "stdout: {:?}", out.stdout);
+    let line = last_stderr_line(&out);
+    let v: Value = serde_json::from_str(&line)
+        .unwrap_or_else(|e| panic!("stderr is not one JSON line ({e}): {line}"));
+    let msg = v["error"].as_str().expect("an error field");
+    assert!(msg.contains("invalid queue name"), "{msg}");
+    assert_eq!(v.as_object().map(|o| o.len()), Some(1), "{v}");
+
+    // Without --json: plain text, same exit code.
+    let out = qbridge(&["enqueue", "--queue", "bad name", "{}"]).await;
+    assert!(!out.status.success());
+    let line = last_stderr_line(&out);
+    assert!(line.starts_with("error: invalid queue name"), "{line}");
+}
+
+/// A payload with U+0000 is refused before connecting, on one line, without
+/// echoing the payload.
+#[tokio::test]
+async fn nul_in_a_payload_is_refused_on_one_line() {
+    let out = qbridge(&[
+        "--database-url",
+        "postgres://postgres:s3cret@127.0.0.1:1/x",
+        "enqueue",
+        "--queue",
+        "q",
+        r#"{"name":"pri\u0000vate"}"#,
+    ])
+    .await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("NUL"), "{stderr}");
+    assert!(!stderr.contains("pri"), "the payload leaked: {stderr}");
+    assert!(!stderr.contains("s3cret"), "the password leaked: {stderr}");
+    assert!(
+        !stderr.contains("cannot connect"),
+        "refused after connecting: {stderr}"
+    );
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn dlq_list_json_is_an_object(pool: PgPool) {
+    let id = support::enqueue_ids(&pool, &[NewJob::new("mail", json!({"to": "a"}))]).await[0];
+    let claimed = support::claim(&pool, "mail", 1, Duration::from_secs(60)).await;
+    fence::dead_letter(&pool, &[(claimed[0].job_ref(), "mailbox full".into())])
+        .await
+        .unwrap();
+    let url = support::db_url(&pool);
+
+    let out = qbridge(&["--json", "--database-url", &url, "dlq", "list"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    let rows = v["dead_jobs"].as_array().expect("a dead_jobs array");
+    assert_eq!(rows.len(), 1, "{v}");
+    assert_eq!(rows[0]["id"], json!(id));
+    assert_eq!(rows[0]["last_error"], json!("mailbox full"));
+
+    // No match is an empty array, still inside the object.
+    let out = qbridge(&[
+        "--json",
+        "--database-url",
+        &url,
+        "dlq",
+        "list",
+        "--queue",
+        "other",
+    ])
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    assert_eq!(v, json!({ "dead_jobs": [] }));
+}
