@@ -356,14 +356,12 @@ fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
             }
             if p.queues.len() != 1 {
                 return Err(ctx(
-                    "a tenant cap needs a pool with exactly one queue (use one pool per queue)".into(),
+                    "a tenant cap needs a pool with exactly one queue (use one pool per queue)"
+                        .into(),
                 ));
             }
             let path = validate::json_pointer_path(&t.pointer).map_err(|e| ctx(e.to_string()))?;
-            Some(TenantCap {
-                path,
-                cap: t.cap,
-            })
+            Some(TenantCap { path, cap: t.cap })
         }
     };
     match &p.handler {
