@@ -24,7 +24,8 @@ pub struct Cli {
     #[arg(long, short = 'c', global = true, env = "QBRIDGE_CONFIG")]
     pub config: Option<PathBuf>,
 
-    /// Machine-readable output on stdout.
+    /// Machine-readable output: a JSON object on stdout; an error is one
+    /// `{"error": "..."}` line on stderr (the exit code stays non-zero).
     #[arg(long, global = true)]
     pub json: bool,
 
