@@ -26,9 +26,18 @@ fn registered() -> &'static Mutex<Registered> {
 /// backfills the queue's jobs that have no tenant yet.
 pub async fn ensure(pool: &PgPool, queue: &str, path: &[String]) -> Result<()> {
     let opts = pool.connect_options();
-    let database = format!("{}:{}/{}", opts.get_host(), opts.get_port(), opts.get_database().unwrap_or(""));
+    let database = format!(
+        "{}:{}/{}",
+        opts.get_host(),
+        opts.get_port(),
+        opts.get_database().unwrap_or("")
+    );
     let key = (database, queue.to_string(), path.to_vec());
-    if registered().lock().map(|s| s.contains(&key)).unwrap_or(false) {
+    if registered()
+        .lock()
+        .map(|s| s.contains(&key))
+        .unwrap_or(false)
+    {
         return Ok(());
     }
     sqlx::query(

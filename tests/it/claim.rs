@@ -244,11 +244,16 @@ async fn tenant_claims_rotate_through_tenants(pool: PgPool) {
         cap: 1,
     };
     // Register first: jobs enqueued after it get their tenant at insert.
-    qbridge::queue::tenants::ensure(&pool, "rot", &cap.path).await.unwrap();
+    qbridge::queue::tenants::ensure(&pool, "rot", &cap.path)
+        .await
+        .unwrap();
     let mut jobs = Vec::new();
     for round in 0..3 {
         for t in 0..30 {
-            jobs.push(NewJob::new("rot", json!({ "t": format!("t{t:02}"), "round": round })));
+            jobs.push(NewJob::new(
+                "rot",
+                json!({ "t": format!("t{t:02}"), "round": round }),
+            ));
         }
     }
     jobs.push(NewJob::new("rot", json!({ "no_tenant": true })));
@@ -261,14 +266,24 @@ async fn tenant_claims_rotate_through_tenants(pool: PgPool) {
         let mut req = claim_req(&queues, 10, "w", LEASE);
         req.tenant = Some(&cap);
         req.tenant_after = cursor.as_deref();
-        let got = qbridge::queue::claim::claim_batch(&pool, &req).await.unwrap();
+        let got = qbridge::queue::claim::claim_batch(&pool, &req)
+            .await
+            .unwrap();
         let tenants: Vec<_> = got.jobs.iter().map(|j| j.tenant.clone().unwrap()).collect();
         let distinct: std::collections::HashSet<_> = tenants.iter().collect();
-        assert_eq!(distinct.len(), tenants.len(), "cap 1 per tenant per claim: {tenants:?}");
+        assert_eq!(
+            distinct.len(),
+            tenants.len(),
+            "cap 1 per tenant per claim: {tenants:?}"
+        );
         seen.extend(tenants);
         cursor = got.tenant_cursor;
     }
-    assert_eq!(seen.len(), 31, "every tenant (and the '' bucket) served: {seen:?}");
+    assert_eq!(
+        seen.len(),
+        31,
+        "every tenant (and the '' bucket) served: {seen:?}"
+    );
     assert!(seen.contains(""));
 }
 
@@ -278,7 +293,10 @@ async fn tenant_claims_rotate_through_tenants(pool: PgPool) {
 async fn jobs_enqueued_before_the_tenant_setting_are_backfilled(pool: PgPool) {
     support::enqueue_ids(
         &pool,
-        &[NewJob::new("late", json!({ "t": "x" })), NewJob::new("late", json!({}))],
+        &[
+            NewJob::new("late", json!({ "t": "x" })),
+            NewJob::new("late", json!({})),
+        ],
     )
     .await;
     let cap = TenantCap {
