@@ -11,7 +11,7 @@ use crate::telemetry::LogFormat;
 #[derive(Debug, Parser)]
 #[command(name = "qbridge", version, propagate_version = true)]
 pub struct Cli {
-    /// Postgres URL (default: the config file's, else postgres://postgres@127.0.0.1:5432/postgres).
+    /// Postgres URL (default: the config file's, else postgres://postgres:postgres@127.0.0.1:5432/postgres).
     #[arg(
         long,
         global = true,

@@ -19,15 +19,26 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
     })?;
     // Statement logging would print bound values, i.e. payloads.
     let options = options.disable_statement_logging();
+    // One direct connection first: the pool reports every failure as "timed
+    // out", while the connection says why (refused, bad password, no database).
+    let unreachable = |reason: String| Error::Unreachable {
+        url: redact_url(url),
+        reason,
+    };
+    match tokio::time::timeout(Duration::from_secs(5), options.connect()).await {
+        Err(_) => return Err(unreachable("no answer within 5s".into())),
+        Ok(Err(e)) => return Err(unreachable(first_line(&e.to_string()))),
+        Ok(Ok(conn)) => {
+            use sqlx::Connection;
+            let _ = conn.close().await;
+        }
+    }
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
         .connect_with(options)
         .await
-        .map_err(|e| Error::Unreachable {
-            url: redact_url(url),
-            reason: first_line(&e.to_string()),
-        })
+        .map_err(|e| unreachable(first_line(&e.to_string())))
 }
 
 /// Applies pending migrations.
