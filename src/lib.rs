@@ -5,6 +5,8 @@
 //! - [`queue`] — the Postgres queue core (no Redis): enqueue, claim, fenced
 //!   heartbeat/complete/retry/dead-letter, completer, reaper, DLQ, schedules.
 //! - [`worker`] — pools, handlers (`http`, `command`, `noop`), graceful shutdown.
+//! - [`redis`] — list-item formats (job keys, byte-exact payloads).
+//! - [`proxy`] — the RESP codec of the proxy.
 //! - [`http`] — `/metrics`, `/livez`, `/readyz`.
 //! - [`config`] — TOML + flags/env → validated [`config::Config`].
 //! - [`db`] — connecting, migrating, checking the schema.
@@ -20,8 +22,10 @@ pub mod db;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod proxy;
 pub mod queue;
 pub mod redact;
+pub mod redis;
 pub mod shutdown;
 pub mod telemetry;
 pub mod worker;
