@@ -13,18 +13,20 @@ use crate::redact::redact_url;
 /// Opens a pool of at most `max_connections`, failing fast (5 s) with a
 /// one-line error when the server cannot be reached.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
-    let options: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| Error::Unreachable {
+    let unreachable = |reason: String| Error::Unreachable {
         url: redact_url(url),
-        reason: format!("not a valid Postgres URL ({})", first_line(&e.to_string())),
+        reason,
+    };
+    let options: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| {
+        unreachable(format!(
+            "not a valid Postgres URL ({})",
+            first_line(&e.to_string())
+        ))
     })?;
     // Statement logging would print bound values, i.e. payloads.
     let options = options.disable_statement_logging();
     // One direct connection first: the pool reports every failure as "timed
     // out", while the connection says why (refused, bad password, no database).
-    let unreachable = |reason: String| Error::Unreachable {
-        url: redact_url(url),
-        reason,
-    };
     match tokio::time::timeout(Duration::from_secs(5), options.connect()).await {
         Err(_) => return Err(unreachable("no answer within 5s".into())),
         Ok(Err(e)) => return Err(unreachable(first_line(&e.to_string()))),

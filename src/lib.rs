@@ -12,7 +12,7 @@
 //! - [`db`] — connecting, migrating, checking the schema.
 //! - [`cli`] / [`commands`] — the `qbridge` command line.
 //! - [`bench`] — `qbridge bench`.
-//! - [`metrics`], [`telemetry`], [`shutdown`], [`redact`], [`error`] — plumbing.
+//! - [`metrics`], [`telemetry`], [`shutdown`], [`ticker`], [`redact`], [`error`] — plumbing.
 
 pub mod bench;
 pub mod cli;
@@ -28,6 +28,7 @@ pub mod redact;
 pub mod redis;
 pub mod shutdown;
 pub mod telemetry;
+pub mod ticker;
 pub mod worker;
 
 pub use error::{Error, Result};

@@ -53,7 +53,6 @@ const RETURNING: &str = "RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.pr
 const ONE_QUEUE_CAND: &str = r#"
     SELECT id FROM qbridge.jobs
      WHERE state = 'ready' AND queue = ($1::text[])[1] AND run_at <= now()
-       AND ($5::text[] IS NULL OR kind = ANY($5))
      ORDER BY priority DESC, run_at, id
      LIMIT $2
      FOR NO KEY UPDATE SKIP LOCKED
@@ -67,7 +66,6 @@ const MANY_QUEUES_CAND: &str = r#"
      CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM qbridge.jobs
          WHERE state = 'ready' AND queue = q.name AND run_at <= now()
-           AND ($5::text[] IS NULL OR kind = ANY($5))
          ORDER BY priority DESC, run_at, id
          LIMIT $2
          FOR NO KEY UPDATE SKIP LOCKED
@@ -185,23 +183,23 @@ pub async fn claim_batch(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claime
         return Ok(Claimed::default());
     }
     let lease_ms = req.lease.as_millis().min(i64::MAX as u128) as i64;
-    let kinds: Option<Vec<String>> = req.kinds.map(|k| k.to_vec());
+    let kinds = req.kinds;
     let [one, many, by_kind, tenant] = statements();
     let jobs: Vec<ClaimedJob> = match req.tenant {
         None => {
-            let sql = match (req.kinds.is_some(), req.queues.len()) {
-                (true, _) => by_kind,
-                (false, 1) => one,
-                (false, _) => many,
+            let (sql, with_kinds) = match (kinds.is_some(), req.queues.len()) {
+                (true, _) => (by_kind, true),
+                (false, 1) => (one, false),
+                (false, _) => (many, false),
             };
-            sqlx::query_as(sql)
+            let query = sqlx::query_as(sql)
                 .bind(req.queues)
                 .bind(req.limit)
                 .bind(req.worker)
-                .bind(lease_ms)
-                .bind(kinds)
-                .fetch_all(pool)
-                .await?
+                .bind(lease_ms);
+            // Only the per-kind statement has a $5.
+            let query = if with_kinds { query.bind(kinds) } else { query };
+            query.fetch_all(pool).await?
         }
         Some(t) => {
             let queue = &req.queues[0];
@@ -213,7 +211,7 @@ pub async fn claim_batch(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claime
                     .bind(limit)
                     .bind(req.worker)
                     .bind(lease_ms)
-                    .bind(kinds.clone())
+                    .bind(kinds)
                     .bind(t.cap)
                     .bind(after)
                     .bind(upto)

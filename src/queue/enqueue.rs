@@ -106,14 +106,18 @@ async fn insert_chunk(
     payloads: Vec<String>,
 ) -> Result<Vec<EnqueueOutcome>> {
     let rows: Vec<(i64, String, Option<String>)> = sqlx::query_as(INSERT_SQL)
-        .bind(jobs.iter().map(|j| j.queue.clone()).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.kind.clone()).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.key.clone()).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.queue.as_str()).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.kind.as_deref()).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.key.as_deref()).collect::<Vec<_>>())
         .bind(payloads)
         .bind(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.run_at).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
-        .bind(jobs.iter().map(|j| j.lock_key.clone()).collect::<Vec<_>>())
+        .bind(
+            jobs.iter()
+                .map(|j| j.lock_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await?;
 
@@ -169,8 +173,8 @@ async fn fill_existing_ids(
     missing: &[usize],
     outcomes: &mut [EnqueueOutcome],
 ) -> Result<()> {
-    let queues: Vec<String> = missing.iter().map(|&i| jobs[i].queue.clone()).collect();
-    let keys: Vec<Option<String>> = missing.iter().map(|&i| jobs[i].key.clone()).collect();
+    let queues: Vec<&str> = missing.iter().map(|&i| jobs[i].queue.as_str()).collect();
+    let keys: Vec<Option<&str>> = missing.iter().map(|&i| jobs[i].key.as_deref()).collect();
     let rows: Vec<(i64, String, String)> = sqlx::query_as(EXISTING_SQL)
         .bind(queues)
         .bind(keys)

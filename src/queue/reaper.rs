@@ -99,7 +99,7 @@ pub async fn run_once(pool: &PgPool, limit: i64) -> Result<ReapReport> {
 
 /// Runs a pass every `interval` until cancelled. Logs only passes that did something.
 pub async fn run(pool: PgPool, interval: Duration, token: CancellationToken) {
-    loop {
+    crate::ticker::every(interval, token, true, || async {
         match run_once(&pool, 1000).await {
             Ok(r) if r.requeued + r.dead_lettered > 0 => {
                 tracing::info!(
@@ -111,9 +111,6 @@ pub async fn run(pool: PgPool, interval: Duration, token: CancellationToken) {
             Ok(_) => {}
             Err(err) => tracing::warn!(error = %err, "reaper pass failed"),
         }
-        tokio::select! {
-            _ = token.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
-    }
+    })
+    .await
 }

@@ -181,7 +181,7 @@ pub async fn run(
     if schedules.is_empty() {
         return;
     }
-    loop {
+    crate::ticker::every(tick, token, true, || async {
         match run_once(&pool, &schedules, payload_limit).await {
             Ok(r) => {
                 for (name, id) in r.fired {
@@ -190,11 +190,8 @@ pub async fn run(
             }
             Err(err) => tracing::warn!(error = %err, "schedule pass failed"),
         }
-        tokio::select! {
-            _ = token.cancelled() => return,
-            _ = tokio::time::sleep(tick) => {}
-        }
-    }
+    })
+    .await
 }
 
 #[cfg(test)]

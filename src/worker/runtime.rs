@@ -15,6 +15,7 @@ use crate::error::Result;
 use crate::queue::completer::{self, CompleterConfig, CompleterReport};
 use crate::queue::listener::{self, Wakers};
 use crate::queue::{history, reaper, schedule};
+use crate::ticker;
 use crate::worker::pool::{PoolReport, WorkerPool};
 use crate::worker::{gauges, Handler};
 
@@ -64,22 +65,21 @@ impl Runtime {
         if cfg.history.retention_days > 0 {
             // Before any completion, so today's partition exists.
             history::run_once(&self.db, cfg.history.retention_days).await?;
-            let (db, days, token) = (
-                self.db.clone(),
-                cfg.history.retention_days,
+            let (db, days) = (self.db.clone(), cfg.history.retention_days);
+            let hourly = Duration::from_secs(3600);
+            background.push(tokio::spawn(ticker::every(
+                hourly,
                 maintenance.clone(),
-            );
-            background.push(tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = token.cancelled() => return,
-                        _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
+                false,
+                move || {
+                    let db = db.clone();
+                    async move {
+                        if let Err(err) = history::run_once(&db, days).await {
+                            tracing::warn!(error = %err, "history maintenance failed");
+                        }
                     }
-                    if let Err(err) = history::run_once(&db, days).await {
-                        tracing::warn!(error = %err, "history maintenance failed");
-                    }
-                }
-            }));
+                },
+            )));
         }
         if self.serve_http {
             let state = crate::http::AppState {
@@ -154,18 +154,21 @@ impl Runtime {
         )));
         if cfg.pools.iter().any(|p| p.tenant.is_some()) {
             // Jobs that raced with the tenant setting get their tenant here.
-            let (db, token) = (self.db.clone(), maintenance.clone());
-            background.push(tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = token.cancelled() => return,
-                        _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+            let db = self.db.clone();
+            let minute = Duration::from_secs(60);
+            background.push(tokio::spawn(ticker::every(
+                minute,
+                maintenance.clone(),
+                false,
+                move || {
+                    let db = db.clone();
+                    async move {
+                        if let Err(err) = crate::queue::tenants::backfill(&db).await {
+                            tracing::warn!(error = %err, "tenant backfill failed");
+                        }
                     }
-                    if let Err(err) = crate::queue::tenants::backfill(&db).await {
-                        tracing::warn!(error = %err, "tenant backfill failed");
-                    }
-                }
-            }));
+                },
+            )));
         }
         background.push(tokio::spawn(gauges::run(
             self.db.clone(),

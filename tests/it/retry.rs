@@ -84,17 +84,11 @@ async fn pool_schedules_retry_with_its_backoff(pool: PgPool) {
         .handler(support::sh("exit 3", &[]))
         .build();
     let running = RunningPool::start(&pool, cfg);
-    support::wait_for(
+    support::wait_for_count(
+        &pool,
         "the failed attempt to be recorded",
-        Duration::from_secs(10),
-        || async {
-            support::count(
-                &pool,
-                "SELECT count(*) FROM qbridge.jobs WHERE state = 'ready' AND attempts = 1",
-            )
-            .await
-                == 1
-        },
+        "SELECT count(*) FROM qbridge.jobs WHERE state = 'ready' AND attempts = 1",
+        1,
     )
     .await;
     let wait = run_at_in(&pool, id).await;
@@ -178,14 +172,12 @@ async fn completer_writes_every_outcome(pool: PgPool) {
     // Job X: claimed with a tiny lease, reaped and claimed again.
     let x = support::enqueue_ids(&pool, &[NewJob::new("x", json!({}))]).await[0];
     let stale = support::claim(&pool, "x", 1, Duration::from_millis(1)).await[0].job_ref();
-    support::wait_for("the lease to expire", Duration::from_secs(10), || async {
-        support::count(
-            &pool,
-            "SELECT count(*) FROM qbridge.jobs WHERE lease_until < now()",
-        )
-        .await
-            == 1
-    })
+    support::wait_for_count(
+        &pool,
+        "the lease to expire",
+        "SELECT count(*) FROM qbridge.jobs WHERE lease_until < now()",
+        1,
+    )
     .await;
     assert_eq!(
         qbridge::queue::reaper::run_once(&pool, 10)
@@ -262,14 +254,12 @@ async fn completer_writes_every_outcome(pool: PgPool) {
 async fn stale_and_current_attempt_in_one_call(pool: PgPool) {
     let id = support::enqueue_ids(&pool, &[NewJob::new("x", json!({}))]).await[0];
     let stale = support::claim(&pool, "x", 1, Duration::from_millis(1)).await[0].job_ref();
-    support::wait_for("the lease to expire", Duration::from_secs(10), || async {
-        support::count(
-            &pool,
-            "SELECT count(*) FROM qbridge.jobs WHERE lease_until < now()",
-        )
-        .await
-            == 1
-    })
+    support::wait_for_count(
+        &pool,
+        "the lease to expire",
+        "SELECT count(*) FROM qbridge.jobs WHERE lease_until < now()",
+        1,
+    )
     .await;
     qbridge::queue::reaper::run_once(&pool, 10).await.unwrap();
     let current = support::claim(&pool, "x", 1, Duration::from_secs(60)).await[0].job_ref();
@@ -331,17 +321,11 @@ async fn command_timeout_is_a_retry(pool: PgPool) {
         })
         .build();
     let running = RunningPool::start(&pool, cfg);
-    support::wait_for(
+    support::wait_for_count(
+        &pool,
         "the timed-out attempt to be retried",
-        Duration::from_secs(10),
-        || async {
-            support::count(
-                &pool,
-                "SELECT count(*) FROM qbridge.jobs WHERE state = 'ready' AND attempts = 1",
-            )
-            .await
-                == 1
-        },
+        "SELECT count(*) FROM qbridge.jobs WHERE state = 'ready' AND attempts = 1",
+        1,
     )
     .await;
     running.stop().await;

@@ -66,6 +66,14 @@ where
     }
 }
 
+/// Waits (up to 10 s) until the count query `sql` returns `expected`.
+pub async fn wait_for_count(pool: &PgPool, what: &str, sql: &str, expected: i64) {
+    wait_for(what, Duration::from_secs(10), || async {
+        count(pool, sql).await == expected
+    })
+    .await;
+}
+
 /// Runs a scalar count query.
 pub async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql)
