@@ -20,6 +20,10 @@ pub struct Cli {
     )]
     pub database_url: Option<String>,
 
+    /// Redis URL of the routes (default: the config file's, else redis://127.0.0.1:6379).
+    #[arg(long, global = true, env = "QBRIDGE_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+
     /// TOML config file.
     #[arg(long, short = 'c', global = true, env = "QBRIDGE_CONFIG")]
     pub config: Option<PathBuf>,

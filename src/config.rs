@@ -4,6 +4,7 @@
 //! (see [`units`]). Anything that would only fail once jobs run (a bad handler
 //! header, a schedule that can never fire) fails here instead.
 
+mod routes;
 mod units;
 
 use std::collections::{BTreeMap, HashSet};
@@ -19,6 +20,7 @@ use crate::queue::claim::TenantCap;
 use crate::queue::schedule::{Cadence, Schedule};
 use crate::queue::{validate, NewJob};
 
+pub use routes::{check_redis_url, ProxyConfig, PushEnd, RedisConsumerConfig, RouteConfig};
 pub use units::{parse_duration, parse_size, Bytes, Dur};
 
 fn default_listen() -> String {
@@ -87,28 +89,28 @@ pub struct TenantConfig {
 /// `[[pools]]` as written in the file.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-struct PoolFile {
-    name: Option<String>,
-    queues: Vec<String>,
+pub(crate) struct PoolFile {
+    pub(crate) name: Option<String>,
+    pub(crate) queues: Vec<String>,
     #[serde(default)]
-    kinds: Option<Vec<String>>,
+    pub(crate) kinds: Option<Vec<String>>,
     #[serde(default)]
-    concurrency: Option<usize>,
+    pub(crate) concurrency: Option<usize>,
     #[serde(default)]
-    batch_size: Option<i64>,
+    pub(crate) batch_size: Option<i64>,
     #[serde(default)]
-    lease: Option<Dur>,
+    pub(crate) lease: Option<Dur>,
     #[serde(default)]
-    poll_interval: Option<Dur>,
+    pub(crate) poll_interval: Option<Dur>,
     #[serde(default)]
-    backoff_base: Option<Dur>,
+    pub(crate) backoff_base: Option<Dur>,
     #[serde(default)]
-    backoff_cap: Option<Dur>,
+    pub(crate) backoff_cap: Option<Dur>,
     #[serde(default)]
-    lock_retry_delay: Option<Dur>,
+    pub(crate) lock_retry_delay: Option<Dur>,
     #[serde(default)]
-    tenant: Option<TenantConfig>,
-    handler: HandlerConfig,
+    pub(crate) tenant: Option<TenantConfig>,
+    pub(crate) handler: HandlerConfig,
 }
 
 /// A validated pool.
@@ -185,6 +187,12 @@ struct FileConfig {
     pools: Vec<PoolFile>,
     #[serde(default)]
     schedules: Vec<ScheduleFile>,
+    #[serde(default)]
+    redis_url: Option<String>,
+    #[serde(default)]
+    routes: Vec<routes::RouteFile>,
+    #[serde(default)]
+    proxy: Option<routes::ProxyFile>,
 }
 
 /// Everything `qbridge run` needs, validated.
@@ -204,6 +212,12 @@ pub struct Config {
     pub history: HistoryConfig,
     pub pools: Vec<PoolConfig>,
     pub schedules: Vec<Schedule>,
+    /// The Redis of the routes (consumers, producer API, repair).
+    pub redis_url: String,
+    /// Redis lists migrating to Postgres queues.
+    pub routes: Vec<RouteConfig>,
+    /// The RESP proxy.
+    pub proxy: ProxyConfig,
 }
 
 /// Values from flags/env that win over the file.
@@ -211,6 +225,7 @@ pub struct Config {
 pub struct Overrides {
     pub database_url: Option<String>,
     pub http_listen: Option<String>,
+    pub redis_url: Option<String>,
 }
 
 impl Config {
@@ -279,6 +294,26 @@ fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<Config> {
         }
         schedules.push(validate_schedule(s, payload_limit)?);
     }
+    let redis_url = overrides
+        .redis_url
+        .clone()
+        .or(file.redis_url)
+        .unwrap_or_else(routes::default_redis_url);
+    check_redis_url(&redis_url).map_err(|e| Error::Config(format!("redis_url: {e}")))?;
+    let proxy = routes::validate_proxy(file.proxy, &redis_url)?;
+    let (routes, route_pools) = routes::validate_routes(file.routes)?;
+    for route_pool in route_pools {
+        if let Some(other) = pools
+            .iter()
+            .find(|p: &&PoolConfig| p.queues.iter().any(|q| route_pool.queues.contains(q)))
+        {
+            return Err(Error::Config(format!(
+                "queue {:?} is served by both pool {:?} and {:?}; a route with a handler brings its own pool",
+                route_pool.queues[0], other.name, route_pool.name
+            )));
+        }
+        pools.push(route_pool);
+    }
     let worker_id = file.worker_id.unwrap_or_else(default_worker_id);
     Ok(Config {
         database_url,
@@ -302,6 +337,9 @@ fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<Config> {
         history: file.history,
         pools,
         schedules,
+        redis_url,
+        routes,
+        proxy,
     })
 }
 
@@ -310,7 +348,7 @@ fn default_worker_id() -> String {
     format!("{host}:{}", std::process::id())
 }
 
-fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
+pub(crate) fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
     let name = p.name.unwrap_or_else(|| format!("pool{index}"));
     let ctx = |msg: String| Error::Config(format!("pool {name:?}: {msg}"));
     if p.queues.is_empty() {

@@ -18,6 +18,7 @@ pub mod bench;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod cutover;
 pub mod db;
 pub mod error;
 pub mod http;

@@ -1,5 +1,6 @@
 //! Metric names, in one place, and their descriptions. Labels stay
-//! low-cardinality: `queue` only (never ids, keys or payloads).
+//! low-cardinality: `queue`, `route`, `phase`, `via`, `outcome`, `reason`
+//! (never ids, keys or payloads).
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 
@@ -26,6 +27,29 @@ pub const OLDEST_XACT: &str = "qbridge_oldest_transaction_seconds";
 pub const OLDEST_XMIN_AGE: &str = "qbridge_oldest_xmin_age_xids";
 pub const NOTIFY_QUEUE_USAGE: &str = "qbridge_notify_queue_usage_ratio";
 
+pub const MIRROR_DRAINED: &str = "qbridge_mirror_copies_drained_total";
+pub const ROUTE_PUSHES: &str = "qbridge_route_pushes_total";
+pub const MIRRORED: &str = "qbridge_mirrored_total";
+pub const MIRROR_DUPLICATES: &str = "qbridge_mirror_duplicates_total";
+pub const MIRROR_FAILURES: &str = "qbridge_mirror_failures_total";
+pub const MIRROR_SPOOLED: &str = "qbridge_mirror_spooled_total";
+pub const MIRROR_LOST: &str = "qbridge_mirror_lost_total";
+pub const MIRROR_LAG: &str = "qbridge_mirror_lag_seconds";
+pub const MIRROR_BATCH_ITEMS: &str = "qbridge_mirror_batch_items";
+pub const ITEMS_FLAGGED: &str = "qbridge_items_flagged_total";
+pub const OUTBOX_REPAIRED: &str = "qbridge_redis_outbox_repaired_total";
+pub const PRODUCER_PUSH_FAILURES: &str = "qbridge_producer_push_failures_total";
+
+pub const PROXY_CONNECTIONS: &str = "qbridge_proxy_connections";
+pub const PROXY_COMMANDS: &str = "qbridge_proxy_commands_total";
+pub const PROXY_ADDED_LATENCY: &str = "qbridge_proxy_added_latency_seconds";
+pub const PROXY_PROTOCOL_ERRORS: &str = "qbridge_proxy_protocol_errors_total";
+pub const PROXY_POSTGRES_WRITES: &str = "qbridge_proxy_postgres_writes_total";
+
+pub const REDIS_OUTCOMES: &str = "qbridge_redis_consumer_outcomes_total";
+pub const REDIS_RECOVERED: &str = "qbridge_redis_consumer_recovered_total";
+pub const OUTCOMES_DROPPED: &str = "qbridge_outcomes_dropped_total";
+
 /// Every metric qbridge exports (for the dashboard check in tests).
 pub const ALL: &[&str] = &[
     JOBS_READY,
@@ -48,6 +72,26 @@ pub const ALL: &[&str] = &[
     OLDEST_XACT,
     OLDEST_XMIN_AGE,
     NOTIFY_QUEUE_USAGE,
+    MIRROR_DRAINED,
+    ROUTE_PUSHES,
+    MIRRORED,
+    MIRROR_DUPLICATES,
+    MIRROR_FAILURES,
+    MIRROR_SPOOLED,
+    MIRROR_LOST,
+    MIRROR_LAG,
+    MIRROR_BATCH_ITEMS,
+    ITEMS_FLAGGED,
+    OUTBOX_REPAIRED,
+    PRODUCER_PUSH_FAILURES,
+    PROXY_CONNECTIONS,
+    PROXY_COMMANDS,
+    PROXY_ADDED_LATENCY,
+    PROXY_PROTOCOL_ERRORS,
+    PROXY_POSTGRES_WRITES,
+    REDIS_OUTCOMES,
+    REDIS_RECOVERED,
+    OUTCOMES_DROPPED,
 ];
 
 /// Registers help texts; call once after the recorder is installed.
@@ -110,4 +154,81 @@ pub fn describe() {
     );
     describe_gauge!(OLDEST_XMIN_AGE, "Age in xids of the oldest backend xmin");
     describe_gauge!(NOTIFY_QUEUE_USAGE, "pg_notification_queue_usage(), 0..1");
+    describe_redis_side();
+}
+
+fn describe_redis_side() {
+    describe_counter!(
+        MIRROR_DRAINED,
+        "Mirror copies drained by the Postgres consumer without a live run, per queue"
+    );
+    describe_counter!(
+        ROUTE_PUSHES,
+        "Items pushed on a routed key, per route, phase and path (proxy, producer, http)"
+    );
+    describe_counter!(
+        MIRRORED,
+        "Items written to Postgres by the Redis side, per route and path"
+    );
+    describe_counter!(
+        MIRROR_DUPLICATES,
+        "Items not enqueued because their job key was already known, per route"
+    );
+    describe_counter!(
+        MIRROR_FAILURES,
+        "Items whose Postgres write failed, per route (spooled for repair when possible)"
+    );
+    describe_counter!(
+        MIRROR_SPOOLED,
+        "Items parked in the Redis gap list while Postgres was unavailable, per route"
+    );
+    describe_counter!(
+        MIRROR_LOST,
+        "Items neither mirrored nor spooled (the Redis copy still runs; the diff reports them)"
+    );
+    describe_histogram!(
+        MIRROR_LAG,
+        Unit::Seconds,
+        "From Redis acknowledging a push to its mirror committing in Postgres"
+    );
+    describe_histogram!(MIRROR_BATCH_ITEMS, "Items per group-commit transaction");
+    describe_counter!(
+        ITEMS_FLAGGED,
+        "Items that did not parse as their route's format and were stored raw"
+    );
+    describe_counter!(
+        OUTBOX_REPAIRED,
+        "Redis pushes owed by the producer API and made by the repair loop"
+    );
+    describe_counter!(
+        PRODUCER_PUSH_FAILURES,
+        "Producer API pushes to Redis that failed after commit (left in the outbox)"
+    );
+    describe_gauge!(PROXY_CONNECTIONS, "Open client connections of the RESP proxy");
+    describe_counter!(PROXY_COMMANDS, "Commands forwarded or answered by the proxy");
+    describe_histogram!(
+        PROXY_ADDED_LATENCY,
+        Unit::Seconds,
+        "Time the proxy itself spends on a command and its reply (excludes Redis)"
+    );
+    describe_counter!(
+        PROXY_PROTOCOL_ERRORS,
+        "Client connections closed for malformed or over-limit RESP"
+    );
+    describe_counter!(
+        PROXY_POSTGRES_WRITES,
+        "Pushes the proxy wrote to Postgres only (postgres_only, decommissioned), per route and result"
+    );
+    describe_counter!(
+        REDIS_OUTCOMES,
+        "Jobs finished by the Redis consumer, per route and outcome"
+    );
+    describe_counter!(
+        REDIS_RECOVERED,
+        "Items moved back from an orphaned processing list at start-up"
+    );
+    describe_counter!(
+        OUTCOMES_DROPPED,
+        "Outcome records dropped because the outcome buffer was full"
+    );
 }

@@ -62,6 +62,8 @@ pub async fn run(config: &Config, args: &EnqueueArgs, as_json: bool) -> Result<(
             run_at,
             max_attempts: args.max_attempts,
             lock_key: args.lock_key.clone(),
+            copy: crate::queue::JobCopy::Live,
+            original: None,
         };
         // Refuse before connecting; enqueue checks again.
         validate::job_fields(&job).map_err(|e| {

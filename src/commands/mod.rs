@@ -15,6 +15,7 @@ use crate::error::Result;
 pub async fn dispatch(cli: Cli) -> Result<()> {
     let overrides = Overrides {
         database_url: cli.database_url.clone(),
+        redis_url: cli.redis_url.clone(),
         http_listen: match &cli.command {
             Command::Run(args) => args.http_listen.clone(),
             _ => None,

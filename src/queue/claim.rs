@@ -45,7 +45,7 @@ pub struct ClaimRequest<'a> {
 }
 
 const RETURNING: &str = "RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.priority, \
-     j.attempts, j.max_attempts, j.lease, j.run_at, j.created_at, j.lock_key, j.tenant";
+     j.attempts, j.max_attempts, j.lease, j.run_at, j.created_at, j.lock_key, j.tenant, j.copy";
 
 // One queue: `queue = $1[1]` is an equality the claim index can walk in
 // (priority DESC, run_at, id) order. `queue = ANY($1)` cannot keep that order,

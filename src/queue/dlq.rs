@@ -110,10 +110,10 @@ pub async fn requeue_batch(pool: &PgPool, sel: &Selector, batch: i64) -> Result<
               ORDER BY d.id LIMIT $4 FOR UPDATE SKIP LOCKED \
          ), moved AS ( \
              DELETE FROM qbridge.jobs_dead d USING pick WHERE d.id = pick.id \
-             RETURNING d.queue, d.kind, d.key, d.payload, d.priority, d.max_attempts, d.last_error, d.lock_key, d.tenant \
+             RETURNING d.queue, d.kind, d.key, d.payload, d.priority, d.max_attempts, d.last_error, d.lock_key, d.tenant, d.copy, d.original \
          ) \
-         INSERT INTO qbridge.jobs (queue, kind, key, payload, priority, max_attempts, last_error, lock_key, tenant) \
-         SELECT queue, kind, key, payload, priority, max_attempts, last_error, lock_key, tenant FROM moved"
+         INSERT INTO qbridge.jobs (queue, kind, key, payload, priority, max_attempts, last_error, lock_key, tenant, copy, original) \
+         SELECT queue, kind, key, payload, priority, max_attempts, last_error, lock_key, tenant, copy, original FROM moved"
     );
     // The same (queue, key) can be dead more than once (it failed, was
     // enqueued again and failed again): `pick` takes only the oldest matching

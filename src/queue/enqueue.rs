@@ -33,14 +33,17 @@ impl EnqueueOutcome {
 }
 
 const INSERT_SQL: &str = r#"
-INSERT INTO qbridge.jobs (queue, kind, key, payload, priority, run_at, max_attempts, lock_key, tenant)
+INSERT INTO qbridge.jobs (queue, kind, key, payload, priority, run_at, max_attempts, lock_key, tenant,
+                          copy, original)
 SELECT t.queue, t.kind, t.key, t.payload::jsonb, t.priority, coalesce(t.run_at, now()),
        coalesce(t.max_attempts, 25), t.lock_key,
        CASE WHEN s.tenant_path IS NOT NULL
-            THEN coalesce(t.payload::jsonb #>> s.tenant_path, '') END
+            THEN coalesce(t.payload::jsonb #>> s.tenant_path, '') END,
+       t.copy, t.original
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[],
-              $6::timestamptz[], $7::int4[], $8::text[])
-       WITH ORDINALITY AS t(queue, kind, key, payload, priority, run_at, max_attempts, lock_key, ord)
+              $6::timestamptz[], $7::int4[], $8::text[], $9::text[], $10::bytea[])
+       WITH ORDINALITY AS t(queue, kind, key, payload, priority, run_at, max_attempts, lock_key,
+                            copy, original, ord)
   LEFT JOIN qbridge.queue_settings s ON s.queue = t.queue
  ORDER BY t.ord
 ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
@@ -116,6 +119,12 @@ async fn insert_chunk(
         .bind(
             jobs.iter()
                 .map(|j| j.lock_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(jobs.iter().map(|j| j.copy.as_str()).collect::<Vec<_>>())
+        .bind(
+            jobs.iter()
+                .map(|j| j.original.as_deref())
                 .collect::<Vec<_>>(),
         )
         .fetch_all(&mut *conn)

@@ -95,11 +95,11 @@ WITH d AS (
     DELETE FROM qbridge.jobs j USING unnest($1::int8[], $2::int8[], $3::text[]) AS c(id, lease, err)
      WHERE j.id = c.id AND j.lease = c.lease AND j.state = 'running'
     RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.priority, j.attempts,
-              j.max_attempts, c.err, j.created_at, j.lock_key, j.tenant
+              j.max_attempts, c.err, j.created_at, j.lock_key, j.tenant, j.copy, j.original
 )
 INSERT INTO qbridge.jobs_dead
        (id, queue, kind, key, payload, priority, attempts, max_attempts, last_error, created_at,
-        lock_key, tenant)
+        lock_key, tenant, copy, original)
 SELECT * FROM d
 RETURNING id
 "#;

@@ -31,6 +31,36 @@ pub struct NewJob {
     /// Jobs sharing a lock key never run at the same time.
     #[serde(default)]
     pub lock_key: Option<String>,
+    /// Live copy (runs for real) or mirror copy of a Redis job (never runs
+    /// live). Set by the Redis side; jobs from JSON input are always live.
+    #[serde(skip)]
+    pub copy: JobCopy,
+    /// The Redis list item this job came from or goes to, byte for byte.
+    #[serde(skip)]
+    pub original: Option<bytes::Bytes>,
+}
+
+/// Which copy of a job a row is (DESIGN.md: live copy / mirror copy).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, sqlx::Type, Serialize, Deserialize)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum JobCopy {
+    /// The copy that must really run: its handler is called live.
+    #[default]
+    Live,
+    /// A mirror of a job whose live run happens on the Redis side. The
+    /// Postgres consumer drains it without running the handler live.
+    Mirror,
+}
+
+impl JobCopy {
+    /// The text stored in `jobs.copy`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobCopy::Live => "live",
+            JobCopy::Mirror => "mirror",
+        }
+    }
 }
 
 impl NewJob {
@@ -45,7 +75,16 @@ impl NewJob {
             run_at: None,
             max_attempts: None,
             lock_key: None,
+            copy: JobCopy::Live,
+            original: None,
         }
+    }
+
+    /// Marks the job as a live or mirror copy, with the Redis item's bytes.
+    pub fn with_copy(mut self, copy: JobCopy, original: Option<bytes::Bytes>) -> Self {
+        self.copy = copy;
+        self.original = original;
+        self
     }
 
     /// Sets the idempotency key.
@@ -112,6 +151,8 @@ pub struct ClaimedJob {
     pub lock_key: Option<String>,
     /// Set on queues with a tenant pointer (see `queue::tenants`).
     pub tenant: Option<String>,
+    /// A mirror copy never runs its handler live.
+    pub copy: JobCopy,
 }
 
 impl ClaimedJob {

@@ -25,7 +25,7 @@ pub mod validate;
 pub use claim::{claim, ClaimRequest, TenantCap};
 pub use enqueue::{enqueue, enqueue_many, EnqueueOutcome};
 pub use fence::{complete, dead_letter, heartbeat, release, retry, FenceResult};
-pub use job::{ClaimedJob, JobRef, NewJob};
+pub use job::{ClaimedJob, JobCopy, JobRef, NewJob};
 
 /// The NOTIFY channel that enqueue (via trigger) and the reaper signal on.
 pub const NOTIFY_CHANNEL: &str = "qbridge_jobs";

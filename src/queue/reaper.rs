@@ -53,13 +53,13 @@ WITH exp AS (
     DELETE FROM qbridge.jobs j USING exp
      WHERE j.id = exp.id AND j.state = 'running' AND j.lease_until < now()
     RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.priority, j.attempts,
-              j.max_attempts, j.created_at, j.lock_key, j.tenant
+              j.max_attempts, j.created_at, j.lock_key, j.tenant, j.copy, j.original
 ), ins AS (
     INSERT INTO qbridge.jobs_dead
            (id, queue, kind, key, payload, priority, attempts, max_attempts, last_error, created_at,
-            lock_key, tenant)
+            lock_key, tenant, copy, original)
     SELECT id, queue, kind, key, payload, priority, attempts, max_attempts,
-           'lease expired on the last attempt', created_at, lock_key, tenant
+           'lease expired on the last attempt', created_at, lock_key, tenant, copy, original
       FROM d
     RETURNING queue
 )

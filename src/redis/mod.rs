@@ -1,5 +1,9 @@
-//! The Redis side of a migration. So far: the list-item formats (job key and
-//! byte-exact payload of Sidekiq, Celery, Resque, RQ, JSON and raw items).
-//! Routes, mirroring, the producer API and the Redis consumer build on these.
+//! The Redis side of a migration: list-item formats (job key and byte-exact
+//! payload), the route table, storing routed items as live or mirror copies,
+//! the group-commit mirror writer of the proxy, the producer API with its
+//! outbox, and the Redis consumer.
 
 pub mod formats;
+pub mod mirror;
+pub mod routes;
+pub mod store;

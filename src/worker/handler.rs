@@ -218,6 +218,7 @@ mod tests {
             created_at: chrono::Utc::now(),
             lock_key: None,
             tenant: None,
+            copy: crate::queue::JobCopy::Live,
         }
     }
 

@@ -18,7 +18,7 @@ use crate::metrics as m;
 use crate::queue::backoff::Backoff;
 use crate::queue::claim::claim_batch;
 use crate::queue::completer::{Finished, Outcome};
-use crate::queue::{fence, ClaimRequest, ClaimedJob};
+use crate::queue::{fence, ClaimRequest, ClaimedJob, JobCopy};
 use crate::worker::handler::{Handler, HandlerResult};
 use crate::worker::heartbeat::{self, InFlight};
 
@@ -190,11 +190,19 @@ impl AttemptCtx {
             .unwrap_or(0)
             .max(0);
         self.to_start.record(waited as f64 / 1e6);
-        // biased: a handler that finished just as the deadline hit keeps its result.
-        let result = tokio::select! {
-            biased;
-            r = self.handler.run(&job) => Some(r),
-            _ = cancel.cancelled() => None,
+        // A mirror copy's live run happens on the Redis side: running its
+        // handler here would run the job twice. It is drained (completed)
+        // without a call, which proves claims and throughput (DESIGN.md).
+        let result = if job.copy == JobCopy::Mirror {
+            metrics::counter!(m::MIRROR_DRAINED, "queue" => self.queue.to_string()).increment(1);
+            Some(HandlerResult::Done)
+        } else {
+            // biased: a handler that finished just as the deadline hit keeps its result.
+            tokio::select! {
+                biased;
+                r = self.handler.run(&job) => Some(r),
+                _ = cancel.cancelled() => None,
+            }
         };
         let Some(result) = result else {
             self.inflight.remove(job_ref);

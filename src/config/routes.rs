@@ -1,0 +1,354 @@
+//! `[[routes]]` and `[proxy]`: which Redis lists migrate to which Postgres
+//! queues, in what format, with what handler, and how the RESP proxy runs.
+//!
+//! A route with a `handler` also gets a Postgres pool for its queue (named
+//! `route:<name>`, settings from `[routes.pool]`), and with
+//! `[routes.redis_consumer]` a Redis consumer that runs the same handler.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{validate_pool, Bytes, Dur, HandlerConfig, PoolConfig, PoolFile};
+use crate::cutover::Phase;
+use crate::error::{Error, Result};
+use crate::queue::validate;
+use crate::redis::formats::Format;
+
+/// Which end of the list a producer pushes to (Redis consumers pop the other).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PushEnd {
+    /// `LPUSH` (Sidekiq, Celery, most hand-rolled queues): consumers pop right.
+    Lpush,
+    /// `RPUSH` (Resque, RQ): consumers pop left.
+    Rpush,
+}
+
+/// `[routes.pool]`: the Postgres consumer of the route's queue.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RoutePoolFile {
+    #[serde(default)]
+    concurrency: Option<usize>,
+    #[serde(default)]
+    batch_size: Option<i64>,
+    #[serde(default)]
+    lease: Option<Dur>,
+    #[serde(default)]
+    poll_interval: Option<Dur>,
+    #[serde(default)]
+    backoff_base: Option<Dur>,
+    #[serde(default)]
+    backoff_cap: Option<Dur>,
+}
+
+/// `[routes.redis_consumer]` as written.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RedisConsumerFile {
+    #[serde(default)]
+    concurrency: Option<usize>,
+    #[serde(default)]
+    max_attempts: Option<u32>,
+    #[serde(default)]
+    retry_delay: Option<Dur>,
+    #[serde(default)]
+    consumer_name: Option<String>,
+}
+
+/// The Redis consumer of a route, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisConsumerConfig {
+    /// Items handled at once, each with its own connection and processing list.
+    pub concurrency: usize,
+    /// Attempts per item before it goes to the route's Redis dead list.
+    pub max_attempts: u32,
+    /// Pause before the next attempt of a failed item.
+    pub retry_delay: Duration,
+    /// Stable name of this consumer: its processing lists are
+    /// `qbridge:processing:<route>:<name>:<n>`, so a restart with the same
+    /// name finds and recovers them. Defaults to the host name.
+    pub consumer_name: String,
+}
+
+/// `[[routes]]` as written in the file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RouteFile {
+    #[serde(default)]
+    name: Option<String>,
+    redis_key: String,
+    queue: String,
+    format: String,
+    #[serde(default)]
+    key_pointer: Option<String>,
+    #[serde(default)]
+    phase: Option<String>,
+    #[serde(default)]
+    push: Option<PushEnd>,
+    #[serde(default)]
+    dedup_window: Option<Dur>,
+    #[serde(default)]
+    max_attempts: Option<i32>,
+    #[serde(default)]
+    handler: Option<HandlerConfig>,
+    #[serde(default)]
+    pool: Option<RoutePoolFile>,
+    #[serde(default)]
+    redis_consumer: Option<RedisConsumerFile>,
+}
+
+/// A validated route.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteConfig {
+    /// The route's name (metric label, CLI argument); defaults to the queue.
+    pub name: String,
+    /// The Redis list producers push to.
+    pub redis_key: String,
+    /// The Postgres queue its jobs go to. One route per queue.
+    pub queue: String,
+    /// How list items are read (job key, kind, payload).
+    pub format: Format,
+    /// The phase a process starts from until a stored phase says otherwise.
+    pub phase: Phase,
+    /// How qbridge pushes to Redis (producer API, repair): the same end the
+    /// route's producers use.
+    pub push: PushEnd,
+    /// How long a job key is remembered: a re-push within it is a duplicate.
+    pub dedup_window: Duration,
+    /// Attempts of the Postgres copy; `None` uses the queue default (25).
+    pub max_attempts: Option<i32>,
+    /// What runs a job of this route, on either side.
+    pub handler: Option<HandlerConfig>,
+    /// The route's Redis consumer, when qbridge runs it.
+    pub redis_consumer: Option<RedisConsumerConfig>,
+}
+
+/// `[proxy]`
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ProxyFile {
+    #[serde(default)]
+    enabled: bool,
+    #[serde(default)]
+    listen: Option<String>,
+    #[serde(default)]
+    upstream: Option<String>,
+    #[serde(default)]
+    max_bulk_len: Option<Bytes>,
+    #[serde(default)]
+    max_elements: Option<usize>,
+    #[serde(default)]
+    max_clients: Option<usize>,
+    #[serde(default)]
+    mirror_buffer: Option<Bytes>,
+    #[serde(default)]
+    mirror_batch: Option<usize>,
+    #[serde(default)]
+    mirror_writers: Option<usize>,
+}
+
+/// The RESP proxy, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxyConfig {
+    /// Whether `qbridge run` also runs the proxy (`qbridge proxy` always does).
+    pub enabled: bool,
+    /// Where producers connect.
+    pub listen: String,
+    /// The Redis every client connection is spliced to.
+    pub upstream: String,
+    /// Longest bulk string a client may send; longer ones close the connection.
+    pub max_bulk_len: usize,
+    /// Most arguments in one client command.
+    pub max_elements: usize,
+    /// Client connections served at once; more wait in the accept backlog.
+    pub max_clients: usize,
+    /// Bytes of pushed items waiting for their Postgres write; when full, the
+    /// proxy stops reading from clients (backpressure) instead of growing.
+    pub mirror_buffer: usize,
+    /// Most items per group-commit transaction.
+    pub mirror_batch: usize,
+    /// Group-commit transactions in flight at once.
+    pub mirror_writers: usize,
+}
+
+pub(super) fn default_redis_url() -> String {
+    "redis://127.0.0.1:6379".into()
+}
+
+pub(super) fn validate_proxy(file: Option<ProxyFile>, redis_url: &str) -> Result<ProxyConfig> {
+    let file = file.unwrap_or(ProxyFile {
+        enabled: false,
+        listen: None,
+        upstream: None,
+        max_bulk_len: None,
+        max_elements: None,
+        max_clients: None,
+        mirror_buffer: None,
+        mirror_batch: None,
+        mirror_writers: None,
+    });
+    let ctx = |m: &str| Error::Config(format!("proxy: {m}"));
+    let positive = |v: Option<usize>, default: usize, name: &str| match v {
+        Some(0) => Err(ctx(&format!("{name} must be more than 0"))),
+        Some(v) => Ok(v),
+        None => Ok(default),
+    };
+    let upstream = file.upstream.unwrap_or_else(|| redis_url.to_string());
+    check_redis_url(&upstream).map_err(|e| ctx(&format!("upstream: {e}")))?;
+    Ok(ProxyConfig {
+        enabled: file.enabled,
+        listen: file.listen.unwrap_or_else(|| "127.0.0.1:6380".into()),
+        upstream,
+        max_bulk_len: positive(file.max_bulk_len.map(|b| b.0), 16 << 20, "max_bulk_len")?,
+        max_elements: positive(file.max_elements, 1 << 20, "max_elements")?,
+        max_clients: positive(file.max_clients, 10_000, "max_clients")?,
+        mirror_buffer: positive(file.mirror_buffer.map(|b| b.0), 64 << 20, "mirror_buffer")?,
+        mirror_batch: positive(file.mirror_batch, 1000, "mirror_batch")?,
+        mirror_writers: positive(file.mirror_writers, 2, "mirror_writers")?,
+    })
+}
+
+/// A Redis URL qbridge can connect to: `redis://` or `rediss://`, with a host.
+pub fn check_redis_url(url: &str) -> std::result::Result<(), String> {
+    let parsed = url::Url::parse(url)
+        .map_err(|e| format!("{:?} is not a URL: {e}", crate::redact::redact_url(url)))?;
+    if !matches!(parsed.scheme(), "redis" | "rediss") {
+        return Err(format!(
+            "{:?} must start with redis:// or rediss://",
+            crate::redact::redact_url(url)
+        ));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(format!("{:?} has no host", crate::redact::redact_url(url)));
+    }
+    Ok(())
+}
+
+/// Validates every route and returns them with the Postgres pools of the
+/// routes that have a handler.
+pub(super) fn validate_routes(files: Vec<RouteFile>) -> Result<(Vec<RouteConfig>, Vec<PoolConfig>)> {
+    let (mut names, mut keys, mut queues) = (HashSet::new(), HashSet::new(), HashSet::new());
+    let mut routes = Vec::new();
+    let mut pools = Vec::new();
+    for file in files {
+        let name = file.name.clone().unwrap_or_else(|| file.queue.clone());
+        let ctx = |m: String| Error::Config(format!("route {name:?}: {m}"));
+        validate::queue_name(&name).map_err(|e| ctx(format!("name: {e}")))?;
+        validate::queue_name(&file.queue).map_err(|e| ctx(e.to_string()))?;
+        if file.redis_key.is_empty() {
+            return Err(ctx("redis_key is empty".into()));
+        }
+        if !names.insert(name.clone()) {
+            return Err(ctx("two routes have this name".into()));
+        }
+        if !keys.insert(file.redis_key.clone()) {
+            return Err(ctx(format!(
+                "redis_key {:?} already belongs to another route",
+                file.redis_key
+            )));
+        }
+        if !queues.insert(file.queue.clone()) {
+            return Err(ctx(format!(
+                "queue {:?} already belongs to another route",
+                file.queue
+            )));
+        }
+        let format = match &file.key_pointer {
+            Some(pointer) => Format::from_parts(&file.format, Some(pointer)),
+            None => file.format.parse(),
+        }
+        .map_err(|e| ctx(e.to_string()))?;
+        let phase = match &file.phase {
+            Some(p) => p.parse().map_err(ctx)?,
+            None => Phase::RedisOnly,
+        };
+        if file.max_attempts.is_some_and(|m| m < 1) {
+            return Err(ctx("max_attempts must be at least 1".into()));
+        }
+        let dedup_window = file
+            .dedup_window
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(7 * 86400));
+        if dedup_window < Duration::from_secs(60) {
+            return Err(ctx("dedup_window must be at least 1m".into()));
+        }
+        if file.handler.is_none() && (file.pool.is_some() || file.redis_consumer.is_some()) {
+            return Err(ctx(
+                "[routes.pool] and [routes.redis_consumer] need the route's handler".into(),
+            ));
+        }
+        let redis_consumer = file
+            .redis_consumer
+            .map(|c| validate_consumer(c).map_err(|m| ctx(m.into())))
+            .transpose()?;
+        if let Some(handler) = &file.handler {
+            pools.push(route_pool(&name, &file.queue, handler, file.pool.unwrap_or_default())?);
+        }
+        routes.push(RouteConfig {
+            name,
+            redis_key: file.redis_key,
+            queue: file.queue,
+            format,
+            phase,
+            push: file.push.unwrap_or(PushEnd::Lpush),
+            dedup_window,
+            max_attempts: file.max_attempts,
+            handler: file.handler,
+            redis_consumer,
+        });
+    }
+    Ok((routes, pools))
+}
+
+fn validate_consumer(c: RedisConsumerFile) -> std::result::Result<RedisConsumerConfig, &'static str> {
+    let concurrency = c.concurrency.unwrap_or(4);
+    if concurrency == 0 {
+        return Err("redis_consumer.concurrency must be at least 1");
+    }
+    let max_attempts = c.max_attempts.unwrap_or(3);
+    if max_attempts == 0 {
+        return Err("redis_consumer.max_attempts must be at least 1");
+    }
+    let consumer_name = c.consumer_name.unwrap_or_else(|| {
+        std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "qbridge".into())
+    });
+    if consumer_name.is_empty() || consumer_name.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
+        return Err("redis_consumer.consumer_name must be non-empty, without spaces or control characters");
+    }
+    Ok(RedisConsumerConfig {
+        concurrency,
+        max_attempts,
+        retry_delay: c
+            .retry_delay
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(1)),
+        consumer_name,
+    })
+}
+
+/// The Postgres pool serving a route's queue with the route's handler.
+fn route_pool(name: &str, queue: &str, handler: &HandlerConfig, p: RoutePoolFile) -> Result<PoolConfig> {
+    validate_pool(
+        0,
+        PoolFile {
+            name: Some(format!("route:{name}")),
+            queues: vec![queue.to_string()],
+            kinds: None,
+            concurrency: p.concurrency,
+            batch_size: p.batch_size,
+            lease: p.lease,
+            poll_interval: p.poll_interval,
+            backoff_base: p.backoff_base,
+            backoff_cap: p.backoff_cap,
+            lock_retry_delay: None,
+            tenant: None,
+            handler: handler.clone(),
+        },
+    )
+}

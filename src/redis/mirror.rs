@@ -1,0 +1,367 @@
+//! The proxy's Postgres writer: pushed items are queued here and written in
+//! group-commit transactions, so thousands of concurrent one-item pushes cost
+//! a few transactions, not thousands.
+//!
+//! Two kinds of request share the writers:
+//! - [`Mirror::mirror`] — `dual_write`/`shadow`: Redis already took the item,
+//!   the client already has its reply; the item becomes a mirror copy. If
+//!   Postgres is down the items are parked in the route's Redis gap list
+//!   (`qbridge:gap:<route>`) and written when it is back
+//!   ([`repair_gaps_once`]); the Redis push is never failed for it.
+//! - [`Mirror::store_live`] — `postgres_only`/`decommissioned`: Postgres is
+//!   the only copy, so the caller waits for the commit and learns of failure.
+//!
+//! Memory is bounded by `buffer_bytes` of queued items: a request waits for
+//! room (the proxy then stops reading from that client) instead of growing
+//! the queue. Nothing here logs an item.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ::redis::aio::ConnectionManager;
+use ::redis::AsyncCommands;
+use bytes::Bytes;
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot, Mutex, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::metrics as m;
+use crate::queue::JobCopy;
+use crate::redis::formats::decode_bytes;
+use crate::redis::routes::{Route, Routes};
+use crate::redis::store::{self, Item, Stored, Via};
+
+/// Tuning of the writers; see `[proxy]` in the config.
+#[derive(Debug, Clone, Copy)]
+pub struct MirrorOptions {
+    /// Bytes of items queued at most.
+    pub buffer_bytes: usize,
+    /// Items per transaction at most.
+    pub batch_items: usize,
+    /// Transactions in flight at once.
+    pub writers: usize,
+    /// The queue's payload limit (larger items are stored flagged).
+    pub payload_limit: usize,
+}
+
+/// Why a live store failed; one line, safe to send to a Redis client.
+pub type StoreError = String;
+
+/// A handle to the writers. Cheap to clone; the writers stop once every
+/// handle is dropped and the queue is drained.
+#[derive(Clone)]
+pub struct Mirror {
+    tx: mpsc::Sender<Request>,
+    budget: Arc<Semaphore>,
+    budget_units: u32,
+}
+
+struct Request {
+    route: Arc<Route>,
+    items: Vec<Bytes>,
+    copy: JobCopy,
+    via: Via,
+    /// When Redis acknowledged the push (mirror lag starts here).
+    acked_at: Instant,
+    reply: Option<oneshot::Sender<Result<Vec<Stored>, StoreError>>>,
+    /// Returned to the budget when the request is done.
+    _permit: OwnedSemaphorePermit,
+}
+
+/// The budget is counted in KiB so a u32 of permits covers any buffer size.
+const UNIT: usize = 1024;
+
+/// The writers are gone (shutdown): nothing more can be queued.
+#[derive(Debug, thiserror::Error)]
+#[error("qbridge is shutting down: the mirror writer has stopped")]
+pub struct MirrorClosed;
+
+impl Mirror {
+    /// Starts `opts.writers` writers on `pool`. `spool` is the Redis
+    /// connection of the gap lists; without one, items a failed transaction
+    /// could not write are counted as lost (their Redis copies still run).
+    pub fn start(
+        pool: PgPool,
+        spool: Option<ConnectionManager>,
+        opts: MirrorOptions,
+    ) -> (Mirror, JoinSet<()>) {
+        let units = u32::try_from((opts.buffer_bytes / UNIT).max(1)).unwrap_or(u32::MAX);
+        // Requests are small; the byte budget is the real bound.
+        let (tx, rx) = mpsc::channel(4096);
+        let rx = Arc::new(Mutex::new(rx));
+        let mut writers = JoinSet::new();
+        for _ in 0..opts.writers.max(1) {
+            let writer = Writer {
+                pool: pool.clone(),
+                spool: spool.clone(),
+                rx: Arc::clone(&rx),
+                opts,
+            };
+            writers.spawn(writer.run());
+        }
+        let mirror = Mirror {
+            tx,
+            budget: Arc::new(Semaphore::new(units as usize)),
+            budget_units: units,
+        };
+        (mirror, writers)
+    }
+
+    /// Queues items Redis has taken, as mirror copies. Returns once they are
+    /// queued (waiting for buffer room), not once they are written.
+    pub async fn mirror(
+        &self,
+        route: Arc<Route>,
+        items: Vec<Bytes>,
+        acked_at: Instant,
+    ) -> Result<(), MirrorClosed> {
+        self.send(route, items, JobCopy::Mirror, Via::Proxy, acked_at, None)
+            .await
+    }
+
+    /// Writes items as live copies and waits for the commit.
+    pub async fn store_live(
+        &self,
+        route: Arc<Route>,
+        items: Vec<Bytes>,
+    ) -> Result<Vec<Stored>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(
+            route,
+            items,
+            JobCopy::Live,
+            Via::Proxy,
+            Instant::now(),
+            Some(reply),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        rx.await.map_err(|_| MirrorClosed.to_string())?
+    }
+
+    async fn send(
+        &self,
+        route: Arc<Route>,
+        items: Vec<Bytes>,
+        copy: JobCopy,
+        via: Via,
+        acked_at: Instant,
+        reply: Option<oneshot::Sender<Result<Vec<Stored>, StoreError>>>,
+    ) -> Result<(), MirrorClosed> {
+        let bytes: usize = items.iter().map(|i| i.len() + 64).sum();
+        let units = u32::try_from(bytes.div_ceil(UNIT))
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.budget_units);
+        let permit = Arc::clone(&self.budget)
+            .acquire_many_owned(units)
+            .await
+            .map_err(|_| MirrorClosed)?;
+        let request = Request {
+            route,
+            items,
+            copy,
+            via,
+            acked_at,
+            reply,
+            _permit: permit,
+        };
+        self.tx.send(request).await.map_err(|_| MirrorClosed)
+    }
+}
+
+struct Writer {
+    pool: PgPool,
+    spool: Option<ConnectionManager>,
+    rx: Arc<Mutex<mpsc::Receiver<Request>>>,
+    opts: MirrorOptions,
+}
+
+impl Writer {
+    async fn run(mut self) {
+        while let Some(batch) = self.gather().await {
+            self.write(batch).await;
+        }
+    }
+
+    /// Waits for one request, then takes whatever else is queued, up to the
+    /// batch size: under load batches fill while the last one commits.
+    async fn gather(&self) -> Option<Vec<Request>> {
+        let mut rx = self.rx.lock().await;
+        let first = rx.recv().await?;
+        let mut count = first.items.len();
+        let mut batch = vec![first];
+        while count < self.opts.batch_items {
+            match rx.try_recv() {
+                Ok(request) => {
+                    count += request.items.len();
+                    batch.push(request);
+                }
+                Err(_) => break,
+            }
+        }
+        Some(batch)
+    }
+
+    async fn write(&mut self, batch: Vec<Request>) {
+        let count: usize = batch.iter().map(|r| r.items.len()).sum();
+        metrics::histogram!(m::MIRROR_BATCH_ITEMS).record(count as f64);
+        match write_batch(&self.pool, &batch, self.opts.payload_limit).await {
+            Ok(mut results) => {
+                let now = Instant::now();
+                for request in batch.into_iter().rev() {
+                    let mine = results.split_off(results.len() - request.items.len());
+                    if request.copy == JobCopy::Mirror {
+                        metrics::histogram!(m::MIRROR_LAG, "route" => request.route.name.clone())
+                            .record(now.duration_since(request.acked_at).as_secs_f64());
+                    }
+                    if let Some(reply) = request.reply {
+                        let _ = reply.send(Ok(mine));
+                    }
+                }
+            }
+            Err(err) => {
+                let reason = err.to_string();
+                tracing::warn!(items = count, error = %reason, "mirror write failed");
+                for request in batch {
+                    self.fail(request, &reason).await;
+                }
+            }
+        }
+    }
+
+    async fn fail(&mut self, request: Request, reason: &str) {
+        let route = request.route.name.clone();
+        metrics::counter!(m::MIRROR_FAILURES, "route" => route.clone())
+            .increment(request.items.len() as u64);
+        if let Some(reply) = request.reply {
+            let _ = reply.send(Err(format!("Postgres write failed: {reason}")));
+            return;
+        }
+        let n = request.items.len() as u64;
+        match &mut self.spool {
+            Some(conn) => match spool(conn, &request.route, &request.items).await {
+                Ok(()) => metrics::counter!(m::MIRROR_SPOOLED, "route" => route).increment(n),
+                Err(e) => {
+                    tracing::error!(route = %route, items = n, error = %e,
+                        "could not park unmirrored items in the gap list; the diff will report them");
+                    metrics::counter!(m::MIRROR_LOST, "route" => route).increment(n);
+                }
+            },
+            None => metrics::counter!(m::MIRROR_LOST, "route" => route).increment(n),
+        }
+    }
+}
+
+/// Decodes and stores every item of `batch` in one transaction; results in
+/// request order, items in order.
+async fn write_batch(
+    pool: &PgPool,
+    batch: &[Request],
+    payload_limit: usize,
+) -> crate::Result<Vec<Stored>> {
+    let items: Vec<Item<'_>> = batch
+        .iter()
+        .flat_map(|r| {
+            r.items.iter().map(move |bytes| Item {
+                route: &r.route,
+                decoded: decode_bytes(&r.route.format, bytes.clone()),
+                copy: r.copy,
+                via: r.via,
+            })
+        })
+        .collect();
+    let mut tx = pool.begin().await?;
+    let stored = store::store(&mut tx, items, payload_limit).await?;
+    tx.commit().await?;
+    Ok(stored)
+}
+
+/// The Redis list where a route's unmirrored items wait for Postgres.
+pub fn gap_key(route: &Route) -> String {
+    format!("qbridge:gap:{}", route.name)
+}
+
+async fn spool(conn: &mut ConnectionManager, route: &Route, items: &[Bytes]) -> ::redis::RedisResult<()> {
+    let items: Vec<&[u8]> = items.iter().map(|b| b.as_ref()).collect();
+    conn.rpush::<_, _, ()>(gap_key(route), items).await
+}
+
+/// Items per gap-repair transaction.
+const REPAIR_BATCH: usize = 500;
+
+/// Writes up to one batch per route from the gap lists into Postgres (as
+/// mirror copies); returns how many items were repaired. Items whose write
+/// fails go back to the head of their gap list.
+pub async fn repair_gaps_once(
+    pool: &PgPool,
+    conn: &mut ConnectionManager,
+    routes: &Routes,
+    payload_limit: usize,
+) -> crate::Result<u64> {
+    let mut repaired = 0;
+    for route in routes.iter() {
+        let key = gap_key(route);
+        let count = std::num::NonZeroUsize::new(REPAIR_BATCH);
+        let taken: Vec<Vec<u8>> = conn
+            .lpop(&key, count)
+            .await
+            .map_err(|e| crate::Error::InvalidInput(format!("gap repair: Redis: {e}")))?;
+        if taken.is_empty() {
+            continue;
+        }
+        let items = taken
+            .iter()
+            .map(|b| Item {
+                route,
+                decoded: decode_bytes(&route.format, Bytes::copy_from_slice(b)),
+                copy: JobCopy::Mirror,
+                via: Via::Repair,
+            })
+            .collect();
+        let result = async {
+            let mut tx = pool.begin().await?;
+            store::store(&mut tx, items, payload_limit).await?;
+            tx.commit().await?;
+            crate::Result::Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            // Put them back in their order, at the head where they were.
+            let back: Vec<&[u8]> = taken.iter().rev().map(Vec::as_slice).collect();
+            let _: ::redis::RedisResult<()> = conn.lpush(&key, back).await;
+            return Err(e);
+        }
+        repaired += taken.len() as u64;
+    }
+    Ok(repaired)
+}
+
+/// Repairs gaps every `interval` until `token` is cancelled. Quiet unless it
+/// repaired something or failed.
+pub async fn repair_gaps(
+    pool: PgPool,
+    mut conn: ConnectionManager,
+    routes: Routes,
+    payload_limit: usize,
+    interval: Duration,
+    token: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        match repair_gaps_once(&pool, &mut conn, &routes, payload_limit).await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(items = n, "mirrored items parked during a Postgres outage");
+                // More may be waiting: go again at once, unless stopping.
+                if token.is_cancelled() {
+                    return;
+                }
+                continue;
+            }
+            Err(e) => tracing::debug!(error = %e, "gap repair deferred"),
+        }
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The route table of a process: every configured route, found by its Redis
+//! key (the proxy), its name (CLI, metrics) or its queue (HTTP enqueue), with
+//! its current phase read through the shared [`PhaseView`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::config::{PushEnd, RouteConfig};
+use crate::cutover::{Phase, PhaseView};
+use crate::redis::formats::Format;
+
+/// One route, as the producer paths and consumers use it.
+#[derive(Debug)]
+pub struct Route {
+    /// Metric label and CLI name.
+    pub name: String,
+    /// The Redis list, as bytes: the proxy compares it with command arguments.
+    pub redis_key: Bytes,
+    /// The Postgres queue.
+    pub queue: String,
+    /// How list items are read.
+    pub format: Format,
+    /// The end of the list producers push to.
+    pub push: PushEnd,
+    /// Attempts of the Postgres copy (`None`: the queue default).
+    pub max_attempts: Option<i32>,
+    /// Everything else the route was configured with.
+    pub config: RouteConfig,
+}
+
+/// All routes of a process and their phases. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Routes {
+    list: Arc<Vec<Arc<Route>>>,
+    by_key: Arc<HashMap<Bytes, Arc<Route>>>,
+    phases: PhaseView,
+}
+
+impl Routes {
+    /// A table of `configs` whose phases are read from `phases`.
+    pub fn new(configs: &[RouteConfig], phases: PhaseView) -> Routes {
+        let list: Vec<Arc<Route>> = configs
+            .iter()
+            .map(|c| {
+                Arc::new(Route {
+                    name: c.name.clone(),
+                    redis_key: Bytes::copy_from_slice(c.redis_key.as_bytes()),
+                    queue: c.queue.clone(),
+                    format: c.format.clone(),
+                    push: c.push,
+                    max_attempts: c.max_attempts,
+                    config: c.clone(),
+                })
+            })
+            .collect();
+        let by_key = list
+            .iter()
+            .map(|r| (r.redis_key.clone(), Arc::clone(r)))
+            .collect();
+        Routes {
+            list: Arc::new(list),
+            by_key: Arc::new(by_key),
+            phases,
+        }
+    }
+
+    /// A table whose phases start as each route's configured phase.
+    pub fn from_config(configs: &[RouteConfig]) -> Routes {
+        let phases = PhaseView::new(configs.iter().map(|c| (c.name.clone(), c.phase)));
+        Routes::new(configs, phases)
+    }
+
+    /// The route of a Redis list key, if it is routed.
+    pub fn by_redis_key(&self, key: &[u8]) -> Option<&Arc<Route>> {
+        self.by_key.get(key)
+    }
+
+    /// The route with this name.
+    pub fn by_name(&self, name: &str) -> Option<&Arc<Route>> {
+        self.list.iter().find(|r| r.name == name)
+    }
+
+    /// The route whose queue this is.
+    pub fn by_queue(&self, queue: &str) -> Option<&Arc<Route>> {
+        self.list.iter().find(|r| r.queue == queue)
+    }
+
+    /// The route's phase right now.
+    pub fn phase(&self, route: &Route) -> Phase {
+        self.phases.get(&route.name)
+    }
+
+    /// The shared phase view (the cutover watch updates it).
+    pub fn phases(&self) -> &PhaseView {
+        &self.phases
+    }
+
+    /// Every route, in config order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.list.iter()
+    }
+
+    /// True when no route is configured.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+}

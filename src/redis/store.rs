@@ -1,0 +1,252 @@
+//! Writing routed list items into Postgres: the one place that turns items
+//! into jobs, shared by the proxy's group commit, the producer API, HTTP
+//! enqueue and gap repair.
+//!
+//! For each item, on the caller's connection or transaction (nothing here
+//! commits):
+//! 1. decode it by its route's format (done by the caller: [`Item`]);
+//! 2. items with no id get their occurrence number (`qbridge.key_occurrences`,
+//!    side `push`), so identical bytes pushed twice are two jobs;
+//! 3. the key goes into `qbridge.job_keys`, which remembers keys after their
+//!    job is done: a key seen before (a Sidekiq retry, a producer retry) is a
+//!    duplicate and no job is enqueued for it;
+//! 4. new keys become jobs, live or mirror copies, with the original bytes.
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::json;
+use sqlx::PgConnection;
+
+use crate::error::Result;
+use crate::metrics as m;
+use crate::queue::{enqueue, validate, EnqueueOutcome, JobCopy, NewJob};
+use crate::redis::formats::{Decoded, KeySource};
+use crate::redis::routes::Route;
+
+/// The path an item came in by (the `via` of `job_keys`, a metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// The RESP proxy.
+    Proxy,
+    /// The Rust producer API.
+    Producer,
+    /// `POST /v1/queues/{queue}/jobs`.
+    Http,
+    /// Gap repair after a Postgres outage.
+    Repair,
+}
+
+impl Via {
+    /// The label text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Via::Proxy => "proxy",
+            Via::Producer => "producer",
+            Via::Http => "http",
+            Via::Repair => "repair",
+        }
+    }
+}
+
+/// One item to store.
+#[derive(Debug)]
+pub struct Item<'a> {
+    /// Its route.
+    pub route: &'a Route,
+    /// The item read by the route's format.
+    pub decoded: Decoded,
+    /// Live copy (Postgres runs it) or mirror (Redis runs it).
+    pub copy: JobCopy,
+    /// How it came in.
+    pub via: Via,
+}
+
+/// What became of one item, in input order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stored {
+    /// A new job with this id and key.
+    New { id: i64, key: String },
+    /// The key was known: no new job.
+    Duplicate { key: String },
+}
+
+impl Stored {
+    /// The item's job key.
+    pub fn key(&self) -> &str {
+        match self {
+            Stored::New { key, .. } | Stored::Duplicate { key } => key,
+        }
+    }
+}
+
+const OCCURRENCES_SQL: &str = r#"
+INSERT INTO qbridge.key_occurrences (queue, side, hash, n)
+SELECT t.queue, 'push', t.hash, count(*)
+  FROM unnest($1::text[], $2::text[]) AS t(queue, hash)
+ GROUP BY t.queue, t.hash
+ON CONFLICT (queue, side, hash) DO UPDATE SET n = key_occurrences.n + excluded.n
+RETURNING queue, hash, n
+"#;
+
+const KEYS_SQL: &str = r#"
+INSERT INTO qbridge.job_keys (queue, key, copy, via, flagged)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+ON CONFLICT (queue, key) DO NOTHING
+RETURNING queue, key
+"#;
+
+/// Stores `items` on `conn` (see the module docs) and returns one outcome
+/// per item, in order. An error leaves the caller's transaction to roll back.
+pub async fn store(
+    conn: &mut PgConnection,
+    items: Vec<Item<'_>>,
+    payload_limit: usize,
+) -> Result<Vec<Stored>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys = assign_keys(conn, &items).await?;
+    let oversize: Vec<bool> = items
+        .iter()
+        .map(|i| validate::payload_value(&i.decoded.payload, payload_limit).is_err())
+        .collect();
+    let flags: Vec<Option<&str>> = items
+        .iter()
+        .zip(&oversize)
+        .map(|(i, &big)| match &i.decoded.flagged {
+            Some(reason) => Some(reason.as_str()),
+            None if big => Some(OVERSIZED),
+            None => None,
+        })
+        .collect();
+    let fresh = known_keys(conn, &items, &keys, &flags).await?;
+    let mut jobs = Vec::new();
+    let mut fresh_index = Vec::new();
+    let mut claimed: HashSet<(&str, &str)> = HashSet::new();
+    for (i, (item, key)) in items.iter().zip(&keys).enumerate() {
+        // The first item of a batch with a key takes it; later ones are
+        // duplicates of it, like a later batch's would be.
+        let pair = (item.route.queue.as_str(), key.as_str());
+        if fresh.contains(&(pair.0.to_string(), pair.1.to_string())) && claimed.insert(pair) {
+            jobs.push(new_job(item, key, oversize[i]));
+            fresh_index.push(i);
+        }
+    }
+    // The oversized ones carry a small stand-in payload now, within any limit.
+    let outcomes = enqueue(conn, &jobs, payload_limit.max(1024)).await?;
+
+    let mut stored: Vec<Stored> = keys
+        .iter()
+        .map(|k| Stored::Duplicate { key: k.clone() })
+        .collect();
+    for (i, outcome) in fresh_index.into_iter().zip(outcomes) {
+        // An in-flight job with this key that job_keys did not know (enqueued
+        // by plain SQL or `qbridge enqueue` with the same key) stays the one job.
+        if let EnqueueOutcome::Inserted(id) = outcome {
+            stored[i] = Stored::New {
+                id,
+                key: keys[i].clone(),
+            };
+        }
+    }
+    for ((item, s), flag) in items.iter().zip(&stored).zip(&flags) {
+        let labels = [
+            ("route", item.route.name.clone()),
+            ("via", item.via.as_str().to_string()),
+        ];
+        match s {
+            Stored::New { .. } => metrics::counter!(m::MIRRORED, &labels).increment(1),
+            Stored::Duplicate { .. } => metrics::counter!(m::MIRROR_DUPLICATES, "route" => item.route.name.clone()).increment(1),
+        }
+        if flag.is_some() {
+            metrics::counter!(m::ITEMS_FLAGGED, "route" => item.route.name.clone()).increment(1);
+        }
+    }
+    Ok(stored)
+}
+
+/// The job key of every item: ids as they are, content hashes numbered by
+/// occurrence in push order.
+async fn assign_keys(conn: &mut PgConnection, items: &[Item<'_>]) -> Result<Vec<String>> {
+    let (mut queues, mut hashes) = (Vec::new(), Vec::new());
+    for item in items {
+        if let KeySource::ContentHash(hash) = &item.decoded.key {
+            queues.push(item.route.queue.as_str());
+            hashes.push(hash.as_str());
+        }
+    }
+    // Totals after this batch; the batch's items take the last numbers.
+    let mut next: HashMap<(String, String), u64> = HashMap::new();
+    if !hashes.is_empty() {
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(OCCURRENCES_SQL)
+            .bind(&queues)
+            .bind(&hashes)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut counts: HashMap<(&str, &str), u64> = HashMap::new();
+        for (q, h) in queues.iter().zip(&hashes) {
+            *counts.entry((q, h)).or_default() += 1;
+        }
+        for (queue, hash, total) in rows {
+            let in_batch = counts
+                .get(&(queue.as_str(), hash.as_str()))
+                .copied()
+                .unwrap_or(0);
+            let first = (total as u64).saturating_sub(in_batch) + 1;
+            next.insert((queue, hash), first);
+        }
+    }
+    Ok(items
+        .iter()
+        .map(|item| match &item.decoded.key {
+            KeySource::Id(_) => item.decoded.key.with_occurrence(0),
+            KeySource::ContentHash(hash) => {
+                let slot = next
+                    .entry((item.route.queue.clone(), hash.clone()))
+                    .or_insert(1);
+                let n = *slot;
+                *slot += 1;
+                item.decoded.key.with_occurrence(n)
+            }
+        })
+        .collect())
+}
+
+/// Records every key in `job_keys` and returns the ones that were new.
+async fn known_keys(
+    conn: &mut PgConnection,
+    items: &[Item<'_>],
+    keys: &[String],
+    flags: &[Option<&str>],
+) -> Result<HashSet<(String, String)>> {
+    let rows: Vec<(String, String)> = sqlx::query_as(KEYS_SQL)
+        .bind(items.iter().map(|i| i.route.queue.as_str()).collect::<Vec<_>>())
+        .bind(keys)
+        .bind(items.iter().map(|i| i.copy.as_str()).collect::<Vec<_>>())
+        .bind(items.iter().map(|i| i.via.as_str()).collect::<Vec<_>>())
+        .bind(flags)
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// The flag of an item whose payload is over `payload_limit`.
+const OVERSIZED: &str = "payload over payload_limit; the item is kept in jobs.original";
+
+/// The job of one item. A payload over the limit is not refused (Redis has
+/// already taken the item): it is stored flagged, with its bytes kept in
+/// `original`, so nothing is lost and `stats` shows it.
+fn new_job(item: &Item<'_>, key: &str, oversize: bool) -> NewJob {
+    let decoded = &item.decoded;
+    let payload = if oversize {
+        json!({ "flagged": OVERSIZED, "original_len": decoded.original.len() })
+    } else {
+        decoded.payload.clone()
+    };
+    let mut job = NewJob::new(item.route.queue.clone(), payload)
+        .with_key(key)
+        .with_copy(item.copy, Some(decoded.original.clone()));
+    job.kind = decoded.kind.clone();
+    job.max_attempts = item.route.max_attempts;
+    job
+}
