@@ -144,8 +144,11 @@ fn overrides_win() {
     let o = Overrides {
         database_url: Some("postgres://x@y/z".into()),
         http_listen: Some("0.0.0.0:1".into()),
+        redis_url: Some("redis://r:6379".into()),
     };
     let cfg = Config::from_toml("database_url = \"postgres://a@b/c\"", &o).unwrap();
     assert_eq!(cfg.database_url, "postgres://x@y/z");
     assert_eq!(cfg.http.listen, "0.0.0.0:1");
+    assert_eq!(cfg.redis_url, "redis://r:6379");
+    assert_eq!(cfg.proxy.upstream, "redis://r:6379");
 }
