@@ -29,7 +29,7 @@ fn runtime_config(pool: &PgPool, script: &str, log: &str, deadline: &str) -> Con
         &toml,
         &Overrides {
             database_url: Some(support::db_url(pool)),
-            http_listen: None,
+            ..Overrides::default()
         },
     )
     .expect("config")

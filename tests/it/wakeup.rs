@@ -38,7 +38,7 @@ async fn start_runtime(
         &toml,
         &Overrides {
             database_url: Some(support::db_url(pool)),
-            http_listen: None,
+            ..Overrides::default()
         },
     )
     .expect("config");
