@@ -31,6 +31,14 @@ pub enum Error {
     #[error("cannot connect to Postgres at {url}: {reason} (is it running? check --database-url / QBRIDGE_DATABASE_URL)")]
     Unreachable { url: String, reason: String },
 
+    /// Redis could not be reached.
+    #[error("cannot connect to Redis at {url}: {reason} (is it running? check --redis-url / QBRIDGE_REDIS_URL)")]
+    RedisUnreachable { url: String, reason: String },
+
+    /// A Redis command failed.
+    #[error("Redis: {0}")]
+    Redis(String),
+
     /// The schema is older than this binary.
     #[error("database schema is not current: run `qbridge migrate` first")]
     SchemaNotCurrent,

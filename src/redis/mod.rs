@@ -5,5 +5,7 @@
 
 pub mod formats;
 pub mod mirror;
+pub mod outbox;
+pub mod producer;
 pub mod routes;
 pub mod store;

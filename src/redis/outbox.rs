@@ -1,0 +1,163 @@
+//! The outbox of Redis pushes the producer API owes: rows written with the
+//! job in the caller's transaction, deleted once Redis took the item.
+//!
+//! Paying is fenced by row locks. [`pay`] deletes its rows in a transaction,
+//! pushes, then commits; the repair loop ([`repair_once`]) takes only rows
+//! older than a grace period with `SKIP LOCKED`. So a row is pushed by one of
+//! them, not both. A crash after the push and before the commit pushes the
+//! item again later (at least once): Redis has no transaction with Postgres.
+
+use std::time::Duration;
+
+use ::redis::aio::ConnectionManager;
+use ::redis::AsyncCommands;
+use bytes::Bytes;
+use sqlx::{PgConnection, PgPool};
+
+use crate::config::PushEnd;
+use crate::cutover::Phase;
+use crate::error::Result;
+use crate::metrics as m;
+use crate::redis::routes::{Route, Routes};
+
+/// One push owed to Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owed {
+    /// The outbox row.
+    pub id: i64,
+    /// The item, byte for byte.
+    pub original: Bytes,
+}
+
+/// Records pushes owed for `(key, item)` pairs of `queue`, on the caller's
+/// transaction. Returns the rows in input order.
+pub async fn owe(conn: &mut PgConnection, queue: &str, items: &[(&str, &Bytes)]) -> Result<Vec<Owed>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO qbridge.redis_outbox (queue, key, original) \
+         SELECT $1, k, o FROM unnest($2::text[], $3::bytea[]) WITH ORDINALITY AS t(k, o, ord) \
+         ORDER BY ord RETURNING id",
+    )
+    .bind(queue)
+    .bind(items.iter().map(|(k, _)| *k).collect::<Vec<_>>())
+    .bind(items.iter().map(|(_, b)| b.as_ref()).collect::<Vec<_>>())
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut ids = ids;
+    // Identity values follow insertion order (ORDER BY ord).
+    ids.sort_unstable();
+    Ok(ids
+        .into_iter()
+        .zip(items)
+        .map(|(id, (_, b))| Owed {
+            id,
+            original: (*b).clone(),
+        })
+        .collect())
+}
+
+/// Pushes items to the route's list at the end its producers use, in order.
+pub async fn push_items(
+    conn: &mut ConnectionManager,
+    route: &Route,
+    items: &[&[u8]],
+) -> ::redis::RedisResult<()> {
+    let key = route.redis_key.as_ref();
+    match route.push {
+        PushEnd::Lpush => conn.lpush::<_, _, ()>(key, items).await,
+        PushEnd::Rpush => conn.rpush::<_, _, ()>(key, items).await,
+    }
+}
+
+/// Pushes `owed` and deletes their rows; the rows some other payer holds or
+/// already paid are skipped. Returns how many this call pushed. On a Redis
+/// error nothing is deleted and the attempt is recorded on the rows.
+pub async fn pay(
+    pool: &PgPool,
+    conn: &mut ConnectionManager,
+    route: &Route,
+    owed: &[Owed],
+) -> std::result::Result<usize, crate::Error> {
+    let ids: Vec<i64> = owed.iter().map(|o| o.id).collect();
+    let mut tx = pool.begin().await?;
+    let mine: Vec<i64> = sqlx::query_scalar(
+        "DELETE FROM qbridge.redis_outbox WHERE id IN \
+           (SELECT id FROM qbridge.redis_outbox WHERE id = ANY($1) FOR UPDATE SKIP LOCKED) \
+         RETURNING id",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    let items: Vec<&[u8]> = owed
+        .iter()
+        .filter(|o| mine.contains(&o.id))
+        .map(|o| o.original.as_ref())
+        .collect();
+    if items.is_empty() {
+        return Ok(0);
+    }
+    if let Err(e) = push_items(conn, route, &items).await {
+        tx.rollback().await?;
+        let reason = format!("Redis push failed: {e}");
+        sqlx::query(
+            "UPDATE qbridge.redis_outbox SET attempts = attempts + 1, last_error = $2 WHERE id = ANY($1)",
+        )
+        .bind(&mine)
+        .bind(&reason)
+        .execute(pool)
+        .await?;
+        return Err(crate::Error::Redis(reason));
+    }
+    tx.commit().await?;
+    Ok(items.len())
+}
+
+/// Rows per repair pass and route.
+const REPAIR_BATCH: i64 = 500;
+
+/// Pays, per route, up to one batch of outbox rows older than `grace` (so a
+/// producer still pushing after its commit is not raced). Rows of routes in
+/// `decommissioned`, whose Redis keys are gone, are left alone. Returns how
+/// many items were pushed.
+pub async fn repair_once(
+    pool: &PgPool,
+    conn: &mut ConnectionManager,
+    routes: &Routes,
+    grace: Duration,
+) -> Result<u64> {
+    let mut paid = 0;
+    for route in routes.iter() {
+        if routes.phase(route) == Phase::Decommissioned {
+            continue;
+        }
+        let rows: Vec<(i64, Vec<u8>)> = sqlx::query_as(
+            "SELECT id, original FROM qbridge.redis_outbox \
+              WHERE queue = $1 AND created_at < now() - $2 * interval '1 millisecond' \
+              ORDER BY id LIMIT $3",
+        )
+        .bind(&route.queue)
+        .bind(grace.as_millis() as i64)
+        .bind(REPAIR_BATCH)
+        .fetch_all(pool)
+        .await?;
+        if rows.is_empty() {
+            continue;
+        }
+        let owed: Vec<Owed> = rows
+            .into_iter()
+            .map(|(id, original)| Owed {
+                id,
+                original: Bytes::from(original),
+            })
+            .collect();
+        let n = pay(pool, conn, route, &owed).await?;
+        if n > 0 {
+            metrics::counter!(m::OUTBOX_REPAIRED, "route" => route.name.clone()).increment(n as u64);
+            tracing::info!(route = %route.name, items = n, "pushed items the producer API owed Redis");
+        }
+        paid += n as u64;
+    }
+    Ok(paid)
+}

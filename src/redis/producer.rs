@@ -1,0 +1,256 @@
+//! The producer API: enqueue a list item on a route, honouring its phase.
+//!
+//! | phase | Postgres | Redis |
+//! | --- | --- | --- |
+//! | `redis_only` | nothing | pushed |
+//! | `dual_write`, `shadow` | mirror copy, in the caller's transaction | pushed after commit |
+//! | `postgres_only`, `decommissioned` | live copy, in the caller's transaction | nothing |
+//!
+//! The Redis push after commit is the dual-write seam. It is closed with an
+//! outbox: the push is written to `qbridge.redis_outbox` in the same
+//! transaction as the job, and deleted once Redis took the item. A push that
+//! fails (Redis down) or never happens (the process died after commit) stays
+//! in the outbox, and [`crate::redis::outbox`] makes it later. Only new jobs
+//! are pushed: a re-enqueue of a known key pushes nothing the second time.
+//!
+//! ```no_run
+//! # async fn demo(producer: qbridge::redis::producer::Producer, pool: sqlx::PgPool) -> qbridge::Result<()> {
+//! let mut tx = pool.begin().await?;
+//! // ... business writes on &mut *tx ...
+//! let pending = producer.enqueue_in(&mut tx, "emails", vec![br#"{"id":"7"}"#.to_vec().into()]).await?;
+//! tx.commit().await?;
+//! let enqueued = pending.push(&producer).await?;
+//! assert!(enqueued.push_error.is_none());
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+
+use ::redis::aio::ConnectionManager;
+use bytes::Bytes;
+use sqlx::{PgConnection, PgPool};
+
+use crate::cutover::Phase;
+use crate::error::{Error, Result};
+use crate::metrics as m;
+use crate::queue::JobCopy;
+use crate::redis::formats::decode_bytes;
+use crate::redis::outbox::{self, Owed};
+use crate::redis::routes::{Route, Routes};
+use crate::redis::store::{self, Item, Stored, Via};
+
+/// Enqueues items on routes. Cheap to clone.
+#[derive(Clone)]
+pub struct Producer {
+    pool: PgPool,
+    redis: Option<ConnectionManager>,
+    routes: Routes,
+    payload_limit: usize,
+    via: Via,
+}
+
+/// What an enqueue did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The route's phase when the items were written.
+    pub phase: Phase,
+    /// What became of each item in Postgres, in order (empty in `redis_only`).
+    pub stored: Vec<Stored>,
+    /// Items Redis took.
+    pub pushed: usize,
+    /// Items owed to Redis whose push failed; they are in the outbox and the
+    /// repair loop pushes them. Retrying the enqueue is not needed.
+    pub deferred: usize,
+    /// Why the push failed, when it did (one line, no payload).
+    pub push_error: Option<String>,
+}
+
+/// Postgres writes done in the caller's transaction; the Redis part is owed
+/// until [`Pending::push`] runs after commit.
+#[must_use = "call push() after the transaction commits, or the Redis copies wait for the repair loop"]
+#[derive(Debug)]
+pub struct Pending {
+    route: Arc<Route>,
+    phase: Phase,
+    stored: Vec<Stored>,
+    /// `redis_only`: items to push, stored nowhere else.
+    direct: Vec<Bytes>,
+    /// `dual_write`/`shadow`: outbox rows to push and delete.
+    owed: Vec<Owed>,
+}
+
+impl Producer {
+    /// A producer on `pool`. `redis_url` is needed while any route writes
+    /// Redis; it is connected now, so an unreachable Redis is a start-up error.
+    pub async fn connect(
+        pool: PgPool,
+        redis_url: Option<&str>,
+        routes: Routes,
+        payload_limit: usize,
+    ) -> Result<Producer> {
+        let redis = match redis_url {
+            Some(url) => Some(connect_redis(url).await?),
+            None => None,
+        };
+        Ok(Producer {
+            pool,
+            redis,
+            routes,
+            payload_limit,
+            via: Via::Producer,
+        })
+    }
+
+    /// The same producer, recording items as coming in by `via` (HTTP).
+    pub fn with_via(mut self, via: Via) -> Producer {
+        self.via = via;
+        self
+    }
+
+    /// The routes this producer serves.
+    pub fn routes(&self) -> &Routes {
+        &self.routes
+    }
+
+    /// Enqueues items on `route` in a transaction of its own, then pushes
+    /// what Redis is owed.
+    pub async fn enqueue(&self, route: &str, items: Vec<Bytes>) -> Result<Enqueued> {
+        let mut tx = self.pool.begin().await?;
+        let pending = self.enqueue_in(&mut tx, route, items).await?;
+        tx.commit().await?;
+        pending.push(self).await
+    }
+
+    /// Writes the Postgres part of an enqueue on the caller's connection or
+    /// transaction. Nothing reaches Redis until [`Pending::push`].
+    pub async fn enqueue_in(
+        &self,
+        conn: &mut PgConnection,
+        route: &str,
+        items: Vec<Bytes>,
+    ) -> Result<Pending> {
+        let route = self
+            .routes
+            .by_name(route)
+            .cloned()
+            .ok_or_else(|| Error::InvalidInput(format!("no route named {route:?}")))?;
+        let phase = self.routes.phase(&route);
+        metrics::counter!(m::ROUTE_PUSHES, "route" => route.name.clone(),
+            "phase" => phase.as_str(), "via" => self.via.as_str())
+        .increment(items.len() as u64);
+        if !phase.writes_postgres() {
+            self.redis_conn(&route)?;
+            return Ok(Pending {
+                route,
+                phase,
+                stored: Vec::new(),
+                direct: items,
+                owed: Vec::new(),
+            });
+        }
+        let copy = if phase.postgres_is_live() {
+            JobCopy::Live
+        } else {
+            JobCopy::Mirror
+        };
+        let decoded: Vec<Item<'_>> = items
+            .iter()
+            .map(|bytes| Item {
+                route: &route,
+                decoded: decode_bytes(&route.format, bytes.clone()),
+                copy,
+                via: self.via,
+            })
+            .collect();
+        let stored = store::store(conn, decoded, self.payload_limit).await?;
+        let mut owed = Vec::new();
+        if phase.writes_redis() {
+            // Only new jobs: a known key was pushed (or owed) the first time.
+            let new: Vec<(&str, &Bytes)> = stored
+                .iter()
+                .zip(&items)
+                .filter(|(s, _)| matches!(s, Stored::New { .. }))
+                .map(|(s, b)| (s.key(), b))
+                .collect();
+            owed = outbox::owe(conn, &route.queue, &new).await?;
+        }
+        Ok(Pending {
+            route,
+            phase,
+            stored,
+            direct: Vec::new(),
+            owed,
+        })
+    }
+
+    fn redis_conn(&self, route: &Route) -> Result<ConnectionManager> {
+        self.redis.clone().ok_or_else(|| {
+            Error::Config(format!(
+                "route {:?} writes Redis in its phase, but no Redis URL was given",
+                route.name
+            ))
+        })
+    }
+}
+
+impl Pending {
+    /// Pushes what Redis is owed; call it after the transaction committed.
+    ///
+    /// In `redis_only` a failed push is an error: nothing was stored anywhere.
+    /// Otherwise the jobs are stored and a failed push is reported in
+    /// [`Enqueued::push_error`] and left in the outbox for repair.
+    pub async fn push(self, producer: &Producer) -> Result<Enqueued> {
+        let mut enqueued = Enqueued {
+            phase: self.phase,
+            stored: self.stored,
+            pushed: 0,
+            deferred: 0,
+            push_error: None,
+        };
+        if !self.direct.is_empty() {
+            let mut conn = producer.redis_conn(&self.route)?;
+            let refs: Vec<&[u8]> = self.direct.iter().map(|b| b.as_ref()).collect();
+            outbox::push_items(&mut conn, &self.route, &refs)
+                .await
+                .map_err(|e| {
+                    Error::Redis(format!(
+                        "push to route {:?} failed, nothing was enqueued: {e}",
+                        self.route.name
+                    ))
+                })?;
+            enqueued.pushed = self.direct.len();
+        }
+        if !self.owed.is_empty() {
+            let n = self.owed.len();
+            let mut conn = producer.redis_conn(&self.route)?;
+            match outbox::pay(&producer.pool, &mut conn, &self.route, &self.owed).await {
+                Ok(paid) => enqueued.pushed += paid,
+                Err(e) => {
+                    metrics::counter!(m::PRODUCER_PUSH_FAILURES, "route" => self.route.name.clone())
+                        .increment(n as u64);
+                    tracing::warn!(route = %self.route.name, items = n, error = %e,
+                        "Redis push failed after commit; left in the outbox for repair");
+                    enqueued.deferred = n;
+                    enqueued.push_error = Some(e.to_string());
+                }
+            }
+        }
+        Ok(enqueued)
+    }
+}
+
+/// Connects to Redis with reconnects, or a clear one-line error.
+pub async fn connect_redis(url: &str) -> Result<ConnectionManager> {
+    let unreachable = |e: ::redis::RedisError| Error::RedisUnreachable {
+        url: crate::redact::redact_url(url),
+        reason: e.to_string(),
+    };
+    let client = ::redis::Client::open(url).map_err(unreachable)?;
+    let config = ::redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(std::time::Duration::from_secs(3)))
+        .set_response_timeout(Some(std::time::Duration::from_secs(5)))
+        .set_number_of_retries(2);
+    ::redis::aio::ConnectionManager::new_with_config(client, config)
+        .await
+        .map_err(unreachable)
+}
