@@ -229,7 +229,9 @@ pub fn check_redis_url(url: &str) -> std::result::Result<(), String> {
 
 /// Validates every route and returns them with the Postgres pools of the
 /// routes that have a handler.
-pub(super) fn validate_routes(files: Vec<RouteFile>) -> Result<(Vec<RouteConfig>, Vec<PoolConfig>)> {
+pub(super) fn validate_routes(
+    files: Vec<RouteFile>,
+) -> Result<(Vec<RouteConfig>, Vec<PoolConfig>)> {
     let (mut names, mut keys, mut queues) = (HashSet::new(), HashSet::new(), HashSet::new());
     let mut routes = Vec::new();
     let mut pools = Vec::new();
@@ -285,7 +287,12 @@ pub(super) fn validate_routes(files: Vec<RouteFile>) -> Result<(Vec<RouteConfig>
             .map(|c| validate_consumer(c).map_err(|m| ctx(m.into())))
             .transpose()?;
         if let Some(handler) = &file.handler {
-            pools.push(route_pool(&name, &file.queue, handler, file.pool.unwrap_or_default())?);
+            pools.push(route_pool(
+                &name,
+                &file.queue,
+                handler,
+                file.pool.unwrap_or_default(),
+            )?);
         }
         routes.push(RouteConfig {
             name,
@@ -303,7 +310,9 @@ pub(super) fn validate_routes(files: Vec<RouteFile>) -> Result<(Vec<RouteConfig>
     Ok((routes, pools))
 }
 
-fn validate_consumer(c: RedisConsumerFile) -> std::result::Result<RedisConsumerConfig, &'static str> {
+fn validate_consumer(
+    c: RedisConsumerFile,
+) -> std::result::Result<RedisConsumerConfig, &'static str> {
     let concurrency = c.concurrency.unwrap_or(4);
     if concurrency == 0 {
         return Err("redis_consumer.concurrency must be at least 1");
@@ -318,22 +327,30 @@ fn validate_consumer(c: RedisConsumerFile) -> std::result::Result<RedisConsumerC
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "qbridge".into())
     });
-    if consumer_name.is_empty() || consumer_name.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
-        return Err("redis_consumer.consumer_name must be non-empty, without spaces or control characters");
+    if consumer_name.is_empty()
+        || consumer_name
+            .chars()
+            .any(|ch| ch.is_whitespace() || ch.is_control())
+    {
+        return Err(
+            "redis_consumer.consumer_name must be non-empty, without spaces or control characters",
+        );
     }
     Ok(RedisConsumerConfig {
         concurrency,
         max_attempts,
-        retry_delay: c
-            .retry_delay
-            .map(|d| d.0)
-            .unwrap_or(Duration::from_secs(1)),
+        retry_delay: c.retry_delay.map(|d| d.0).unwrap_or(Duration::from_secs(1)),
         consumer_name,
     })
 }
 
 /// The Postgres pool serving a route's queue with the route's handler.
-fn route_pool(name: &str, queue: &str, handler: &HandlerConfig, p: RoutePoolFile) -> Result<PoolConfig> {
+fn route_pool(
+    name: &str,
+    queue: &str,
+    handler: &HandlerConfig,
+    p: RoutePoolFile,
+) -> Result<PoolConfig> {
     validate_pool(
         0,
         PoolFile {

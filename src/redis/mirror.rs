@@ -281,7 +281,11 @@ pub fn gap_key(route: &Route) -> String {
     format!("qbridge:gap:{}", route.name)
 }
 
-async fn spool(conn: &mut ConnectionManager, route: &Route, items: &[Bytes]) -> ::redis::RedisResult<()> {
+async fn spool(
+    conn: &mut ConnectionManager,
+    route: &Route,
+    items: &[Bytes],
+) -> ::redis::RedisResult<()> {
     let items: Vec<&[u8]> = items.iter().map(|b| b.as_ref()).collect();
     conn.rpush::<_, _, ()>(gap_key(route), items).await
 }

@@ -31,7 +31,11 @@ pub struct Owed {
 
 /// Records pushes owed for `(key, item)` pairs of `queue`, on the caller's
 /// transaction. Returns the rows in input order.
-pub async fn owe(conn: &mut PgConnection, queue: &str, items: &[(&str, &Bytes)]) -> Result<Vec<Owed>> {
+pub async fn owe(
+    conn: &mut PgConnection,
+    queue: &str,
+    items: &[(&str, &Bytes)],
+) -> Result<Vec<Owed>> {
     if items.is_empty() {
         return Ok(Vec::new());
     }
@@ -154,7 +158,8 @@ pub async fn repair_once(
             .collect();
         let n = pay(pool, conn, route, &owed).await?;
         if n > 0 {
-            metrics::counter!(m::OUTBOX_REPAIRED, "route" => route.name.clone()).increment(n as u64);
+            metrics::counter!(m::OUTBOX_REPAIRED, "route" => route.name.clone())
+                .increment(n as u64);
             tracing::info!(route = %route.name, items = n, "pushed items the producer API owed Redis");
         }
         paid += n as u64;

@@ -156,7 +156,10 @@ pub async fn store(
         ];
         match s {
             Stored::New { .. } => metrics::counter!(m::MIRRORED, &labels).increment(1),
-            Stored::Duplicate { .. } => metrics::counter!(m::MIRROR_DUPLICATES, "route" => item.route.name.clone()).increment(1),
+            Stored::Duplicate { .. } => {
+                metrics::counter!(m::MIRROR_DUPLICATES, "route" => item.route.name.clone())
+                    .increment(1)
+            }
         }
         if flag.is_some() {
             metrics::counter!(m::ITEMS_FLAGGED, "route" => item.route.name.clone()).increment(1);
@@ -220,7 +223,12 @@ async fn known_keys(
     flags: &[Option<&str>],
 ) -> Result<HashSet<(String, String)>> {
     let rows: Vec<(String, String)> = sqlx::query_as(KEYS_SQL)
-        .bind(items.iter().map(|i| i.route.queue.as_str()).collect::<Vec<_>>())
+        .bind(
+            items
+                .iter()
+                .map(|i| i.route.queue.as_str())
+                .collect::<Vec<_>>(),
+        )
         .bind(keys)
         .bind(items.iter().map(|i| i.copy.as_str()).collect::<Vec<_>>())
         .bind(items.iter().map(|i| i.via.as_str()).collect::<Vec<_>>())

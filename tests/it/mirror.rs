@@ -1,0 +1,173 @@
+//! The proxy's group-commit writer: concurrent pushes become few
+//! transactions, live stores wait for their commit, and a Postgres outage
+//! parks mirror items in the route's Redis gap list until it is back.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ::redis::AsyncCommands;
+use bytes::Bytes;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+use qbridge::cutover::Phase;
+use qbridge::redis::mirror::{gap_key, repair_gaps_once, Mirror, MirrorOptions};
+use qbridge::redis::producer::connect_redis;
+
+use crate::producer::route_table;
+use crate::servers::ThrowawayPostgres;
+use crate::support;
+
+fn opts() -> MirrorOptions {
+    MirrorOptions {
+        buffer_bytes: 1 << 20,
+        batch_items: 500,
+        writers: 2,
+        payload_limit: 1 << 20,
+    }
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn concurrent_pushes_are_mirrored_in_batches(pool: PgPool) {
+    let (routes, _) = route_table("json:/id", Phase::DualWrite);
+    let route = Arc::clone(routes.by_name("r").unwrap());
+    let (mirror, mut writers) = Mirror::start(pool.clone(), None, opts());
+    let mut producers = tokio::task::JoinSet::new();
+    for p in 0..8 {
+        let (mirror, route) = (mirror.clone(), Arc::clone(&route));
+        producers.spawn(async move {
+            for i in 0..200 {
+                let item = Bytes::from(format!(r#"{{"id":"{p}-{i}"}}"#));
+                mirror
+                    .mirror(Arc::clone(&route), vec![item], Instant::now())
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    while producers.join_next().await.is_some() {}
+    support::wait_for_count(
+        &pool,
+        "1600 mirror copies",
+        "SELECT count(*) FROM qbridge.jobs WHERE copy = 'mirror'",
+        1600,
+    )
+    .await;
+    // Dropping the last handle stops the writers once they are drained.
+    drop(mirror);
+    while writers.join_next().await.is_some() {}
+    assert_eq!(
+        support::count(&pool, "SELECT count(DISTINCT key) FROM qbridge.jobs").await,
+        1600
+    );
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn live_stores_answer_after_their_commit(pool: PgPool) {
+    let (routes, _) = route_table("json:/id", Phase::PostgresOnly);
+    let route = Arc::clone(routes.by_name("r").unwrap());
+    let (mirror, _writers) = Mirror::start(pool.clone(), None, opts());
+    let stored = mirror
+        .store_live(
+            route,
+            vec![
+                Bytes::from_static(br#"{"id":"a"}"#),
+                Bytes::from_static(br#"{"id":"a"}"#),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), 2);
+    assert_eq!(stored[0].key(), "a");
+    assert!(matches!(
+        stored[1],
+        qbridge::redis::store::Stored::Duplicate { .. }
+    ));
+    // Already committed when store_live returned.
+    assert_eq!(
+        support::count(
+            &pool,
+            "SELECT count(*) FROM qbridge.jobs WHERE copy = 'live'"
+        )
+        .await,
+        1
+    );
+}
+
+// Not #[sqlx::test]: this test needs a Postgres it can kill.
+#[tokio::test]
+async fn postgres_down_parks_mirror_items_in_the_gap_list_until_it_is_back() {
+    let server = ThrowawayPostgres::start();
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(&server.url())
+        .await
+        .expect("throwaway Postgres");
+    qbridge::MIGRATOR.run(&pool).await.expect("migrate");
+
+    // A unique route name: the gap list lives in the shared Redis.
+    let (routes, _) = route_table("json:/id", Phase::DualWrite);
+    let name = format!("qbt-{}", uuid::Uuid::new_v4());
+    let routes = rename(routes, &name);
+    let route = Arc::clone(routes.by_name(&name).expect("renamed route"));
+    let spool = connect_redis("redis://127.0.0.1:6379").await.unwrap();
+    let (mirror, _writers) = Mirror::start(pool.clone(), Some(spool.clone()), opts());
+
+    server.kill();
+    let items: Vec<Bytes> = (0..10)
+        .map(|i| Bytes::from(format!(r#"{{"id":"g{i}"}}"#)))
+        .collect();
+    for item in &items {
+        mirror
+            .mirror(Arc::clone(&route), vec![item.clone()], Instant::now())
+            .await
+            .unwrap();
+    }
+    let mut redis = spool.clone();
+    let key = gap_key(&route);
+    support::wait_for(
+        "10 items parked in the gap list",
+        Duration::from_secs(30),
+        || {
+            let mut redis = redis.clone();
+            let key = key.clone();
+            async move { redis.llen::<_, i64>(&key).await.unwrap_or(0) == 10 }
+        },
+    )
+    .await;
+
+    // Postgres is down: repair keeps the items where they are.
+    assert!(repair_gaps_once(&pool, &mut redis, &routes, 1 << 20)
+        .await
+        .is_err());
+    assert_eq!(redis.llen::<_, i64>(&key).await.unwrap(), 10);
+
+    server.resume();
+    let repaired = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    support::wait_for("the gap repaired", Duration::from_secs(30), || {
+        let (pool, routes, mut redis) = (pool.clone(), routes.clone(), redis.clone());
+        let repaired = Arc::clone(&repaired);
+        async move {
+            let n = repair_gaps_once(&pool, &mut redis, &routes, 1 << 20)
+                .await
+                .unwrap_or(0);
+            repaired.fetch_add(n, std::sync::atomic::Ordering::SeqCst) + n == 10
+        }
+    })
+    .await;
+    let keys: Vec<String> =
+        sqlx::query_scalar("SELECT key FROM qbridge.jobs WHERE copy = 'mirror' ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(keys, (0..10).map(|i| format!("g{i}")).collect::<Vec<_>>());
+    assert_eq!(redis.llen::<_, i64>(&key).await.unwrap(), 0);
+}
+
+/// The same table with the route renamed (gap lists are keyed by route name).
+fn rename(routes: qbridge::redis::routes::Routes, name: &str) -> qbridge::redis::routes::Routes {
+    let mut configs: Vec<_> = routes.iter().map(|r| r.config.clone()).collect();
+    configs[0].name = name.to_string();
+    qbridge::redis::routes::Routes::from_config(&configs)
+}
