@@ -51,6 +51,10 @@ pub enum Error {
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
 
+    /// The RESP proxy could not start.
+    #[error("proxy: {0}")]
+    Proxy(#[from] crate::proxy::ProxyError),
+
     /// Local I/O (files, sockets).
     #[error("{0}")]
     Io(#[from] std::io::Error),

@@ -1,4 +1,52 @@
-//! The transparent RESP proxy. So far: the RESP2/RESP3 frame codec with
-//! bounded parsing. The connection splice and mirroring build on it.
+//! The transparent RESP proxy: producers point their Redis URL at it, and
+//! every client connection is spliced 1:1 to its own upstream Redis
+//! connection, byte for byte. Pushes on a route's key are honoured by the
+//! route's phase:
+//!
+//! - `redis_only`: forwarded only.
+//! - `dual_write`/`shadow`: forwarded; once Redis answers with an integer,
+//!   the items are queued for the group-commit
+//!   [`Mirror`](crate::redis::mirror::Mirror) as mirror copies (LPUSHX/RPUSHX
+//!   answering 0 pushed nothing and are not mirrored).
+//!   Inside MULTI only when EXEC returns an array, and only the pushes whose
+//!   element is an integer.
+//! - `postgres_only`/`decommissioned`: not forwarded; written to Postgres as
+//!   live copies and answered `:<items>` (or `-ERR qbridge: <reason>` so the
+//!   producer retries) in their place in the reply order; inside MULTI
+//!   answered `+QUEUED` and spliced into EXEC's array. LPUSHX/RPUSHX behave
+//!   like LPUSH/RPUSH here: the list lives in Postgres now, so "push only if
+//!   the list exists" has nothing to test against.
+//!
+//! Layout: [`frame`] (the codec), `command` (what a command means for
+//! pairing; the tags), `reader` (client → Redis), `replies` (Redis → client,
+//! settling pushes), `session` (the connection state replies depend on),
+//! `connection` (one splice), `server` ([`ProxyServer`]).
+//!
+//! Known limits, by design or for later:
+//! - With `CLIENT REPLY OFF/SKIP`, Redis does not say whether it took a push,
+//!   so a routed push sent then is mirrored without waiting for a reply.
+//! - After MONITOR the connection is passed through unparsed, so pushes on it
+//!   are no longer mirrored.
+//! - Commands that change the connection's state (HELLO, SUBSCRIBE, CLIENT
+//!   REPLY) queued *inside* MULTI are forwarded, but their effect at EXEC is
+//!   not tracked; neither are MULTI/EXEC sent while replies are off.
+//! - A routed push in `postgres_only` is answered even where Redis would
+//!   have refused it (RESP2 subscribe mode, a wrong-type key).
+//! - Locally answered pushes of one pipelined connection are written by
+//!   concurrent group commits, so their Postgres order may differ from the
+//!   order they were sent in; each reply still comes in its place.
+//! - A reply is forwarded once it is complete, so one connection holds its
+//!   largest reply in memory; client commands are bounded by `max_bulk_len`.
+//! - `rediss://` upstreams are refused for now.
 
+mod command;
+mod connection;
+mod error;
 pub mod frame;
+mod reader;
+mod replies;
+mod server;
+mod session;
+
+pub use error::ProxyError;
+pub use server::{ProxyDeps, ProxyServer};

@@ -1,0 +1,42 @@
+//! Why the proxy could not start. Each message is one line naming the
+//! address (passwords redacted) and what to do, because these are what an
+//! operator sees when `qbridge proxy` exits at start-up.
+
+use thiserror::Error;
+
+/// A start-up failure of the proxy.
+#[derive(Debug, Error)]
+pub enum ProxyError {
+    /// The listen address is taken, not ours, or not an address.
+    #[error("cannot listen on {addr}: {reason} (is another process on that port? change [proxy] listen)")]
+    Listen {
+        /// The address as configured.
+        addr: String,
+        /// The operating system's reason.
+        reason: String,
+    },
+    /// The upstream URL cannot be used (not a `redis://` URL with a host).
+    #[error("upstream {url}: {reason}")]
+    UpstreamUrl {
+        /// The URL, password redacted.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `rediss://`: the splice is plain TCP for now.
+    #[error("upstream {url}: TLS to the upstream comes later; point [proxy] upstream at a redis:// address (a local TLS tunnel works)")]
+    UpstreamTls {
+        /// The URL, password redacted.
+        url: String,
+    },
+    /// The upstream Redis did not answer a PING at start-up.
+    #[error(
+        "upstream Redis at {url} does not answer: {reason} (is it running? check [proxy] upstream)"
+    )]
+    UpstreamUnreachable {
+        /// The URL, password redacted.
+        url: String,
+        /// Refused, timed out, or what it answered instead.
+        reason: String,
+    },
+}

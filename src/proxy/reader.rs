@@ -1,0 +1,275 @@
+//! The client side of a splice: reads commands, forwards their exact bytes to
+//! Redis, and leaves one [`Tag`] per command for the reply side.
+//!
+//! Only complete commands are forwarded, so a client that dies halfway
+//! through a command never gets half of it run by Redis. Each read's worth of
+//! commands goes upstream in one write, then its tags follow: the reply side
+//! waits for a tag when a reply beats it, which is cheaper than a write per
+//! command. The tag channel is bounded: when it is full the reader stops
+//! reading the client, so a client that pipelines faster than Redis (or
+//! Postgres) answers is slowed down, never buffered without limit.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use super::command::{classify, is_push, Cmd, LocalPush, LocalStore, MirrorPush, Tag};
+use super::connection::Shared;
+use super::frame::{command_name, parse_command};
+use crate::cutover::Phase;
+use crate::metrics as m;
+
+/// Routed pushes of one connection whose Postgres write runs ahead of their
+/// reply: enough to keep a pipeline busy, few enough that their items (each
+/// up to `max_bulk_len`) stay a bounded amount of memory.
+const LOCAL_STORES_IN_FLIGHT: usize = 32;
+
+/// Bytes asked of the client socket per read.
+const READ_SIZE: usize = 64 * 1024;
+
+/// What a command's route makes of it.
+enum Routing {
+    /// Not a push on a routed key (or `redis_only`): forwarded as it is.
+    NotRouted,
+    /// Forwarded, and mirrored once Redis takes it.
+    Forward(MirrorPush),
+    /// Answered by the proxy.
+    Local(Tag),
+}
+
+/// One connection's client reader; see the module docs.
+pub(super) struct Reader {
+    pub id: u64,
+    pub client: OwnedReadHalf,
+    pub upstream: OwnedWriteHalf,
+    pub tags: mpsc::Sender<Tag>,
+    pub shared: Arc<Shared>,
+    /// The server is shutting down: stop reading new commands.
+    pub stop: CancellationToken,
+    /// The reply side has ended: nothing more can be answered.
+    pub closed: CancellationToken,
+}
+
+/// What one read's worth of commands becomes.
+#[derive(Default)]
+struct Batch {
+    /// Bytes for Redis, in command order (locally answered pushes left out).
+    out: BytesMut,
+    /// One tag per command, in command order; `Sent` costs are filled in
+    /// once the write is done.
+    tags: Vec<Tag>,
+}
+
+impl Reader {
+    /// Runs until the client goes, the server stops, or the reply side ends.
+    ///
+    /// When the client has gone, the upstream write half is dropped here,
+    /// which tells Redis the client left (as a direct client's close would:
+    /// Redis answers what it already read, then drops the connection, so a
+    /// blocked BLPOP does not hold the splice open). Otherwise it is returned,
+    /// and the caller keeps it until the replies in flight are in.
+    pub(super) async fn run(mut self) -> Option<OwnedWriteHalf> {
+        let client_gone = match self.splice().await {
+            Ok(client_gone) => client_gone,
+            Err(e) => {
+                tracing::debug!(conn = self.id, error = %e, "client or upstream I/O failed");
+                true
+            }
+        };
+        let Reader { upstream, .. } = self;
+        (!client_gone).then_some(upstream)
+    }
+
+    /// The read loop; true when it ended because the client went away.
+    async fn splice(&mut self) -> std::io::Result<bool> {
+        let local_stores = Arc::new(Semaphore::new(LOCAL_STORES_IN_FLIGHT));
+        let mut buf = BytesMut::with_capacity(READ_SIZE);
+        // The reader's guess of MULTI, used only to decide whether a local
+        // push may be written ahead of EXEC (the reply side checks it).
+        let mut in_multi = false;
+        loop {
+            let read_at = Instant::now();
+            let mut batch = Batch::default();
+            let mut monitor = false;
+            loop {
+                let (args, len) = match parse_command(&buf, &self.shared.limits) {
+                    Ok(Some(parsed)) => parsed,
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.shared.protocol_errors.increment(1);
+                        tracing::info!(conn = self.id, error = %e, "closing a client connection: malformed or over-limit RESP");
+                        self.flush(batch, read_at).await?;
+                        let _ = self.tags.send(Tag::Fatal(e.reply())).await;
+                        return Ok(false);
+                    }
+                };
+                let bytes = buf.split_to(len);
+                if args.is_empty() {
+                    // Bytes Redis skips without a reply; pass them on as-is.
+                    batch.out.extend_from_slice(&bytes);
+                    continue;
+                }
+                self.shared.commands.increment(1);
+                let Some(name) = command_name(&args) else {
+                    batch.out.extend_from_slice(&bytes);
+                    batch.tags.push(sent(Cmd::Plain));
+                    continue;
+                };
+                let cmd = match self
+                    .route(&name, &args, in_multi, &local_stores, &mut batch, read_at)
+                    .await?
+                {
+                    Routing::Local(tag) => {
+                        batch.tags.push(tag);
+                        continue;
+                    }
+                    Routing::Forward(push) => Cmd::Push(push),
+                    Routing::NotRouted => classify(&name, &args),
+                };
+                match cmd {
+                    Cmd::Multi => in_multi = true,
+                    Cmd::Exec | Cmd::Discard | Cmd::Reset => in_multi = false,
+                    Cmd::Monitor => monitor = true,
+                    _ => {}
+                }
+                batch.out.extend_from_slice(&bytes);
+                batch.tags.push(sent(cmd));
+                if monitor {
+                    break;
+                }
+            }
+            self.flush(batch, read_at).await?;
+            if monitor {
+                return self.pass_through(buf).await;
+            }
+            tokio::select! {
+                biased;
+                _ = self.stop.cancelled() => return Ok(false),
+                _ = self.closed.cancelled() => return Ok(false),
+                read = self.client.read_buf(&mut buf) => {
+                    if read? == 0 {
+                        return Ok(true);
+                    }
+                }
+            }
+            if buf.capacity() - buf.len() < READ_SIZE / 4 {
+                buf.reserve(READ_SIZE);
+            }
+        }
+    }
+
+    /// How a command is routed: a push on a route's key is counted here,
+    /// with the phase it is read in, and then forwarded (mirrored in
+    /// `dual_write`/`shadow`) or answered locally (`postgres_only`,
+    /// `decommissioned`: its Postgres write starts now unless it is inside
+    /// MULTI, where it waits for EXEC).
+    async fn route(
+        &mut self,
+        name: &str,
+        args: &[Bytes],
+        in_multi: bool,
+        local_stores: &Arc<Semaphore>,
+        batch: &mut Batch,
+        read_at: Instant,
+    ) -> std::io::Result<Routing> {
+        // `LPUSH key` alone is an arity error: Redis answers it.
+        if !is_push(name) || args.len() < 3 {
+            return Ok(Routing::NotRouted);
+        }
+        let Some(route) = self.shared.routes.by_redis_key(&args[1]).cloned() else {
+            return Ok(Routing::NotRouted);
+        };
+        let phase = self.shared.routes.phase(&route);
+        let items: Vec<Bytes> = args[2..].to_vec();
+        metrics::counter!(m::ROUTE_PUSHES, "route" => route.name.clone(), "phase" => phase.as_str(), "via" => "proxy")
+            .increment(items.len() as u64);
+        match phase {
+            Phase::RedisOnly => return Ok(Routing::NotRouted),
+            Phase::DualWrite | Phase::Shadow => {
+                return Ok(Routing::Forward(MirrorPush { route, items }))
+            }
+            Phase::PostgresOnly | Phase::Decommissioned => {}
+        }
+        let count = items.len();
+        let store = if in_multi {
+            LocalStore::Deferred(items)
+        } else {
+            let permit = match Arc::clone(local_stores).try_acquire_owned() {
+                Ok(permit) => permit,
+                Err(_) => {
+                    // Waiting on Postgres: send Redis what is ready first.
+                    let ready = std::mem::take(batch);
+                    self.flush(ready, read_at).await?;
+                    Arc::clone(local_stores)
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| std::io::Error::other("local store limiter closed"))?
+                }
+            };
+            let (mirror, route) = (self.shared.mirror.clone(), Arc::clone(&route));
+            LocalStore::Started(tokio::spawn(async move {
+                let _permit = permit;
+                mirror
+                    .store_live(route, items)
+                    .await
+                    .map(|stored| stored.len())
+            }))
+        };
+        Ok(Routing::Local(Tag::Local(LocalPush {
+            route,
+            items: count,
+            store,
+        })))
+    }
+
+    /// Writes the batch's bytes to Redis, then hands its tags over.
+    async fn flush(&mut self, batch: Batch, read_at: Instant) -> std::io::Result<()> {
+        if !batch.out.is_empty() {
+            self.upstream.write_all(&batch.out).await?;
+        }
+        let cost = read_at.elapsed();
+        for tag in batch.tags {
+            let tag = match tag {
+                Tag::Sent { cmd, .. } => Tag::Sent { cmd, cost },
+                tag => tag,
+            };
+            if self.tags.send(tag).await.is_err() {
+                // The reply side is gone; the connection is closing.
+                return Err(std::io::Error::other("reply side closed"));
+            }
+        }
+        Ok(())
+    }
+
+    /// After MONITOR: every further byte goes to Redis unparsed (and so
+    /// unmirrored) until either side closes.
+    async fn pass_through(&mut self, buf: BytesMut) -> std::io::Result<bool> {
+        self.upstream.write_all(&buf).await?;
+        let mut chunk = vec![0u8; READ_SIZE];
+        loop {
+            let n = tokio::select! {
+                biased;
+                _ = self.stop.cancelled() => return Ok(false),
+                _ = self.closed.cancelled() => return Ok(false),
+                read = self.client.read(&mut chunk) => read?,
+            };
+            if n == 0 {
+                return Ok(true);
+            }
+            self.upstream.write_all(&chunk[..n]).await?;
+        }
+    }
+}
+
+/// A forwarded command's tag; its cost is set when the batch is written.
+fn sent(cmd: Cmd) -> Tag {
+    Tag::Sent {
+        cmd,
+        cost: Duration::ZERO,
+    }
+}

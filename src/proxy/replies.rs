@@ -1,0 +1,467 @@
+//! The Redis side of a splice: reads replies, pairs each with its command's
+//! [`Tag`] (the n-th in-band reply belongs to the n-th command), writes the
+//! exact bytes to the client, and settles routed pushes once Redis has
+//! answered them.
+//!
+//! Out-of-band frames (RESP3 pushes, RESP2 pub/sub messages while
+//! subscribed) go straight to the client without taking a tag. Replies are
+//! parsed only when something depends on them (see [`Session::inspects`]);
+//! everything else is forwarded from the scan alone. Output is gathered and
+//! written once per read, and always before waiting on anything (a tag,
+//! Redis, Postgres), so a pipeline costs one write, and nothing sits unsent
+//! while the proxy waits.
+
+use std::future::{poll_fn, Future};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc::{self, error::TryRecvError};
+use tokio_util::sync::CancellationToken;
+
+use super::command::{local_reply, Cmd, LocalPush, LocalStore, MirrorPush, Tag};
+use super::connection::Shared;
+use super::frame::{self, Decoder, Frame};
+use super::session::{took, Action, Entry, Expect, Session};
+use crate::metrics as m;
+
+/// The command whose replies are being read.
+struct Head {
+    cmd: Cmd,
+    /// The reader's share of the added latency.
+    cost: Duration,
+    expect: Expect,
+}
+
+/// Whether the connection goes on.
+#[derive(PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Close,
+}
+
+/// One connection's reply side; see the module docs.
+pub(super) struct Replies {
+    pub id: u64,
+    pub upstream: OwnedReadHalf,
+    pub client: OwnedWriteHalf,
+    pub tags: mpsc::Receiver<Tag>,
+    pub shared: Arc<Shared>,
+    /// Server shutdown; only MONITOR streams, which have no tags, watch it.
+    pub stop: CancellationToken,
+    session: Session,
+    buf: BytesMut,
+    decoder: Decoder,
+    out: Vec<u8>,
+    head: Option<Head>,
+    tags_closed: bool,
+    client_gone: bool,
+    /// When the last upstream read returned: a reply is ready from then on.
+    last_read: Instant,
+    /// (reader's cost, reply ready) of commands answered since the last flush.
+    answered: Vec<(Duration, Instant)>,
+}
+
+impl Replies {
+    /// A reply side for these halves.
+    pub(super) fn new(
+        id: u64,
+        upstream: OwnedReadHalf,
+        client: OwnedWriteHalf,
+        tags: mpsc::Receiver<Tag>,
+        shared: Arc<Shared>,
+        stop: CancellationToken,
+    ) -> Replies {
+        let decoder = Decoder::new(shared.reply_limits);
+        Replies {
+            id,
+            upstream,
+            client,
+            tags,
+            shared,
+            stop,
+            session: Session::default(),
+            buf: BytesMut::with_capacity(16 * 1024),
+            decoder,
+            out: Vec::new(),
+            head: None,
+            tags_closed: false,
+            client_gone: false,
+            last_read: Instant::now(),
+            answered: Vec::new(),
+        }
+    }
+
+    /// Runs until every command read has been answered and the reader has
+    /// stopped, or Redis or the client protocol ends the connection.
+    pub(super) async fn run(mut self) {
+        let unanswered = self.pump().await;
+        self.flush().await;
+        if unanswered > 0 {
+            tracing::debug!(
+                conn = self.id,
+                commands = unanswered,
+                "connection closed with commands unanswered by Redis"
+            );
+        }
+        let _ = self.client.shutdown().await;
+    }
+
+    /// The main loop; returns how many commands were left without a reply.
+    async fn pump(&mut self) -> usize {
+        loop {
+            while self.head.is_none() && !self.tags_closed {
+                match self.tags.try_recv() {
+                    Ok(tag) => {
+                        if self.begin(tag).await == Flow::Close {
+                            return 0;
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => self.tags_closed = true,
+                }
+            }
+            match self.decoder.frame_len(&self.buf) {
+                Ok(Some(len)) => match self.frame(len).await {
+                    Ok(Flow::Continue) => continue,
+                    Ok(Flow::Close) => return 0,
+                    Err(e) => {
+                        tracing::warn!(conn = self.id, error = %e, "upstream Redis sent malformed RESP; closing the connection");
+                        self.out.extend_from_slice(
+                            b"-ERR qbridge: upstream Redis sent malformed RESP\r\n",
+                        );
+                        return 1;
+                    }
+                },
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(conn = self.id, error = %e, "upstream Redis sent malformed RESP; closing the connection");
+                    self.out
+                        .extend_from_slice(b"-ERR qbridge: upstream Redis sent malformed RESP\r\n");
+                    return 1;
+                }
+            }
+            if self.tags_closed && self.head.is_none() {
+                return 0;
+            }
+            self.flush().await;
+            let want_tag = self.head.is_none() && !self.tags_closed;
+            tokio::select! {
+                biased;
+                tag = self.tags.recv(), if want_tag => match tag {
+                    Some(tag) => {
+                        if self.begin(tag).await == Flow::Close {
+                            return 0;
+                        }
+                    }
+                    None => self.tags_closed = true,
+                },
+                read = self.upstream.read_buf(&mut self.buf) => {
+                    self.last_read = Instant::now();
+                    match read {
+                        Ok(0) | Err(_) => return usize::from(self.head.is_some()) + self.tags.len(),
+                        Ok(_) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes the next command's tag. Commands that expect no reply from
+    /// Redis (locally answered pushes, silenced commands) are done here.
+    async fn begin(&mut self, tag: Tag) -> Flow {
+        match tag {
+            Tag::Fatal(line) => {
+                self.out.extend_from_slice(&line);
+                Flow::Close
+            }
+            Tag::Local(push) => {
+                self.local(push).await;
+                Flow::Continue
+            }
+            Tag::Sent { cmd, cost } => {
+                let expect = self.session.start(&cmd);
+                match (expect, cmd) {
+                    (Expect::Nothing, Cmd::Push(push)) => {
+                        // CLIENT REPLY OFF/SKIP: Redis will not say whether it
+                        // took the push, so it is mirrored as sent. Were Redis
+                        // to refuse it, the diff reports the extra mirror copy.
+                        self.mirror(push).await;
+                    }
+                    (Expect::Nothing, Cmd::Monitor) => return self.pass_through().await,
+                    (Expect::Nothing, _) => {}
+                    (expect, cmd) => self.head = Some(Head { cmd, cost, expect }),
+                }
+                Flow::Continue
+            }
+        }
+    }
+
+    /// Handles the complete frame of `len` bytes at the start of the buffer.
+    async fn frame(&mut self, len: usize) -> Result<Flow, frame::ProtocolError> {
+        let mut parsed = None;
+        if self.session.maybe_out_of_band(self.buf[0]) {
+            let frame = self.parse(len)?;
+            let waiting = match self.head.as_ref().map(|h| h.expect) {
+                Some(Expect::Confirmations {
+                    family, subscribe, ..
+                }) => Some((family, subscribe)),
+                _ => None,
+            };
+            if self.session.out_of_band(&frame, waiting) {
+                self.forward(len);
+                return Ok(Flow::Continue);
+            }
+            parsed = Some(frame);
+        }
+        let Some(head) = self.head.take() else {
+            if self.tags_closed {
+                return Err(frame::ProtocolError::Desync);
+            }
+            // The reply beat its tag (tags follow the write): wait for it.
+            self.flush().await;
+            match self.tags.recv().await {
+                Some(tag) => return Ok(self.begin(tag).await),
+                None => self.tags_closed = true,
+            }
+            return Ok(Flow::Continue);
+        };
+        let ready = self.last_read;
+        match head.expect {
+            Expect::Confirmations {
+                family,
+                subscribe,
+                left,
+            } => {
+                let frame = match parsed {
+                    Some(frame) => frame,
+                    None => self.parse(len)?,
+                };
+                self.forward(len);
+                let error = frame.is_error();
+                if !error {
+                    self.session.confirm(&frame, family, subscribe);
+                }
+                if error || left <= 1 {
+                    self.answered.push((head.cost, ready));
+                } else {
+                    self.head = Some(Head {
+                        expect: Expect::Confirmations {
+                            family,
+                            subscribe,
+                            left: left - 1,
+                        },
+                        ..head
+                    });
+                }
+            }
+            Expect::One | Expect::Nothing => {
+                if parsed.is_none() && self.session.inspects(&head.cmd) {
+                    parsed = Some(self.parse(len)?);
+                }
+                self.answered.push((head.cost, ready));
+                match self.session.on_reply(head.cmd, parsed.as_ref()) {
+                    Action::Forward => self.forward(len),
+                    Action::Mirror(push) => {
+                        self.forward(len);
+                        self.mirror(push).await;
+                    }
+                    Action::Exec(entries) => {
+                        let bytes = self.buf.split_to(len);
+                        self.exec(entries, parsed, &bytes).await;
+                    }
+                    Action::Monitor => {
+                        self.forward(len);
+                        return Ok(self.pass_through().await);
+                    }
+                }
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn parse(&self, len: usize) -> Result<Frame, frame::ProtocolError> {
+        match frame::parse(&self.buf[..len], &self.shared.reply_limits)? {
+            Some((frame, n)) if n == len => Ok(frame),
+            _ => Err(frame::ProtocolError::Desync),
+        }
+    }
+
+    /// Moves the first `len` bytes of the buffer to the client's output.
+    fn forward(&mut self, len: usize) {
+        let bytes = self.buf.split_to(len);
+        if !self.client_gone {
+            self.out.extend_from_slice(&bytes);
+        }
+    }
+
+    /// Writes the gathered output. A client that is gone is not an error
+    /// here: the replies still in flight are read and their pushes settled.
+    async fn flush(&mut self) {
+        if !self.out.is_empty() && !self.client_gone {
+            if let Err(e) = self.client.write_all(&self.out).await {
+                tracing::debug!(conn = self.id, error = %e, "client stopped reading replies");
+                self.client_gone = true;
+            }
+        }
+        self.out.clear();
+        let now = Instant::now();
+        for (cost, ready) in self.answered.drain(..) {
+            let own = cost + now.saturating_duration_since(ready);
+            self.shared.latency.record(own.as_secs_f64());
+        }
+    }
+
+    /// Awaits `fut`, writing the output first if it is not ready at once:
+    /// a reply must never wait unsent behind Postgres or the mirror buffer.
+    async fn settle<F: Future>(&mut self, fut: F) -> F::Output {
+        let mut fut = std::pin::pin!(fut);
+        if let Poll::Ready(out) = poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await {
+            return out;
+        }
+        self.flush().await;
+        fut.await
+    }
+
+    /// Queues a push Redis took for its mirror copy. Waits for room in the
+    /// mirror's buffer: that wait is the backpressure on this client.
+    async fn mirror(&mut self, push: MirrorPush) {
+        let route = push.route.name.clone();
+        let mirror = self.shared.mirror.clone();
+        let queued = self
+            .settle(mirror.mirror(push.route, push.items, Instant::now()))
+            .await;
+        if let Err(e) = queued {
+            tracing::warn!(conn = self.id, route = %route, error = %e, "push taken by Redis but not mirrored");
+        }
+    }
+
+    /// A routed push answered by the proxy: `+QUEUED` inside MULTI (written
+    /// at EXEC), otherwise its item count once Postgres has committed it.
+    async fn local(&mut self, push: LocalPush) {
+        let silenced = self.session.start_local();
+        if self.session.in_multi() {
+            if !silenced {
+                self.out.extend_from_slice(b"+QUEUED\r\n");
+            }
+            self.session.queue_local(push);
+            return;
+        }
+        let result = self.settle(store(Arc::clone(&self.shared), push)).await;
+        if !silenced {
+            self.out.extend_from_slice(&local_reply(&result));
+        }
+    }
+
+    /// EXEC's array arrived: mirror the pushes Redis ran successfully, write
+    /// the locally answered pushes to Postgres, and splice their results in
+    /// at their places in command order.
+    async fn exec(&mut self, entries: Vec<Entry>, frame: Option<Frame>, bytes: &[u8]) {
+        let Some(Frame::Array(results)) = frame else {
+            self.out.extend_from_slice(bytes);
+            return;
+        };
+        let queued = entries
+            .iter()
+            .filter(|e| matches!(e, Entry::Redis(_)))
+            .count();
+        if queued != results.len() {
+            // Cannot happen with Redis's rules; if it does, pass the reply on
+            // untouched rather than guess, and write nothing to Postgres.
+            tracing::error!(
+                conn = self.id,
+                queued,
+                results = results.len(),
+                "EXEC reply does not match the queued commands; nothing mirrored"
+            );
+            self.out.extend_from_slice(bytes);
+            return;
+        }
+        let local = entries.iter().any(|e| matches!(e, Entry::Local(_)));
+        let mut results = results.into_iter();
+        let mut spliced = Vec::with_capacity(entries.len());
+        for entry in entries {
+            match entry {
+                Entry::Redis(push) => {
+                    let result = results.next().unwrap_or(Frame::Null);
+                    if let Some(push) = push.filter(|_| took(Some(&result))) {
+                        self.mirror(push).await;
+                    }
+                    spliced.push(Ok(result));
+                }
+                // Started together, awaited in order below.
+                Entry::Local(push) => {
+                    spliced.push(Err(tokio::spawn(store(Arc::clone(&self.shared), push))))
+                }
+            }
+        }
+        if !local {
+            self.out.extend_from_slice(bytes);
+            return;
+        }
+        let mut array = Vec::with_capacity(spliced.len());
+        for slot in spliced {
+            array.push(match slot {
+                Ok(frame) => frame,
+                Err(handle) => {
+                    let result = self
+                        .settle(handle)
+                        .await
+                        .unwrap_or_else(|e| Err(format!("store task failed: {e}")));
+                    match result {
+                        Ok(n) => Frame::Integer(i64::try_from(n).unwrap_or(i64::MAX)),
+                        Err(reason) => Frame::Error(
+                            format!("ERR qbridge: {}", super::command::one_line(&reason)).into(),
+                        ),
+                    }
+                }
+            });
+        }
+        frame::encode(&Frame::Array(array), &mut self.out);
+    }
+
+    /// After MONITOR: every byte from Redis goes to the client unparsed
+    /// until either side closes or the server stops.
+    async fn pass_through(&mut self) -> Flow {
+        let rest = self.buf.split();
+        self.out.extend_from_slice(&rest);
+        self.flush().await;
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            let n = tokio::select! {
+                biased;
+                _ = self.stop.cancelled() => return Flow::Close,
+                read = self.upstream.read(&mut chunk) => match read {
+                    Ok(n) if n > 0 => n,
+                    _ => return Flow::Close,
+                },
+            };
+            if self.client.write_all(&chunk[..n]).await.is_err() {
+                return Flow::Close;
+            }
+        }
+    }
+}
+
+/// Writes a locally answered push to Postgres (or collects the write the
+/// reader started) and counts the result.
+async fn store(shared: Arc<Shared>, push: LocalPush) -> Result<usize, String> {
+    let route = push.route.name.clone();
+    let result = match push.store {
+        LocalStore::Started(handle) => handle
+            .await
+            .unwrap_or_else(|e| Err(format!("store task failed: {e}"))),
+        LocalStore::Deferred(items) => shared
+            .mirror
+            .store_live(Arc::clone(&push.route), items)
+            .await
+            .map(|stored| stored.len()),
+    };
+    let label = if result.is_ok() { "ok" } else { "error" };
+    metrics::counter!(m::PROXY_POSTGRES_WRITES, "route" => route, "result" => label)
+        .increment(push.items as u64);
+    result
+}

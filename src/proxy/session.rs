@@ -1,0 +1,303 @@
+//! The state of one upstream connection as far as reply pairing depends on
+//! it: the protocol (RESP2/RESP3), the subscription sets, CLIENT REPLY, and
+//! the commands queued in a MULTI.
+//!
+//! It is updated only from replies, in order, on the reply side: Redis's own
+//! answers are the truth (a MULTI refused by an ACL, a HELLO 3 that failed
+//! AUTH), whereas the reader can only guess from the commands. No I/O here,
+//! so every rule is unit-tested below.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+
+use super::command::{Cmd, Family, LocalPush, MirrorPush, ReplyMode};
+use super::frame::Frame;
+
+/// How the command at the head of the line is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Expect {
+    /// No in-band reply (CLIENT REPLY OFF/SKIP, or one of the commands they
+    /// silence): the command is done as soon as it is at the head.
+    Nothing,
+    /// One reply.
+    One,
+    /// `left` pub/sub confirmations of this family and direction, or one
+    /// error instead.
+    Confirmations {
+        family: Family,
+        subscribe: bool,
+        left: usize,
+    },
+}
+
+/// One command Redis or the proxy queued inside MULTI.
+#[derive(Debug)]
+pub(super) enum Entry {
+    /// Queued by Redis (`+QUEUED`): its result is the next element of
+    /// EXEC's array. A routed push is mirrored if that element is an integer.
+    Redis(Option<MirrorPush>),
+    /// A routed push the proxy answered `+QUEUED` itself; its result is
+    /// spliced into EXEC's array.
+    Local(LocalPush),
+}
+
+/// What the reply side does with the head command's reply.
+#[derive(Debug)]
+pub(super) enum Action {
+    /// Forward the bytes unchanged.
+    Forward,
+    /// Forward, and mirror the push (Redis took it).
+    Mirror(MirrorPush),
+    /// EXEC's array arrived: settle the queued entries (mirror, splice).
+    Exec(Vec<Entry>),
+    /// Forward, then pass every further byte through unparsed.
+    Monitor,
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub(super) struct Session {
+    resp3: bool,
+    /// Channels, patterns and shard channels, by [`Family`] index.
+    subs: [HashSet<Bytes>; 3],
+    replies_off: bool,
+    /// The next command's reply is skipped (CLIENT REPLY SKIP).
+    skip_next: bool,
+    /// Some while Redis has the connection in MULTI.
+    multi: Option<Vec<Entry>>,
+}
+
+fn index(family: Family) -> usize {
+    match family {
+        Family::Channel => 0,
+        Family::Pattern => 1,
+        Family::Shard => 2,
+    }
+}
+
+const MESSAGES: [&[u8]; 3] = [b"message", b"pmessage", b"smessage"];
+
+impl Session {
+    /// Whether Redis speaks RESP3 on this connection.
+    #[cfg(test)]
+    pub(super) fn resp3(&self) -> bool {
+        self.resp3
+    }
+
+    /// Whether Redis has the connection in MULTI.
+    pub(super) fn in_multi(&self) -> bool {
+        self.multi.is_some()
+    }
+
+    fn subscribed(&self) -> bool {
+        self.subs.iter().any(|s| !s.is_empty())
+    }
+
+    /// Applies CLIENT REPLY to the command now at the head and says whether
+    /// its reply is suppressed. Redis's rule: SKIP silences the next command,
+    /// OFF every command, and `CLIENT REPLY ON` always answers `+OK`.
+    fn silenced(&mut self, cmd: Option<&Cmd>) -> bool {
+        let skipped = std::mem::take(&mut self.skip_next);
+        if self.in_multi() {
+            // Queued, not run: CLIENT REPLY inside MULTI takes effect at EXEC,
+            // which the proxy does not model (see the module docs of `proxy`).
+            return self.replies_off || skipped;
+        }
+        match cmd {
+            Some(Cmd::ClientReply(ReplyMode::On)) => {
+                self.replies_off = false;
+                false
+            }
+            Some(Cmd::ClientReply(ReplyMode::Off)) => {
+                self.replies_off = true;
+                true
+            }
+            Some(Cmd::ClientReply(ReplyMode::Skip)) => {
+                self.skip_next = !self.replies_off;
+                true
+            }
+            _ => self.replies_off || skipped,
+        }
+    }
+
+    /// How the forwarded command now at the head will be answered.
+    pub(super) fn start(&mut self, cmd: &Cmd) -> Expect {
+        if self.silenced(Some(cmd)) {
+            return Expect::Nothing;
+        }
+        if self.in_multi() {
+            // Everything is answered once while queuing (+QUEUED or an error).
+            return Expect::One;
+        }
+        match *cmd {
+            Cmd::Subscribe { family, count } => Expect::Confirmations {
+                family,
+                subscribe: true,
+                left: count,
+            },
+            Cmd::Unsubscribe { family, count } => Expect::Confirmations {
+                family,
+                subscribe: false,
+                left: if count == 0 {
+                    self.subs[index(family)].len().max(1)
+                } else {
+                    count
+                },
+            },
+            _ => Expect::One,
+        }
+    }
+
+    /// Like [`Session::start`] for a push the proxy answers: whether its
+    /// reply is suppressed.
+    pub(super) fn start_local(&mut self) -> bool {
+        self.silenced(None)
+    }
+
+    /// Queues a locally answered push in the current MULTI.
+    pub(super) fn queue_local(&mut self, push: LocalPush) {
+        if let Some(entries) = &mut self.multi {
+            entries.push(Entry::Local(push));
+        }
+    }
+
+    /// Whether the reply of `cmd` must be parsed (not just forwarded).
+    pub(super) fn inspects(&self, cmd: &Cmd) -> bool {
+        self.in_multi()
+            || matches!(
+                cmd,
+                Cmd::Push(_)
+                    | Cmd::Multi
+                    | Cmd::Reset
+                    | Cmd::Hello
+                    | Cmd::Subscribe { .. }
+                    | Cmd::Unsubscribe { .. }
+            )
+    }
+
+    /// Whether a frame starting with `first` may be out of band, so it must
+    /// be parsed before it is paired with a command.
+    pub(super) fn maybe_out_of_band(&self, first: u8) -> bool {
+        first == b'>' || first == b'|' || (first == b'*' && !self.resp3 && self.subscribed())
+    }
+
+    /// Whether `frame` is out of band: a RESP3 push, or a RESP2 pub/sub
+    /// message while subscribed. A confirmation the head command is waiting
+    /// for (`head`) is in band. Pushed confirmations update the sets either way.
+    pub(super) fn out_of_band(&mut self, frame: &Frame, head: Option<(Family, bool)>) -> bool {
+        match frame {
+            Frame::Push(items) => {
+                if let Some((family, subscribe)) = head {
+                    if self.confirmation(items, family, subscribe) {
+                        return false;
+                    }
+                }
+                for family in [Family::Channel, Family::Pattern, Family::Shard] {
+                    for subscribe in [true, false] {
+                        if self.confirmation(items, family, subscribe) {
+                            return true;
+                        }
+                    }
+                }
+                true
+            }
+            Frame::Array(items) if !self.resp3 && self.subscribed() => matches!(
+                items.first(),
+                Some(Frame::Bulk(kind)) if MESSAGES.contains(&kind.as_ref())
+            ),
+            Frame::Attribute { frame, .. } => self.out_of_band(frame, head),
+            _ => false,
+        }
+    }
+
+    /// If `frame` is a confirmation of this family and direction, records it
+    /// in the subscription sets and returns true.
+    pub(super) fn confirm(&mut self, frame: &Frame, family: Family, subscribe: bool) -> bool {
+        match frame {
+            Frame::Array(items) | Frame::Push(items) => self.confirmation(items, family, subscribe),
+            _ => false,
+        }
+    }
+
+    fn confirmation(&mut self, items: &[Frame], family: Family, subscribe: bool) -> bool {
+        let kind = if subscribe {
+            family.subscribed()
+        } else {
+            family.unsubscribed()
+        };
+        let [Frame::Bulk(first), channel, Frame::Integer(_)] = items else {
+            return false;
+        };
+        if first.as_ref() != kind {
+            return false;
+        }
+        let set = &mut self.subs[index(family)];
+        match (channel, subscribe) {
+            (Frame::Bulk(name), true) => {
+                set.insert(name.clone());
+            }
+            (Frame::Bulk(name), false) => {
+                set.remove(name);
+            }
+            // "unsubscribe from nothing" names no channel.
+            _ => {}
+        }
+        true
+    }
+
+    /// Updates the state from the single reply of `cmd` (`frame` is the
+    /// parsed reply when [`Session::inspects`] asked for it) and says what
+    /// to do with it.
+    pub(super) fn on_reply(&mut self, cmd: Cmd, frame: Option<&Frame>) -> Action {
+        let simple = |word: &[u8]| matches!(frame, Some(Frame::Simple(s)) if s.as_ref() == word);
+        if let Cmd::Monitor = cmd {
+            // The reader passes bytes through unparsed from MONITOR on, even
+            // if Redis refused it, so this side must too.
+            return Action::Monitor;
+        }
+        if let Some(entries) = &mut self.multi {
+            match cmd {
+                Cmd::Exec => {
+                    let entries = std::mem::take(entries);
+                    self.multi = None;
+                    return match frame {
+                        Some(Frame::Array(_)) => Action::Exec(entries),
+                        // Aborted by WATCH (nil) or EXECABORT: nothing ran.
+                        _ => Action::Forward,
+                    };
+                }
+                Cmd::Discard => self.multi = None,
+                Cmd::Reset if simple(b"RESET") => *self = Session::default(),
+                Cmd::Push(push) if simple(b"QUEUED") => entries.push(Entry::Redis(Some(push))),
+                _ if simple(b"QUEUED") => entries.push(Entry::Redis(None)),
+                // An error: Redis did not queue it (EXEC will abort).
+                _ => {}
+            }
+            return Action::Forward;
+        }
+        match cmd {
+            Cmd::Multi if simple(b"OK") => self.multi = Some(Vec::new()),
+            Cmd::Reset if simple(b"RESET") => *self = Session::default(),
+            Cmd::Hello => match frame {
+                Some(Frame::Map(_)) => self.resp3 = true,
+                Some(Frame::Array(_)) => self.resp3 = false,
+                _ => {}
+            },
+            Cmd::Push(push) if took(frame) => return Action::Mirror(push),
+            _ => {}
+        }
+        Action::Forward
+    }
+}
+
+/// Whether a push's reply says Redis took the items: the new length, which
+/// is at least 1. LPUSHX/RPUSHX answer 0 when the list does not exist and
+/// they pushed nothing, so nothing is mirrored for them.
+pub(super) fn took(reply: Option<&Frame>) -> bool {
+    reply.and_then(Frame::as_integer).is_some_and(|n| n > 0)
+}
+
+#[cfg(test)]
+#[path = "session/tests.rs"]
+mod tests;

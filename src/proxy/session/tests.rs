@@ -1,0 +1,184 @@
+//! The pairing rules of [`Session`], one Redis behaviour per test.
+
+use bytes::Bytes;
+
+use super::*;
+
+fn bulk(s: &str) -> Frame {
+    Frame::Bulk(Bytes::from(s.to_string()))
+}
+
+fn confirmation(kind: &str, channel: &str, count: i64) -> Frame {
+    Frame::Array(vec![bulk(kind), bulk(channel), Frame::Integer(count)])
+}
+
+fn simple(s: &str) -> Frame {
+    Frame::Simple(Bytes::from(s.to_string()))
+}
+
+#[test]
+fn unsubscribe_all_expects_one_confirmation_per_channel_or_one() {
+    let mut s = Session::default();
+    let none = Cmd::Unsubscribe {
+        family: Family::Channel,
+        count: 0,
+    };
+    assert_eq!(
+        s.start(&none),
+        Expect::Confirmations {
+            family: Family::Channel,
+            subscribe: false,
+            left: 1
+        }
+    );
+    assert!(s.confirm(&confirmation("subscribe", "a", 1), Family::Channel, true));
+    assert!(s.confirm(&confirmation("subscribe", "b", 2), Family::Channel, true));
+    // Patterns are a separate set.
+    assert!(s.confirm(&confirmation("psubscribe", "p*", 3), Family::Pattern, true));
+    assert_eq!(
+        s.start(&none),
+        Expect::Confirmations {
+            family: Family::Channel,
+            subscribe: false,
+            left: 2
+        }
+    );
+    assert!(s.confirm(&confirmation("unsubscribe", "a", 2), Family::Channel, false));
+    assert_eq!(
+        s.start(&none),
+        Expect::Confirmations {
+            family: Family::Channel,
+            subscribe: false,
+            left: 1
+        }
+    );
+}
+
+#[test]
+fn resp2_messages_are_out_of_band_only_while_subscribed() {
+    let mut s = Session::default();
+    let message = Frame::Array(vec![bulk("message"), bulk("a"), bulk("hi")]);
+    // An LRANGE reply that happens to look like a message.
+    assert!(!s.out_of_band(&message, None));
+    assert!(!s.maybe_out_of_band(b'*'));
+    s.confirm(&confirmation("subscribe", "a", 1), Family::Channel, true);
+    assert!(s.maybe_out_of_band(b'*'));
+    assert!(s.out_of_band(&message, None));
+    // PING in subscribe mode answers ["pong", ""]: in band.
+    let pong = Frame::Array(vec![bulk("pong"), bulk("")]);
+    assert!(!s.out_of_band(&pong, None));
+}
+
+#[test]
+fn resp3_confirmations_pair_with_their_command_and_other_pushes_do_not() {
+    let mut s = Session::default();
+    s.on_reply(Cmd::Hello, Some(&Frame::Map(Vec::new())));
+    assert!(s.resp3());
+    let push = Frame::Push(vec![bulk("subscribe"), bulk("a"), Frame::Integer(1)]);
+    assert!(!s.out_of_band(&push, Some((Family::Channel, true))));
+    let message = Frame::Push(vec![bulk("message"), bulk("a"), bulk("x")]);
+    assert!(s.out_of_band(&message, Some((Family::Channel, true))));
+    // A confirmation nobody waits for is out of band but still tracked.
+    let other = Frame::Push(vec![bulk("psubscribe"), bulk("p*"), Frame::Integer(2)]);
+    assert!(s.out_of_band(&other, Some((Family::Channel, true))));
+    let all = Cmd::Unsubscribe {
+        family: Family::Pattern,
+        count: 0,
+    };
+    assert!(matches!(
+        s.start(&all),
+        Expect::Confirmations { left: 1, .. }
+    ));
+}
+
+#[test]
+fn client_reply_skip_silences_exactly_the_next_command() {
+    let mut s = Session::default();
+    assert_eq!(s.start(&Cmd::ClientReply(ReplyMode::Skip)), Expect::Nothing);
+    assert_eq!(s.start(&Cmd::Plain), Expect::Nothing);
+    assert_eq!(s.start(&Cmd::Plain), Expect::One);
+}
+
+#[test]
+fn client_reply_off_silences_all_until_on() {
+    let mut s = Session::default();
+    assert_eq!(s.start(&Cmd::ClientReply(ReplyMode::Off)), Expect::Nothing);
+    assert_eq!(s.start(&Cmd::Plain), Expect::Nothing);
+    assert!(s.start_local());
+    // SKIP while OFF changes nothing; ON answers +OK.
+    assert_eq!(s.start(&Cmd::ClientReply(ReplyMode::Skip)), Expect::Nothing);
+    assert_eq!(s.start(&Cmd::ClientReply(ReplyMode::On)), Expect::One);
+    assert_eq!(s.start(&Cmd::Plain), Expect::One);
+    assert!(!s.start_local());
+}
+
+#[test]
+fn multi_queues_only_what_redis_queued() {
+    let mut s = Session::default();
+    s.on_reply(Cmd::Multi, Some(&simple("OK")));
+    assert!(s.in_multi());
+    // Inside MULTI even SUBSCRIBE is answered once (+QUEUED).
+    let sub = Cmd::Subscribe {
+        family: Family::Channel,
+        count: 3,
+    };
+    assert_eq!(s.start(&sub), Expect::One);
+    s.on_reply(Cmd::Plain, Some(&simple("QUEUED")));
+    s.on_reply(
+        Cmd::Plain,
+        Some(&Frame::Error(Bytes::from_static(b"ERR unknown command"))),
+    );
+    s.on_reply(
+        Cmd::Multi,
+        Some(&Frame::Error(Bytes::from_static(b"ERR nested"))),
+    );
+    assert!(s.in_multi());
+    match s.on_reply(Cmd::Exec, Some(&Frame::Array(vec![Frame::Integer(1)]))) {
+        Action::Exec(entries) => assert_eq!(entries.len(), 1),
+        other => panic!("{other:?}"),
+    }
+    assert!(!s.in_multi());
+}
+
+#[test]
+fn exec_aborted_settles_nothing_and_a_refused_multi_is_no_multi() {
+    let mut s = Session::default();
+    s.on_reply(Cmd::Multi, Some(&simple("OK")));
+    s.on_reply(Cmd::Plain, Some(&simple("QUEUED")));
+    assert!(matches!(
+        s.on_reply(Cmd::Exec, Some(&Frame::NullArray)),
+        Action::Forward
+    ));
+    assert!(!s.in_multi());
+    s.on_reply(
+        Cmd::Multi,
+        Some(&Frame::Error(Bytes::from_static(b"NOPERM"))),
+    );
+    assert!(!s.in_multi());
+}
+
+#[test]
+fn hello_and_reset_switch_the_protocol() {
+    let mut s = Session::default();
+    s.on_reply(Cmd::Hello, Some(&Frame::Map(Vec::new())));
+    assert!(s.resp3());
+    // A failed HELLO changes nothing.
+    s.on_reply(
+        Cmd::Hello,
+        Some(&Frame::Error(Bytes::from_static(b"NOAUTH"))),
+    );
+    assert!(s.resp3());
+    s.confirm(&confirmation("subscribe", "a", 1), Family::Channel, true);
+    s.on_reply(Cmd::Reset, Some(&simple("RESET")));
+    assert!(!s.resp3());
+    assert!(!s.maybe_out_of_band(b'*'));
+}
+
+#[test]
+fn only_a_positive_length_means_the_push_was_taken() {
+    assert!(took(Some(&Frame::Integer(3))));
+    // LPUSHX on a missing list.
+    assert!(!took(Some(&Frame::Integer(0))));
+    assert!(!took(Some(&Frame::Error(Bytes::from_static(b"WRONGTYPE")))));
+    assert!(!took(None));
+}
