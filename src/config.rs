@@ -34,12 +34,20 @@ pub struct HttpConfig {
     /// Address of /metrics, /livez, /readyz. Loopback unless set otherwise.
     #[serde(default = "default_listen")]
     pub listen: String,
+    /// Largest request body (enqueue batches).
+    #[serde(default = "default_max_body")]
+    pub max_body: Bytes,
+}
+
+fn default_max_body() -> Bytes {
+    Bytes(16 << 20)
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             listen: default_listen(),
+            max_body: default_max_body(),
         }
     }
 }

@@ -4,14 +4,25 @@ use crate::commands::output;
 use crate::config::Config;
 use crate::error::Result;
 use crate::queue::stats;
+use crate::redis::producer::connect_redis;
+use crate::redis::route_stats;
+use crate::redis::routes::Routes;
 
 pub async fn run(config: &Config, as_json: bool) -> Result<()> {
     let db = crate::db::connect(&config.database_url, 2).await?;
     crate::db::check_schema(&db).await?;
     let queues = stats::queues(&db).await?;
     let health = stats::db_health(&db).await?;
+    let routes = Routes::from_config(&config.routes);
+    let route_stats = if routes.is_empty() {
+        Vec::new()
+    } else {
+        // Redis lengths are a bonus: stats must work while Redis is down.
+        let redis = connect_redis(&config.redis_url).await.ok();
+        route_stats::collect(&db, &routes, redis).await?
+    };
     if as_json {
-        output::json(&serde_json::json!({ "queues": queues, "database": health }));
+        output::json(&serde_json::json!({ "queues": queues, "routes": route_stats, "database": health }));
         return Ok(());
     }
     let rows: Vec<Vec<String>> = queues
@@ -34,6 +45,32 @@ pub async fn run(config: &Config, as_json: bool) -> Result<()> {
             "{}",
             output::table(
                 &["queue", "ready", "running", "scheduled", "dead", "lag"],
+                &rows
+            )
+        );
+    }
+    if !route_stats.is_empty() {
+        let len = |n: Option<i64>| n.map_or("?".to_string(), |n| n.to_string());
+        let rows: Vec<Vec<String>> = route_stats
+            .iter()
+            .map(|r| {
+                vec![
+                    r.route.clone(),
+                    r.phase.clone(),
+                    r.keys.to_string(),
+                    r.flagged.to_string(),
+                    r.mirror_in_flight.to_string(),
+                    r.live_in_flight.to_string(),
+                    r.owed_to_redis.to_string(),
+                    len(r.redis_list),
+                    len(r.gap_list),
+                ]
+            })
+            .collect();
+        println!(
+            "\n{}",
+            output::table(
+                &["route", "phase", "keys", "flagged", "mirror", "live", "owed", "redis list", "gap"],
                 &rows
             )
         );

@@ -1,28 +1,69 @@
 //! The HTTP listener: `/metrics` (Prometheus text), `/livez` (the process
-//! answers) and `/readyz` (Postgres reachable and the schema current).
+//! answers), `/readyz` (Postgres reachable and the schema current),
+//! `POST /v1/queues/{queue}/jobs` (enqueue, see [`enqueue`]) and
+//! `POST /v1/outcomes` (outcomes from outside workers, see [`outcomes`]).
+
+mod enqueue;
+mod outcomes;
 
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::Router;
+use axum::routing::{get, post};
+use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::{json, Value};
 use sqlx::PgPool;
+
+use crate::queue::validate::DEFAULT_PAYLOAD_LIMIT;
+use crate::redis::producer::Producer;
 
 /// Shared state of the handlers.
 #[derive(Clone)]
 pub struct AppState {
     pub db: PgPool,
     pub prometheus: PrometheusHandle,
+    /// Enqueues on routed queues; `None` when the process has no routes.
+    pub producer: Option<Producer>,
+    /// Largest payload accepted for a plain job.
+    pub payload_limit: usize,
+    /// Largest request body.
+    pub max_body: usize,
+}
+
+impl AppState {
+    /// State with no routes and default limits.
+    pub fn new(db: PgPool, prometheus: PrometheusHandle) -> AppState {
+        AppState {
+            db,
+            prometheus,
+            producer: None,
+            payload_limit: DEFAULT_PAYLOAD_LIMIT,
+            max_body: 16 << 20,
+        }
+    }
+}
+
+/// A JSON reply or a JSON error.
+type Reply = Result<(StatusCode, Json<Value>), (StatusCode, Json<Value>)>;
+
+/// `{"error": "<one line>"}` with `status`.
+fn error_reply(status: StatusCode, message: &str) -> (StatusCode, Json<Value>) {
+    let line = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    (status, Json(json!({ "error": line })))
 }
 
 /// The router; tests drive it without a socket.
 pub fn router(state: AppState) -> Router {
+    let max_body = state.max_body;
     Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/v1/queues/{queue}/jobs", post(enqueue::post_jobs))
+        .route("/v1/outcomes", post(outcomes::post_outcomes))
+        .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }
 

@@ -7,5 +7,7 @@ pub mod formats;
 pub mod mirror;
 pub mod outbox;
 pub mod producer;
+pub mod route_stats;
 pub mod routes;
+pub mod services;
 pub mod store;

@@ -101,6 +101,23 @@ impl Producer {
         })
     }
 
+    /// A producer from parts already connected (`redis` may be `None` when
+    /// no route writes Redis any more).
+    pub fn from_parts(
+        pool: PgPool,
+        redis: Option<ConnectionManager>,
+        routes: Routes,
+        payload_limit: usize,
+    ) -> Producer {
+        Producer {
+            pool,
+            redis,
+            routes,
+            payload_limit,
+            via: Via::Producer,
+        }
+    }
+
     /// The same producer, recording items as coming in by `via` (HTTP).
     pub fn with_via(mut self, via: Via) -> Producer {
         self.via = via;

@@ -81,11 +81,17 @@ impl Runtime {
                 },
             )));
         }
+        let redis_side =
+            crate::redis::services::RedisSide::start(cfg, &self.db, cfg.proxy.enabled, &maintenance)
+                .await?;
         if self.serve_http {
-            let state = crate::http::AppState {
-                db: self.db.clone(),
-                prometheus: crate::telemetry::prometheus(),
-            };
+            let mut state = crate::http::AppState::new(self.db.clone(), crate::telemetry::prometheus());
+            state.producer = redis_side
+                .producer
+                .clone()
+                .map(|p| p.with_via(crate::redis::store::Via::Http));
+            state.payload_limit = cfg.payload_limit;
+            state.max_body = cfg.http.max_body.0;
             let listen = cfg.http.listen.clone();
             // Bind now so a taken port is a start-up error, not a log line.
             let token = maintenance.clone();
@@ -197,6 +203,7 @@ impl Runtime {
         // flushes what is left and returns.
         report.completer = done_rx.await.unwrap_or_default();
         maintenance.cancel();
+        redis_side.finish(Duration::from_secs(5)).await;
         // A maintenance pass stuck on a half-open connection must not hold the
         // process: give them a moment, then abort.
         let grace = tokio::time::Instant::now() + Duration::from_secs(5);

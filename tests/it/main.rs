@@ -8,6 +8,7 @@ mod cli;
 mod dlq;
 mod enqueue;
 mod fence;
+mod http_enqueue;
 mod lock_key;
 mod maintenance;
 mod mirror;

@@ -57,7 +57,7 @@ async fn readyz_does_not_blame_the_schema_when_postgres_is_down() {
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .build_recorder()
         .handle();
-    let app = qbridge::http::router(qbridge::http::AppState { db, prometheus });
+    let app = qbridge::http::router(qbridge::http::AppState::new(db, prometheus));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {

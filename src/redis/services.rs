@@ -1,0 +1,130 @@
+//! The Redis-side services of a process, built from the config: the route
+//! table, the producer (HTTP enqueue uses it), the outbox repair loop, and —
+//! when asked — the RESP proxy with its mirror writers and gap repair.
+//!
+//! Redis is connected only while some route still needs it: when every route
+//! is `decommissioned` and no proxy runs, qbridge opens no Redis connection.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::cutover::Phase;
+use crate::error::Result;
+use crate::redis::mirror::{self, Mirror, MirrorOptions};
+use crate::redis::outbox;
+use crate::redis::producer::{connect_redis, Producer};
+use crate::redis::routes::Routes;
+use crate::ticker;
+
+/// How often owed pushes and parked mirror items are retried.
+const REPAIR_EVERY: Duration = Duration::from_secs(5);
+/// How old an owed push must be before the repair loop makes it (so a
+/// producer still pushing after its commit is not raced).
+const OUTBOX_GRACE: Duration = Duration::from_secs(30);
+
+/// The running Redis side of a process.
+pub struct RedisSide {
+    /// Every configured route and its phase.
+    pub routes: Routes,
+    /// Phase-aware enqueue; `None` without routes.
+    pub producer: Option<Producer>,
+    /// The proxy's writers, when the proxy runs.
+    pub mirror: Option<(Mirror, JoinSet<()>)>,
+    /// Repair loops; they stop with the maintenance token.
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RedisSide {
+    /// Connects what the routes need and starts the repair loops under
+    /// `maintenance`. `with_mirror` also starts the proxy's mirror writers.
+    pub async fn start(
+        cfg: &Config,
+        db: &PgPool,
+        with_mirror: bool,
+        maintenance: &CancellationToken,
+    ) -> Result<RedisSide> {
+        let routes = Routes::from_config(&cfg.routes);
+        let needs_redis =
+            with_mirror || routes.iter().any(|r| routes.phase(r) != Phase::Decommissioned);
+        let redis = match needs_redis && (with_mirror || !routes.is_empty()) {
+            true => Some(connect_redis(&cfg.redis_url).await?),
+            false => None,
+        };
+        let mut tasks = Vec::new();
+        let producer = if routes.is_empty() {
+            None
+        } else {
+            Some(Producer::from_parts(
+                db.clone(),
+                redis.clone(),
+                routes.clone(),
+                cfg.payload_limit,
+            ))
+        };
+        if let (Some(conn), false) = (&redis, routes.is_empty()) {
+            let (db, conn, routes) = (db.clone(), conn.clone(), routes.clone());
+            tasks.push(tokio::spawn(ticker::every(
+                REPAIR_EVERY,
+                maintenance.clone(),
+                true,
+                move || {
+                    let (db, mut conn, routes) = (db.clone(), conn.clone(), routes.clone());
+                    async move {
+                        if let Err(e) = outbox::repair_once(&db, &mut conn, &routes, OUTBOX_GRACE).await {
+                            tracing::debug!(error = %e, "outbox repair deferred");
+                        }
+                    }
+                },
+            )));
+        }
+        let mirror = match (with_mirror, &redis) {
+            (true, Some(conn)) => {
+                let opts = MirrorOptions {
+                    buffer_bytes: cfg.proxy.mirror_buffer,
+                    batch_items: cfg.proxy.mirror_batch,
+                    writers: cfg.proxy.mirror_writers,
+                    payload_limit: cfg.payload_limit,
+                };
+                tasks.push(tokio::spawn(mirror::repair_gaps(
+                    db.clone(),
+                    conn.clone(),
+                    routes.clone(),
+                    cfg.payload_limit,
+                    REPAIR_EVERY,
+                    maintenance.clone(),
+                )));
+                Some(Mirror::start(db.clone(), Some(conn.clone()), opts))
+            }
+            _ => None,
+        };
+        Ok(RedisSide {
+            routes,
+            producer,
+            mirror,
+            tasks,
+        })
+    }
+
+    /// Waits for the mirror writers to drain (every [`Mirror`] handle must be
+    /// dropped first), then for the repair loops (cancel `maintenance` first).
+    pub async fn finish(mut self, deadline: Duration) {
+        let until = tokio::time::Instant::now() + deadline;
+        if let Some((mirror, mut writers)) = self.mirror.take() {
+            drop(mirror);
+            while let Ok(Some(_)) = tokio::time::timeout_at(until, writers.join_next()).await {}
+            if !writers.is_empty() {
+                tracing::warn!("mirror writers did not drain in time; unwritten items are reported by the diff");
+                writers.abort_all();
+            }
+        }
+        for mut task in self.tasks {
+            if tokio::time::timeout_at(until, &mut task).await.is_err() {
+                task.abort();
+            }
+        }
+    }
+}
