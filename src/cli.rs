@@ -59,6 +59,14 @@ pub enum Command {
         SIGINT/SIGTERM stop intake, let running jobs finish (shutdown_deadline), flush completions.")]
     Run(RunArgs),
 
+    /// Run the RESP proxy alone: producers point their Redis URL at it.
+    #[command(after_help = "Example:\n  qbridge proxy --config qbridge.toml --listen 0.0.0.0:6380\n\n\
+        Every client connection is spliced to its own connection to [proxy] upstream\n\
+        (default: redis_url). Pushes to a route's redis_key follow the route's phase:\n\
+        forwarded and mirrored into Postgres (dual_write, shadow), or written to\n\
+        Postgres only (postgres_only, decommissioned). /metrics is served on [http] listen.")]
+    Proxy(ProxyArgs),
+
     /// Enqueue jobs from arguments or a JSON-lines file.
     #[command(
         after_help = "Examples:\n  qbridge enqueue --queue emails '{\"to\":\"a@example.com\"}'\n  \
@@ -90,6 +98,17 @@ pub enum Command {
 /// `qbridge run`
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// Address of /metrics, /livez and /readyz (overrides [http] listen).
+    #[arg(long, env = "QBRIDGE_HTTP_LISTEN")]
+    pub http_listen: Option<String>,
+}
+
+/// `qbridge proxy`
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// Address producers connect to (overrides [proxy] listen).
+    #[arg(long, env = "QBRIDGE_PROXY_LISTEN")]
+    pub listen: Option<String>,
     /// Address of /metrics, /livez and /readyz (overrides [http] listen).
     #[arg(long, env = "QBRIDGE_HTTP_LISTEN")]
     pub http_listen: Option<String>,

@@ -3,6 +3,7 @@
 
 mod dlq;
 mod enqueue;
+mod proxy;
 pub(crate) mod output;
 pub(crate) use output::progress as progress_bar;
 mod stats;
@@ -18,6 +19,7 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
         redis_url: cli.redis_url.clone(),
         http_listen: match &cli.command {
             Command::Run(args) => args.http_listen.clone(),
+            Command::Proxy(args) => args.http_listen.clone(),
             _ => None,
         },
     };
@@ -30,6 +32,7 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Run(_) => run(config).await,
+        Command::Proxy(args) => proxy::run(config, args.listen.as_deref()).await,
         Command::Enqueue(args) => enqueue::run(&config, &args, cli.json).await,
         Command::Stats => stats::run(&config, cli.json).await,
         Command::Dlq(cmd) => dlq::run(&config, cmd, cli.json).await,
@@ -38,9 +41,10 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
 }
 
 async fn run(config: Config) -> Result<()> {
-    if config.pools.is_empty() && config.schedules.is_empty() {
+    let consumers = config.routes.iter().any(|r| r.redis_consumer.is_some());
+    if config.pools.is_empty() && config.schedules.is_empty() && !config.proxy.enabled && !consumers {
         return Err(crate::Error::Config(
-            "nothing to run: add at least one [[pools]] entry to the config file (see README)"
+            "nothing to run: add a [[pools]] entry, a route with a handler, or [proxy] enabled = true to the config file (see README)"
                 .into(),
         ));
     }

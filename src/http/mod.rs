@@ -54,6 +54,27 @@ fn error_reply(status: StatusCode, message: &str) -> (StatusCode, Json<Value>) {
     (status, Json(json!({ "error": line })))
 }
 
+/// Binds `listen` now (a taken port is a start-up error, not a log line) and
+/// serves `state` until `token` is cancelled.
+pub async fn serve(
+    listen: &str,
+    state: AppState,
+    token: tokio_util::sync::CancellationToken,
+) -> crate::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| crate::Error::Config(format!("cannot listen on {listen}: {e}")))?;
+    tracing::info!(listen = %listen, "http listening");
+    Ok(tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, router(state))
+            .with_graceful_shutdown(async move { token.cancelled().await })
+            .await
+        {
+            tracing::error!(error = %err, "http listener failed");
+        }
+    }))
+}
+
 /// The router; tests drive it without a socket.
 pub fn router(state: AppState) -> Router {
     let max_body = state.max_body;

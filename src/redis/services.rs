@@ -1,6 +1,7 @@
 //! The Redis-side services of a process, built from the config: the route
 //! table, the producer (HTTP enqueue uses it), the outbox repair loop, and —
 //! when asked — the RESP proxy with its mirror writers and gap repair.
+//! `qbridge run` (with `[proxy] enabled`) and `qbridge proxy` both use it.
 //!
 //! Redis is connected only while some route still needs it: when every route
 //! is `decommissioned` and no proxy runs, qbridge opens no Redis connection.
@@ -14,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::cutover::Phase;
 use crate::error::Result;
+use crate::proxy::{ProxyDeps, ProxyServer};
 use crate::redis::mirror::{self, Mirror, MirrorOptions};
 use crate::redis::outbox;
 use crate::redis::producer::{connect_redis, Producer};
@@ -36,6 +38,8 @@ pub struct RedisSide {
     pub mirror: Option<(Mirror, JoinSet<()>)>,
     /// Repair loops; they stop with the maintenance token.
     tasks: Vec<JoinHandle<()>>,
+    /// The RESP proxy, once started; it stops with the intake token.
+    proxy: Option<JoinHandle<()>>,
 }
 
 impl RedisSide {
@@ -106,13 +110,46 @@ impl RedisSide {
             producer,
             mirror,
             tasks,
+            proxy: None,
         })
     }
 
-    /// Waits for the mirror writers to drain (every [`Mirror`] handle must be
-    /// dropped first), then for the repair loops (cancel `maintenance` first).
-    pub async fn finish(mut self, deadline: Duration) {
+    /// Binds the RESP proxy on `listen` (`[proxy] listen` unless given) and
+    /// serves until `intake` is cancelled. Needs `with_mirror` at start.
+    pub async fn start_proxy(
+        &mut self,
+        cfg: &Config,
+        listen: Option<&str>,
+        intake: CancellationToken,
+    ) -> Result<std::net::SocketAddr> {
+        let Some((mirror, _)) = &self.mirror else {
+            return Err(crate::Error::Config(
+                "the proxy needs the mirror writers: start the Redis side with the proxy enabled".into(),
+            ));
+        };
+        let deps = ProxyDeps {
+            config: cfg.proxy.clone(),
+            routes: self.routes.clone(),
+            mirror: mirror.clone(),
+        };
+        let server = ProxyServer::bind(listen.unwrap_or(&cfg.proxy.listen), deps).await?;
+        let addr = server.local_addr();
+        self.proxy = Some(tokio::spawn(server.run(intake)));
+        Ok(addr)
+    }
+
+    /// Shuts the Redis side down in order, once intake was cancelled: the
+    /// proxy answers what it read, the mirror writers write what was queued,
+    /// then `maintenance` is cancelled and the repair loops stop.
+    pub async fn finish(mut self, maintenance: &CancellationToken, deadline: Duration) {
         let until = tokio::time::Instant::now() + deadline;
+        if let Some(mut proxy) = self.proxy.take() {
+            if tokio::time::timeout_at(until, &mut proxy).await.is_err() {
+                proxy.abort();
+            }
+        }
+        // Outstanding Producer clones (HTTP) hold no Mirror, so dropping ours
+        // and the proxy's lets the writers see the end of their queue.
         if let Some((mirror, mut writers)) = self.mirror.take() {
             drop(mirror);
             while let Ok(Some(_)) = tokio::time::timeout_at(until, writers.join_next()).await {}
@@ -121,6 +158,7 @@ impl RedisSide {
                 writers.abort_all();
             }
         }
+        maintenance.cancel();
         for mut task in self.tasks {
             if tokio::time::timeout_at(until, &mut task).await.is_err() {
                 task.abort();

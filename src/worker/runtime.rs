@@ -15,6 +15,8 @@ use crate::error::Result;
 use crate::queue::completer::{self, CompleterConfig, CompleterReport};
 use crate::queue::listener::{self, Wakers};
 use crate::queue::{history, reaper, schedule};
+use crate::redis::services::RedisSide;
+use crate::redis::store::Via;
 use crate::ticker;
 use crate::worker::pool::{PoolReport, WorkerPool};
 use crate::worker::{gauges, Handler};
@@ -81,33 +83,17 @@ impl Runtime {
                 },
             )));
         }
-        let redis_side =
-            crate::redis::services::RedisSide::start(cfg, &self.db, cfg.proxy.enabled, &maintenance)
-                .await?;
+        let mut redis_side =
+            RedisSide::start(cfg, &self.db, cfg.proxy.enabled, &maintenance).await?;
+        if cfg.proxy.enabled {
+            redis_side.start_proxy(cfg, None, stop.clone()).await?;
+        }
         if self.serve_http {
             let mut state = crate::http::AppState::new(self.db.clone(), crate::telemetry::prometheus());
-            state.producer = redis_side
-                .producer
-                .clone()
-                .map(|p| p.with_via(crate::redis::store::Via::Http));
+            state.producer = redis_side.producer.clone().map(|p| p.with_via(Via::Http));
             state.payload_limit = cfg.payload_limit;
             state.max_body = cfg.http.max_body.0;
-            let listen = cfg.http.listen.clone();
-            // Bind now so a taken port is a start-up error, not a log line.
-            let token = maintenance.clone();
-            let listener = tokio::net::TcpListener::bind(&listen)
-                .await
-                .map_err(|e| crate::Error::Config(format!("cannot listen on {listen}: {e}")))?;
-            tracing::info!(listen = %listen, "http listening");
-            background.push(tokio::spawn(async move {
-                let app = crate::http::router(state);
-                if let Err(err) = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move { token.cancelled().await })
-                    .await
-                {
-                    tracing::error!(error = %err, "http listener failed");
-                }
-            }));
+            background.push(crate::http::serve(&cfg.http.listen, state, maintenance.clone()).await?);
         }
 
         let (done_tx, done_rx) = completer::spawn(
@@ -202,8 +188,7 @@ impl Runtime {
         // Every pool (and so every completer sender) is gone: the completer
         // flushes what is left and returns.
         report.completer = done_rx.await.unwrap_or_default();
-        maintenance.cancel();
-        redis_side.finish(Duration::from_secs(5)).await;
+        redis_side.finish(&maintenance, Duration::from_secs(10)).await;
         // A maintenance pass stuck on a half-open connection must not hold the
         // process: give them a moment, then abort.
         let grace = tokio::time::Instant::now() + Duration::from_secs(5);
