@@ -7,6 +7,7 @@
 //! - [`worker`] — pools, handlers (`http`, `command`, `noop`), graceful shutdown.
 //! - [`redis`] — list-item formats (job keys, byte-exact payloads).
 //! - [`proxy`] — the RESP codec of the proxy.
+//! - [`shadow`] — outcome recording for the shadow comparison.
 //! - [`http`] — `/metrics`, `/livez`, `/readyz`.
 //! - [`config`] — TOML + flags/env → validated [`config::Config`].
 //! - [`db`] — connecting, migrating, checking the schema.
@@ -27,6 +28,7 @@ pub mod proxy;
 pub mod queue;
 pub mod redact;
 pub mod redis;
+pub mod shadow;
 pub mod shutdown;
 pub mod telemetry;
 pub mod ticker;

@@ -3,6 +3,7 @@
 //! the group-commit mirror writer of the proxy, the producer API with its
 //! outbox, and the Redis consumer.
 
+pub mod consumer;
 pub mod formats;
 pub mod mirror;
 pub mod outbox;

@@ -147,6 +147,71 @@ impl Handler {
             } => command::run(program, args, *timeout, permanent_exit_codes, job).await,
         }
     }
+
+    /// Runs one attempt like [`Handler::run`] and also says what the shadow
+    /// comparison needs: the digest of the response (the `http` handler's
+    /// body; the other handlers have none) and the error class.
+    pub async fn run_recorded(&self, job: &ClaimedJob) -> HandlerRun {
+        let (result, digest) = match self {
+            Handler::Http {
+                client,
+                url,
+                headers,
+            } => run_http_digest(client, url, headers, job).await,
+            _ => (self.run(job).await, None),
+        };
+        let error_class = error_class(&result);
+        HandlerRun {
+            result,
+            digest,
+            error_class,
+        }
+    }
+}
+
+/// One attempt as [`Handler::run_recorded`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerRun {
+    /// What the attempt came to.
+    pub result: HandlerResult,
+    /// Hex SHA-256 of the response body, when the handler has a response.
+    pub digest: Option<String>,
+    /// A short fixed text naming why it failed (`None` when done); safe to
+    /// store and use as a label, unlike the error text.
+    pub error_class: Option<&'static str>,
+}
+
+/// The class of a failed attempt, read off the fixed start of the handlers'
+/// own error texts (never their variable tail, which may quote the program's
+/// stderr).
+pub fn error_class(result: &HandlerResult) -> Option<&'static str> {
+    let msg = match result {
+        HandlerResult::Done => return None,
+        HandlerResult::Retry(m) | HandlerResult::Permanent(m) => m.as_str(),
+    };
+    let class = if msg.starts_with("http handler timed out") || msg.starts_with("command timed out")
+    {
+        "timeout"
+    } else if msg.starts_with("http handler unreachable") {
+        "unreachable"
+    } else if let Some(code) = msg.strip_prefix("http handler answered ") {
+        match code.as_bytes().first() {
+            Some(b'4') => "http_4xx",
+            Some(b'5') => "http_5xx",
+            _ => "http_other",
+        }
+    } else if msg.starts_with("exit code") {
+        "exit_code"
+    } else if msg.starts_with("killed by a signal") {
+        "signal"
+    } else if msg.starts_with("cannot start") {
+        "spawn_failed"
+    } else if msg.starts_with("command failed") {
+        "io"
+    } else {
+        "other"
+    };
+    Some(class)
 }
 
 async fn run_http(
@@ -155,6 +220,60 @@ async fn run_http(
     headers: &HeaderMap,
     job: &ClaimedJob,
 ) -> HandlerResult {
+    match http_request(client, url, headers, job).send().await {
+        Ok(resp) => classify_status(resp.status()),
+        Err(e) => http_error(e),
+    }
+}
+
+/// [`run_http`] that also reads the response body into its SHA-256 (as it
+/// streams in: no body is held in memory). The client's timeout covers the
+/// body too.
+async fn run_http_digest(
+    client: &reqwest::Client,
+    url: &str,
+    headers: &HeaderMap,
+    job: &ClaimedJob,
+) -> (HandlerResult, Option<String>) {
+    use sha2::{Digest, Sha256};
+    let mut resp = match http_request(client, url, headers, job).send().await {
+        Ok(resp) => resp,
+        Err(e) => return (http_error(e), None),
+    };
+    let result = classify_status(resp.status());
+    let mut hasher = Sha256::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => hasher.update(&chunk),
+            Ok(None) => break,
+            // The status decided the outcome; a body cut short has no digest.
+            Err(_) => return (result, None),
+        }
+    }
+    let digest = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    (result, Some(digest))
+}
+
+/// A send error as a retryable result; `without_url`: a handler URL may
+/// carry credentials.
+fn http_error(e: reqwest::Error) -> HandlerResult {
+    if e.is_timeout() {
+        HandlerResult::Retry("http handler timed out".into())
+    } else {
+        HandlerResult::Retry(format!("http handler unreachable: {}", e.without_url()))
+    }
+}
+
+fn http_request(
+    client: &reqwest::Client,
+    url: &str,
+    headers: &HeaderMap,
+    job: &ClaimedJob,
+) -> reqwest::RequestBuilder {
     let mut req = client
         .post(url)
         .header("Qbridge-Queue", &job.queue)
@@ -170,12 +289,7 @@ async fn run_http(
     if !headers.is_empty() {
         req = req.headers(headers.clone());
     }
-    match req.send().await {
-        Ok(resp) => classify_status(resp.status()),
-        // without_url: a handler URL may carry credentials.
-        Err(e) if e.is_timeout() => HandlerResult::Retry("http handler timed out".into()),
-        Err(e) => HandlerResult::Retry(format!("http handler unreachable: {}", e.without_url())),
-    }
+    req
 }
 
 /// 2xx is done; 4xx means the request itself is wrong, except 408 (the server
@@ -272,6 +386,43 @@ mod tests {
             };
             assert_eq!(got, want, "status {code}");
         }
+    }
+
+    #[tokio::test]
+    async fn recorded_runs_digest_the_body_and_classify_failures() {
+        let base = status_server().await;
+        let h = |code: u16| {
+            Handler::from_config(&HandlerConfig::Http {
+                url: format!("{base}/{code}"),
+                timeout: Dur(Duration::from_secs(10)),
+                headers: BTreeMap::new(),
+            })
+            .unwrap()
+        };
+        let ok = h(200).run_recorded(&job(json!({}))).await;
+        assert_eq!(ok.result, HandlerResult::Done);
+        assert_eq!(ok.error_class, None);
+        // The status server answers with an empty body.
+        assert_eq!(
+            ok.digest.as_deref(),
+            Some("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+        );
+        assert_eq!(
+            h(503).run_recorded(&job(json!({}))).await.error_class,
+            Some("http_5xx")
+        );
+        assert_eq!(
+            h(404).run_recorded(&job(json!({}))).await.error_class,
+            Some("http_4xx")
+        );
+        assert_eq!(
+            error_class(&HandlerResult::Retry("exit code 3: boom".into())),
+            Some("exit_code")
+        );
+        assert_eq!(
+            error_class(&HandlerResult::Retry("command timed out after 1s".into())),
+            Some("timeout")
+        );
     }
 
     #[test]

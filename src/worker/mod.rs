@@ -8,5 +8,5 @@ pub mod heartbeat;
 pub mod pool;
 pub mod runtime;
 
-pub use handler::{Handler, HandlerResult};
+pub use handler::{Handler, HandlerResult, HandlerRun};
 pub use runtime::{Runtime, RuntimeReport};

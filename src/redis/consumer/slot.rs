@@ -1,0 +1,364 @@
+//! One slot of a Redis consumer: its own connection and processing list,
+//! one item at a time. Recovers what its lists hold first, then pops.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::redis::aio::MultiplexedConnection;
+use ::redis::{AsyncConnectionConfig, RedisResult};
+use bytes::Bytes;
+use tokio_util::sync::CancellationToken;
+
+use super::keys::job_key;
+use super::{ConsumerReport, Ctx};
+use crate::config::PushEnd;
+use crate::cutover::Phase;
+use crate::metrics as m;
+use crate::queue::{ClaimedJob, JobCopy};
+use crate::redis::formats::{decode_bytes, Decoded};
+use crate::shadow::{digest_hex, Mode, Outcome, OutcomeKind, Side};
+use crate::worker::HandlerResult;
+
+/// What one [`Slot::run_once`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Finished one item (acked, dead, or handed back for a retry).
+    Handled,
+    /// Waited a block timeout and got nothing.
+    Idle,
+    /// Shutdown or decommissioning: the slot must stop.
+    Stop,
+}
+
+pub(super) struct Slot {
+    ctx: Arc<Ctx>,
+    /// Its processing list is `processing(index)`.
+    index: usize,
+    conn: Option<MultiplexedConnection>,
+    /// Processing lists of a former, larger concurrency this slot drains
+    /// before popping (their slots no longer run).
+    orphans: Vec<usize>,
+    /// Its own list may hold an item (start-up, or a Redis error may have
+    /// lost a BLMOVE reply or an ack): look before popping.
+    check_own: bool,
+    /// Items found in the own list at start-up count as recovered.
+    starting: bool,
+    pub(super) report: ConsumerReport,
+}
+
+impl Slot {
+    pub(super) fn new(ctx: Arc<Ctx>, index: usize, orphans: Vec<usize>) -> Slot {
+        let report = ConsumerReport {
+            route: ctx.route.name.clone(),
+            ..ConsumerReport::default()
+        };
+        Slot {
+            ctx,
+            index,
+            conn: None,
+            orphans,
+            check_own: true,
+            starting: true,
+            report,
+        }
+    }
+
+    /// Runs until `token` is cancelled or the route is decommissioned.
+    /// Redis errors drop the connection and retry after a pause.
+    pub(super) async fn run(mut self, token: CancellationToken) -> ConsumerReport {
+        loop {
+            match self.run_once(&token).await {
+                Ok(Step::Stop) => break,
+                Ok(Step::Handled | Step::Idle) => {}
+                Err(e) => {
+                    self.report.redis_errors += 1;
+                    tracing::warn!(route = %self.ctx.route.name, slot = self.index, error = %e,
+                        "redis consumer: Redis command failed; reconnecting");
+                    self.conn = None;
+                    self.check_own = true;
+                    tokio::select! {
+                        _ = token.cancelled() => break,
+                        _ = tokio::time::sleep(self.ctx.opts.reconnect_delay) => {}
+                    }
+                }
+            }
+        }
+        self.report
+    }
+
+    /// One step: handles the oldest item left in one of this slot's
+    /// processing lists if there is one, else pops one item (waiting up to
+    /// the block timeout) and handles it.
+    pub(super) async fn run_once(&mut self, token: &CancellationToken) -> RedisResult<Step> {
+        if token.is_cancelled() || self.ctx.phase() == Phase::Decommissioned {
+            return Ok(Step::Stop);
+        }
+        let mut conn = self.connection().await?;
+        let keys = &self.ctx.keys;
+        if self.check_own {
+            let item: Option<Vec<u8>> = ::redis::cmd("LINDEX")
+                .arg(keys.processing(self.index))
+                .arg(-1)
+                .query_async(&mut conn)
+                .await?;
+            match item {
+                Some(item) => {
+                    return self
+                        .handle(&mut conn, self.index, item, self.starting, token)
+                        .await
+                }
+                None => {
+                    self.check_own = false;
+                    self.starting = false;
+                }
+            }
+        }
+        while let Some(&list) = self.orphans.last() {
+            let item: Option<Vec<u8>> = ::redis::cmd("LINDEX")
+                .arg(keys.processing(list))
+                .arg(-1)
+                .query_async(&mut conn)
+                .await?;
+            match item {
+                Some(item) => return self.handle(&mut conn, list, item, true, token).await,
+                None => {
+                    self.orphans.pop();
+                }
+            }
+        }
+        // Producers push at one end; the oldest item is at the other.
+        let from = match self.ctx.route.push {
+            PushEnd::Lpush => "RIGHT",
+            PushEnd::Rpush => "LEFT",
+        };
+        let mut blmove = ::redis::cmd("BLMOVE");
+        blmove
+            .arg(&self.ctx.route.redis_key[..])
+            .arg(keys.processing(self.index))
+            .arg(from)
+            .arg("LEFT")
+            .arg(self.ctx.opts.block.as_secs_f64());
+        let pop = blmove.query_async::<Option<Vec<u8>>>(&mut conn);
+        // Dropping a pending BLMOVE is safe: the item is either still in
+        // the source list or already in the processing list, where the next
+        // start finds it.
+        let item = tokio::select! {
+            biased;
+            _ = token.cancelled() => return Ok(Step::Stop),
+            item = pop => item?,
+        };
+        match item {
+            Some(item) => self.handle(&mut conn, self.index, item, false, token).await,
+            None => Ok(Step::Idle),
+        }
+    }
+
+    async fn connection(&mut self) -> RedisResult<MultiplexedConnection> {
+        if let Some(conn) = &self.conn {
+            return Ok(conn.clone());
+        }
+        let opts = &self.ctx.opts;
+        // A blocked BLMOVE holds the connection: each slot has its own, and
+        // its reply may take the whole block timeout.
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(3)))
+            .set_response_timeout(Some(opts.block + Duration::from_secs(5)));
+        let mut conn = self
+            .ctx
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        let _: () = ::redis::cmd("CLIENT")
+            .arg("SETNAME")
+            .arg(self.ctx.keys.client_name(self.index))
+            .query_async(&mut conn)
+            .await?;
+        self.conn = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Runs `item` (the oldest of processing list `list`) to its end: acked,
+    /// dead, or left in place at shutdown.
+    async fn handle(
+        &mut self,
+        conn: &mut MultiplexedConnection,
+        list: usize,
+        item: Vec<u8>,
+        recovered: bool,
+        token: &CancellationToken,
+    ) -> RedisResult<Step> {
+        let ctx = Arc::clone(&self.ctx);
+        let (processing, inflight) = (ctx.keys.processing(list), ctx.keys.inflight(list));
+        if recovered {
+            self.report.recovered += 1;
+            metrics::counter!(m::REDIS_RECOVERED, "route" => ctx.route.name.clone()).increment(1);
+        }
+        let decoded = decode_bytes(&ctx.route.format, Bytes::from(item));
+        // A freshly popped item has no state yet; one found in a processing
+        // list may have its key and attempts from before.
+        let fresh = !recovered && list == self.index && !self.check_own;
+        let known: Option<String> = if fresh {
+            None
+        } else {
+            ::redis::cmd("HGET")
+                .arg(&inflight)
+                .arg("key")
+                .query_async(conn)
+                .await?
+        };
+        let key = match known {
+            Some(key) => key,
+            None => {
+                let key = job_key(&ctx.db, &ctx.route.queue, ctx.phase(), &decoded).await;
+                let mut set = ::redis::cmd("HSET");
+                set.arg(&inflight).arg("key").arg(&key);
+                if fresh {
+                    // Overwrites whatever a hand-edited list left behind.
+                    set.arg("attempts").arg(0);
+                }
+                let _: i64 = set.query_async(conn).await?;
+                key
+            }
+        };
+        let max = i64::from(ctx.config.max_attempts);
+        loop {
+            // Counted before the run: a crash mid-run used up an attempt,
+            // so an item that kills the process cannot loop forever.
+            let attempt: i64 = ::redis::cmd("HINCRBY")
+                .arg(&inflight)
+                .arg("attempts")
+                .arg(1)
+                .query_async(conn)
+                .await?;
+            if attempt > max {
+                self.finish(conn, &ctx.dead, &processing, &inflight, &decoded)
+                    .await?;
+                self.record(
+                    &key,
+                    OutcomeKind::Dead,
+                    Some("interrupted"),
+                    None,
+                    attempt - 1,
+                );
+                return Ok(Step::Handled);
+            }
+            let job = redis_job(&ctx, &decoded, &key, attempt, max);
+            // In-flight work gets `drain` more once shutdown starts; then it
+            // stays in its processing list for the next start.
+            let drain = async {
+                token.cancelled().await;
+                tokio::time::sleep(ctx.opts.drain).await;
+            };
+            let run = tokio::select! {
+                run = ctx.handler.run_recorded(&job) => run,
+                () = drain => {
+                    tracing::info!(route = %ctx.route.name, slot = list, key = %key_hash(&key),
+                        "redis consumer: shutdown deadline passed; the item stays in its processing list");
+                    return Ok(Step::Stop);
+                }
+            };
+            let digest = run.digest;
+            match run.result {
+                HandlerResult::Done => {
+                    self.finish(conn, &ctx.ack, &processing, &inflight, &decoded)
+                        .await?;
+                    self.record(&key, OutcomeKind::Ok, None, digest, attempt);
+                    return Ok(Step::Handled);
+                }
+                HandlerResult::Retry(_) if attempt < max => {
+                    self.record(&key, OutcomeKind::Failed, run.error_class, digest, attempt);
+                    tokio::select! {
+                        _ = token.cancelled() => return Ok(Step::Stop),
+                        _ = tokio::time::sleep(ctx.config.retry_delay) => {}
+                    }
+                }
+                HandlerResult::Retry(_) | HandlerResult::Permanent(_) => {
+                    self.finish(conn, &ctx.dead, &processing, &inflight, &decoded)
+                        .await?;
+                    tracing::info!(route = %ctx.route.name, key = %key_hash(&key), attempt,
+                        class = run.error_class.unwrap_or("other"), "redis consumer: item moved to the dead list");
+                    self.record(&key, OutcomeKind::Dead, run.error_class, digest, attempt);
+                    return Ok(Step::Handled);
+                }
+            }
+        }
+    }
+
+    /// Runs the ack or dead script on the item.
+    async fn finish(
+        &self,
+        conn: &mut MultiplexedConnection,
+        script: &::redis::Script,
+        processing: &str,
+        inflight: &str,
+        decoded: &Decoded,
+    ) -> RedisResult<()> {
+        let mut call = script.key(processing);
+        call.key(inflight)
+            .key(self.ctx.keys.dead())
+            .arg(&decoded.original[..]);
+        let removed: i64 = call.invoke_async(conn).await?;
+        if removed == 0 {
+            // Someone removed it by hand; nothing to undo.
+            tracing::warn!(route = %self.ctx.route.name, slot = self.index,
+                "redis consumer: the finished item was no longer in its processing list");
+        }
+        Ok(())
+    }
+
+    fn record(
+        &mut self,
+        key: &str,
+        outcome: OutcomeKind,
+        class: Option<&'static str>,
+        digest: Option<String>,
+        attempt: i64,
+    ) {
+        let route = &self.ctx.route;
+        match outcome {
+            OutcomeKind::Ok => self.report.ok += 1,
+            OutcomeKind::Failed => self.report.failed += 1,
+            OutcomeKind::Dead => self.report.dead += 1,
+        }
+        metrics::counter!(m::REDIS_OUTCOMES, "route" => route.name.clone(), "outcome" => outcome.as_str())
+            .increment(1);
+        self.ctx.outcomes.record(Outcome {
+            queue: route.queue.clone(),
+            key: key.to_string(),
+            side: Side::Redis,
+            mode: Mode::Live,
+            outcome,
+            error_class: class,
+            digest,
+            attempt: Some(i32::try_from(attempt).unwrap_or(i32::MAX)),
+        });
+    }
+}
+
+/// The item as the handler sees it: the shape a claimed Postgres job has,
+/// with id 0 and lease 0 (it has neither) and the decoded payload, so a
+/// handler serves both sides alike.
+fn redis_job(ctx: &Ctx, decoded: &Decoded, key: &str, attempt: i64, max: i64) -> ClaimedJob {
+    let now = chrono::Utc::now();
+    ClaimedJob {
+        id: 0,
+        queue: ctx.route.queue.clone(),
+        kind: decoded.kind.clone(),
+        key: Some(key.to_string()),
+        payload: decoded.payload.clone(),
+        priority: 0,
+        attempts: i32::try_from(attempt).unwrap_or(i32::MAX),
+        max_attempts: i32::try_from(max).unwrap_or(i32::MAX),
+        lease: 0,
+        run_at: now,
+        created_at: now,
+        lock_key: None,
+        tenant: None,
+        copy: JobCopy::Live,
+    }
+}
+
+/// What logs show of a job key: a short hash (a key may be a payload field).
+fn key_hash(key: &str) -> String {
+    digest_hex(key.as_bytes())[..12].to_string()
+}
