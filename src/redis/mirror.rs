@@ -85,6 +85,18 @@ impl Mirror {
         spool: Option<ConnectionManager>,
         opts: MirrorOptions,
     ) -> (Mirror, JoinSet<()>) {
+        Mirror::start_probed(pool, spool, opts, None)
+    }
+
+    /// [`Mirror::start`] that also appends every mirror copy's lag (seconds
+    /// from Redis's acknowledgement to commit) to `probe`: the benchmark
+    /// reads exact percentiles there instead of histogram buckets.
+    pub fn start_probed(
+        pool: PgPool,
+        spool: Option<ConnectionManager>,
+        opts: MirrorOptions,
+        probe: Option<LagProbe>,
+    ) -> (Mirror, JoinSet<()>) {
         let units = u32::try_from((opts.buffer_bytes / UNIT).max(1)).unwrap_or(u32::MAX);
         // Requests are small; the byte budget is the real bound.
         let (tx, rx) = mpsc::channel(4096);
@@ -96,6 +108,7 @@ impl Mirror {
                 spool: spool.clone(),
                 rx: Arc::clone(&rx),
                 opts,
+                probe: probe.clone(),
             };
             writers.spawn(writer.run());
         }
@@ -174,7 +187,11 @@ struct Writer {
     spool: Option<ConnectionManager>,
     rx: Arc<Mutex<mpsc::Receiver<Request>>>,
     opts: MirrorOptions,
+    probe: Option<LagProbe>,
 }
+
+/// Where [`Mirror::start_probed`] puts lag samples, in seconds.
+pub type LagProbe = Arc<std::sync::Mutex<Vec<f64>>>;
 
 impl Writer {
     async fn run(mut self) {
@@ -211,8 +228,14 @@ impl Writer {
                 for request in batch.into_iter().rev() {
                     let mine = results.split_off(results.len() - request.items.len());
                     if request.copy == JobCopy::Mirror {
+                        let lag = now.duration_since(request.acked_at).as_secs_f64();
                         metrics::histogram!(m::MIRROR_LAG, "route" => request.route.name.clone())
-                            .record(now.duration_since(request.acked_at).as_secs_f64());
+                            .record(lag);
+                        if let Some(probe) = &self.probe {
+                            if let Ok(mut samples) = probe.lock() {
+                                samples.extend(std::iter::repeat_n(lag, request.items.len()));
+                            }
+                        }
                     }
                     if let Some(reply) = request.reply {
                         let _ = reply.send(Ok(mine));
