@@ -56,3 +56,13 @@ if ! redis_up; then
   redis_up || die "Redis did not start"
 fi
 say "PostgreSQL and Redis are up"
+
+# --- redis-py ----------------------------------------------------------------
+# One integration test pushes through the proxy with a real Python client.
+if command -v python3 >/dev/null && ! python3 -c 'import redis' 2>/dev/null; then
+  say "installing redis-py (the Python client the proxy test uses)"
+  python3 -m pip install -q redis 2>/dev/null \
+    || python3 -m pip install -q --user redis 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages redis 2>/dev/null \
+    || say "could not install redis-py; the redis-py proxy test will say it skipped"
+fi

@@ -15,17 +15,28 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// The directory of initdb and pg_ctl: pg_config's answer, else the newest
+/// Debian-style /usr/lib/postgresql/<version>/bin.
 fn pg_bindir() -> PathBuf {
-    let out = Command::new("pg_config")
-        .arg("--bindir")
-        .output()
-        .expect("pg_config on PATH (PostgreSQL server packages)");
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if dir.join("initdb").exists() {
+            return dir;
+        }
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path().join("bin")).collect())
+        .unwrap_or_default();
+    versions.sort();
+    versions
+        .pop()
+        .filter(|d| d.join("initdb").exists())
+        .expect("initdb not found: install the PostgreSQL server packages")
 }
 
 /// initdb refuses to run as root: run the server tools as `postgres` then.
 fn as_server_user(program: PathBuf) -> Command {
-    // SAFETY-free check: geteuid via `id -u` keeps this crate free of libc.
+    // `id -u` rather than libc::geteuid: no unsafe, no extra dependency.
     let root = Command::new("id")
         .arg("-u")
         .output()
