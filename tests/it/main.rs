@@ -14,6 +14,7 @@ mod maintenance;
 mod mirror;
 mod outcomes;
 mod producer;
+mod proxy;
 mod redis_consumer;
 mod retry;
 mod schedule;
