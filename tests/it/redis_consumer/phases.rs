@@ -1,0 +1,200 @@
+//! Phases and keys: decommissioned opens no connection, postgres_only keeps
+//! draining, redis_only numbers nothing, and content-hash keys match the
+//! push side's numbering.
+
+use std::time::Duration;
+
+use ::redis::AsyncCommands;
+use bytes::Bytes;
+use sqlx::PgPool;
+
+use qbridge::config::PushEnd;
+use qbridge::cutover::Phase;
+use qbridge::queue::JobCopy;
+use qbridge::redis::formats::decode_bytes;
+use qbridge::redis::store::{self, Item, Via};
+
+use super::{outcomes, redis, Fixture, Running};
+use crate::support::{self, sh, wait_for, wait_for_count};
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn identical_items_get_the_keys_the_push_side_gave_them(pool: PgPool) {
+    let fx = Fixture::new(
+        "raw",
+        Phase::DualWrite,
+        PushEnd::Lpush,
+        sh("exit 0", &[]),
+        2,
+        3,
+    );
+    let bytes = Bytes::from_static(b"same bytes \x00\xfe");
+    let other = Bytes::from_static(b"other bytes");
+    let items = [bytes.clone(), bytes.clone(), other.clone()];
+    let mut tx = pool.begin().await.unwrap();
+    let stored = store::store(
+        &mut tx,
+        items
+            .iter()
+            .map(|b| Item {
+                route: &fx.route,
+                decoded: decode_bytes(&fx.route.format, b.clone()),
+                copy: JobCopy::Mirror,
+                via: Via::Producer,
+            })
+            .collect(),
+        support::LIMIT,
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let mut pushed: Vec<String> = stored.iter().map(|s| s.key().to_string()).collect();
+    pushed.sort();
+    assert_ne!(pushed[0], pushed[1]);
+    for b in &items {
+        let _: i64 = redis().await.lpush(&fx.list, b.as_ref()).await.unwrap();
+    }
+
+    let running = fx.start(&pool).await;
+    wait_for_count(
+        &pool,
+        "3 outcomes",
+        "SELECT count(*) FROM qbridge.outcomes WHERE outcome = 'ok'",
+        3,
+    )
+    .await;
+    running.stop().await;
+    let mut popped: Vec<String> = outcomes(&pool).await.into_iter().map(|o| o.0).collect();
+    popped.sort();
+    assert_eq!(popped, pushed);
+    fx.cleanup().await;
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn redis_only_leaves_content_hash_keys_unnumbered(pool: PgPool) {
+    let fx = Fixture::new(
+        "resque",
+        Phase::RedisOnly,
+        PushEnd::Rpush,
+        sh("exit 0", &[]),
+        1,
+        3,
+    );
+    let _: i64 = redis()
+        .await
+        .rpush(&fx.list, r#"{"class":"Mail","args":[1]}"#)
+        .await
+        .unwrap();
+    let running = fx.start(&pool).await;
+    wait_for_count(
+        &pool,
+        "an outcome",
+        "SELECT count(*) FROM qbridge.outcomes",
+        1,
+    )
+    .await;
+    running.stop().await;
+    let key = &outcomes(&pool).await[0].0;
+    assert!(key.starts_with("sha256:") && key.ends_with(":0"), "{key}");
+    assert_eq!(
+        support::count(&pool, "SELECT count(*) FROM qbridge.key_occurrences").await,
+        0
+    );
+    fx.cleanup().await;
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn decommissioned_opens_no_connection_until_the_phase_changes(pool: PgPool) {
+    let fx = Fixture::new(
+        "json:/id",
+        Phase::Decommissioned,
+        PushEnd::Lpush,
+        sh("exit 0", &[]),
+        2,
+        3,
+    );
+    // No connection at construction: an unreachable Redis is no error then.
+    let offline = fx.consumer(&pool, "redis://:s3cret@127.0.0.1:1").await;
+    assert!(offline.is_ok());
+    let offline_report = Running::start(offline.unwrap());
+
+    let _: i64 = redis()
+        .await
+        .lpush(&fx.list, r#"{"id":"kept"}"#)
+        .await
+        .unwrap();
+    let running = fx.start(&pool).await;
+    // Proving an absence takes some time: a dozen phase polls.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(fx.connections().await, 0);
+    assert_eq!(redis().await.llen::<_, i64>(&fx.list).await.unwrap(), 1);
+    let report = offline_report.stop().await;
+    assert!(!report.connected && report.redis_errors == 0, "{report:?}");
+
+    // Not vacuous: once the route is live again the same consumer drains it...
+    fx.routes.phases().set(&fx.name, Phase::Shadow);
+    wait_for_count(
+        &pool,
+        "the item's outcome",
+        "SELECT count(*) FROM qbridge.outcomes",
+        1,
+    )
+    .await;
+    assert_eq!(fx.connections().await, 2);
+    // ...and decommissioning closes its connections.
+    fx.routes.phases().set(&fx.name, Phase::Decommissioned);
+    wait_for("connections to close", Duration::from_secs(10), || async {
+        fx.connections().await == 0
+    })
+    .await;
+    let report = running.stop().await;
+    assert!(report.connected && report.ok == 1, "{report:?}");
+    fx.cleanup().await;
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn an_unreachable_redis_is_a_clear_error_at_start(pool: PgPool) {
+    let fx = Fixture::new(
+        "json:/id",
+        Phase::Shadow,
+        PushEnd::Lpush,
+        sh("exit 0", &[]),
+        1,
+        3,
+    );
+    let err = match fx.consumer(&pool, "redis://:s3cret@127.0.0.1:1").await {
+        Ok(_) => panic!("connected to nothing"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.starts_with("cannot connect to Redis at"), "{err}");
+    assert!(!err.contains("s3cret") && !err.contains('\n'), "{err}");
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn postgres_only_keeps_draining(pool: PgPool) {
+    let fx = Fixture::new(
+        "json:/id",
+        Phase::PostgresOnly,
+        PushEnd::Lpush,
+        sh("exit 0", &[]),
+        2,
+        3,
+    );
+    for i in 0..3 {
+        let _: i64 = redis()
+            .await
+            .lpush(&fx.list, format!(r#"{{"id":"left-{i}"}}"#))
+            .await
+            .unwrap();
+    }
+    let running = fx.start(&pool).await;
+    wait_for_count(
+        &pool,
+        "3 outcomes",
+        "SELECT count(*) FROM qbridge.outcomes WHERE outcome = 'ok'",
+        3,
+    )
+    .await;
+    running.stop().await;
+    assert_eq!(fx.leftovers().await, Vec::<String>::new());
+    fx.cleanup().await;
+}
