@@ -1,11 +1,13 @@
 //! The Redis-side services of a process, built from the config: the route
 //! table, the producer (HTTP enqueue uses it), the outbox repair loop, and —
-//! when asked — the RESP proxy with its mirror writers and gap repair.
+//! when asked — the RESP proxy with its mirror writers and gap repair, and
+//! the Redis consumers with their outcome recorder.
 //! `qbridge run` (with `[proxy] enabled`) and `qbridge proxy` both use it.
 //!
 //! Redis is connected only while some route still needs it: when every route
 //! is `decommissioned` and no proxy runs, qbridge opens no Redis connection.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -16,6 +18,10 @@ use crate::config::Config;
 use crate::cutover::Phase;
 use crate::error::Result;
 use crate::proxy::{ProxyDeps, ProxyServer};
+use crate::redis::consumer::{ConsumerOptions, ConsumerReport, RedisConsumer};
+use crate::shadow::{OutcomeRecorder, RecorderOptions};
+use crate::shadow::outcomes::WriterReport;
+use crate::worker::Handler;
 use crate::redis::mirror::{self, Mirror, MirrorOptions};
 use crate::redis::outbox;
 use crate::redis::producer::{connect_redis, Producer};
@@ -40,6 +46,10 @@ pub struct RedisSide {
     tasks: Vec<JoinHandle<()>>,
     /// The RESP proxy, once started; it stops with the intake token.
     proxy: Option<JoinHandle<()>>,
+    /// Redis consumers, once started; they stop with the intake token.
+    consumers: Vec<JoinHandle<ConsumerReport>>,
+    /// The consumers' outcome recorder and its writer.
+    outcomes: Option<(OutcomeRecorder, JoinHandle<WriterReport>)>,
 }
 
 impl RedisSide {
@@ -111,7 +121,54 @@ impl RedisSide {
             mirror,
             tasks,
             proxy: None,
+            consumers: Vec::new(),
+            outcomes: None,
         })
+    }
+
+    /// Starts the Redis consumer of every route that has one, stopping with
+    /// `intake`. Each checks Redis now (unless its route is decommissioned),
+    /// so an unreachable Redis is a start-up error.
+    pub async fn start_consumers(
+        &mut self,
+        cfg: &Config,
+        db: &PgPool,
+        intake: &CancellationToken,
+    ) -> Result<usize> {
+        let routes: Vec<_> = self
+            .routes
+            .iter()
+            .filter(|r| r.config.redis_consumer.is_some())
+            .cloned()
+            .collect();
+        if routes.is_empty() {
+            return Ok(0);
+        }
+        // The writer outlives the consumers: it ends once they (and so every
+        // recorder handle) are gone, after writing what they recorded.
+        let (recorder, writer) =
+            OutcomeRecorder::spawn(db.clone(), RecorderOptions::default(), CancellationToken::new());
+        for route in &routes {
+            let handler_cfg = route.config.handler.as_ref().ok_or_else(|| {
+                crate::Error::Config(format!("route {:?}: redis_consumer needs a handler", route.name))
+            })?;
+            let consumer = RedisConsumer::new(
+                Arc::clone(route),
+                self.routes.clone(),
+                &cfg.redis_url,
+                db.clone(),
+                Handler::from_config(handler_cfg)?,
+                recorder.clone(),
+            )
+            .await?
+            .with_options(ConsumerOptions {
+                drain: cfg.shutdown_deadline,
+                ..ConsumerOptions::default()
+            });
+            self.consumers.push(tokio::spawn(consumer.run(intake.clone())));
+        }
+        self.outcomes = Some((recorder, writer));
+        Ok(routes.len())
     }
 
     /// Binds the RESP proxy on `listen` (`[proxy] listen` unless given) and
@@ -146,6 +203,20 @@ impl RedisSide {
         if let Some(mut proxy) = self.proxy.take() {
             if tokio::time::timeout_at(until, &mut proxy).await.is_err() {
                 proxy.abort();
+            }
+        }
+        for mut consumer in std::mem::take(&mut self.consumers) {
+            match tokio::time::timeout_at(until, &mut consumer).await {
+                Ok(Ok(r)) => tracing::info!(route = %r.route, ok = r.ok, failed = r.failed,
+                    dead = r.dead, recovered = r.recovered, "redis consumer stopped"),
+                // Anything unfinished stays in its processing list for the next start.
+                _ => consumer.abort(),
+            }
+        }
+        if let Some((recorder, mut writer)) = self.outcomes.take() {
+            drop(recorder);
+            if tokio::time::timeout_at(until, &mut writer).await.is_err() {
+                writer.abort();
             }
         }
         // Outstanding Producer clones (HTTP) hold no Mirror, so dropping ours

@@ -88,6 +88,7 @@ impl Runtime {
         if cfg.proxy.enabled {
             redis_side.start_proxy(cfg, None, stop.clone()).await?;
         }
+        redis_side.start_consumers(cfg, &self.db, &stop).await?;
         if self.serve_http {
             let mut state = crate::http::AppState::new(self.db.clone(), crate::telemetry::prometheus());
             state.producer = redis_side.producer.clone().map(|p| p.with_via(Via::Http));
@@ -177,7 +178,8 @@ impl Runtime {
 
         let mut report = RuntimeReport::default();
         if running.is_empty() {
-            // Schedules and maintenance only: nothing ends on its own.
+            // Schedules, maintenance, the proxy or consumers only: nothing
+            // ends on its own.
             stop.cancelled().await;
         }
         for handle in running {
