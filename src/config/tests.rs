@@ -152,3 +152,67 @@ fn overrides_win() {
     assert_eq!(cfg.redis_url, "redis://r:6379");
     assert_eq!(cfg.proxy.upstream, "redis://r:6379");
 }
+
+const ROUTE: &str = "[[routes]]\nredis_key = \"queue:mail\"\nqueue = \"mail\"\nformat = \"sidekiq\"\n";
+
+#[test]
+fn a_route_with_handler_and_consumers() {
+    let cfg = load(&format!(
+        "redis_url = \"rediss://:pw@cache:6380/2\"\n[proxy]\nenabled = true\nmirror_buffer = \"8MiB\"\n{ROUTE}\
+         phase = \"shadow\"\npush = \"rpush\"\nhandler = {{ type = \"noop\" }}\npool = {{ concurrency = 3 }}\n\
+         redis_consumer = {{ concurrency = 2, max_attempts = 5, consumer_name = \"w1\" }}\n\
+         [[routes]]\nname = \"ev\"\nredis_key = \"events\"\nqueue = \"events\"\nformat = \"json\"\nkey_pointer = \"/meta/id\"\n"
+    ))
+    .unwrap();
+    assert_eq!(cfg.routes.len(), 2);
+    let mail = &cfg.routes[0];
+    assert_eq!((mail.name.as_str(), mail.phase), ("mail", crate::cutover::Phase::Shadow));
+    assert_eq!(mail.push, PushEnd::Rpush);
+    assert_eq!(mail.redis_consumer.as_ref().unwrap().max_attempts, 5);
+    assert_eq!(cfg.routes[1].phase, crate::cutover::Phase::RedisOnly);
+    assert_eq!(cfg.routes[1].format.to_string(), "json:/meta/id");
+    // The route's handler brings a pool for its queue.
+    assert_eq!(cfg.pools.len(), 1);
+    assert_eq!((cfg.pools[0].name.as_str(), cfg.pools[0].concurrency), ("route:mail", 3));
+    assert_eq!(cfg.proxy.upstream, "rediss://:pw@cache:6380/2");
+    assert_eq!(cfg.proxy.mirror_buffer, 8 << 20);
+}
+
+#[test]
+fn bad_routes_are_refused_with_the_reason() {
+    let cases = [
+        (format!("{ROUTE}{}", ROUTE), "two routes have this name"),
+        (format!("{ROUTE}{}", ROUTE.replace("queue = \"mail\"", "queue = \"other\"\nname = \"o\"")), "another route"),
+        (ROUTE.replace("sidekiq", "yaml"), "unknown payload format"),
+        (ROUTE.replace("sidekiq", "json"), "JSON pointer"),
+        (ROUTE.replace("sidekiq", "json:id"), "must start with '/'"),
+        (format!("{ROUTE}phase = \"dual-write\"\n"), "unknown phase"),
+        (format!("{ROUTE}pool = {{ concurrency = 2 }}\n"), "need the route's handler"),
+        (ROUTE.replace("\"mail\"", "\"ma il\""), "invalid queue name"),
+        (ROUTE.replace("\"queue:mail\"", "\"\""), "redis_key is empty"),
+        (format!("{ROUTE}colour = 1\n"), "colour"),
+        (format!("{ROUTE}dedup_window = \"1s\"\n"), "dedup_window"),
+        (
+            format!("{ROUTE}handler = {{ type = \"noop\" }}\nredis_consumer = {{ consumer_name = \"a b\" }}\n"),
+            "consumer_name",
+        ),
+        (
+            format!("{ROUTE}handler = {{ type = \"noop\" }}\n[[pools]]\nqueues = [\"mail\"]\nhandler = {{ type = \"noop\" }}\n"),
+            "served by both",
+        ),
+        ("redis_url = \"http://x\"".to_string(), "redis://"),
+        ("redis_url = \"not a url\"".to_string(), "not a URL"),
+        ("[proxy]\nmirror_batch = 0".to_string(), "mirror_batch"),
+    ];
+    for (text, expected) in cases {
+        let err = load(&text).unwrap_err().to_string();
+        assert!(err.contains(expected), "{text:?} gave {err:?}, expected {expected:?}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+}
+
+#[test]
+fn redis_url_passwords_are_redacted_in_errors() {
+    let err = load("redis_url = \"ftp://user:hunter2@h/\"").unwrap_err().to_string();
+    assert!(!err.contains("hunter2"), "{err}");
+}
