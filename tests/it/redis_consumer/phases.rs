@@ -139,7 +139,12 @@ async fn decommissioned_opens_no_connection_until_the_phase_changes(pool: PgPool
         1,
     )
     .await;
-    assert_eq!(fx.connections().await, 2);
+    wait_for(
+        "both slots' connections",
+        Duration::from_secs(10),
+        || async { fx.connections().await == 2 },
+    )
+    .await;
     // ...and decommissioning closes its connections.
     fx.routes.phases().set(&fx.name, Phase::Decommissioned);
     wait_for("connections to close", Duration::from_secs(10), || async {
