@@ -84,6 +84,7 @@ INSERT INTO qbridge.key_occurrences (queue, side, hash, n)
 SELECT t.queue, 'push', t.hash, count(*)
   FROM unnest($1::text[], $2::text[]) AS t(queue, hash)
  GROUP BY t.queue, t.hash
+ ORDER BY t.queue, t.hash
 ON CONFLICT (queue, side, hash) DO UPDATE SET n = key_occurrences.n + excluded.n
 RETURNING queue, hash, n
 "#;
@@ -91,9 +92,14 @@ RETURNING queue, hash, n
 const KEYS_SQL: &str = r#"
 INSERT INTO qbridge.job_keys (queue, key, copy, via, flagged)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+       AS t(queue, key, copy, via, flagged)
+ ORDER BY t.queue, t.key
 ON CONFLICT (queue, key) DO NOTHING
 RETURNING queue, key
 "#;
+
+// Both statements take row locks in (queue, hash) / (queue, key) order, so
+// two group commits sharing keys wait for each other instead of deadlocking.
 
 /// Stores `items` on `conn` (see the module docs) and returns one outcome
 /// per item, in order. An error leaves the caller's transaction to roll back.
