@@ -182,10 +182,11 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                      $6::text[], $7::text[], $8::int4[])
 "#;
 
-/// Inserts `outcomes` in one statement and returns the rows written. For
-/// callers that want to wait for the write (the HTTP endpoint); the live
-/// path uses an [`OutcomeRecorder`] instead.
-pub async fn record(db: &PgPool, outcomes: &[Outcome]) -> Result<u64> {
+/// Inserts `outcomes` in one statement (on a pool, a connection or the
+/// caller's transaction) and returns the rows written. For callers that
+/// want to wait for the write (the HTTP endpoint); the live path uses an
+/// [`OutcomeRecorder`] instead.
+pub async fn record<'e>(db: impl sqlx::PgExecutor<'e>, outcomes: &[Outcome]) -> Result<u64> {
     if outcomes.is_empty() {
         return Ok(0);
     }
