@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::frame::Limits;
@@ -89,19 +89,30 @@ pub(super) async fn serve(
     let (upstream_read, upstream_write) = upstream.into_split();
     let (tags, tag_rx) = mpsc::channel(TAGS_IN_FLIGHT);
     let closed = CancellationToken::new();
+    let attention = Arc::new(Notify::new());
     let reader = Reader {
         id,
         client: client_read,
         upstream: upstream_write,
         tags,
+        attention: Arc::clone(&attention),
+        maybe_silenced: false,
         shared: Arc::clone(&shared),
         stop: stop.clone(),
         closed: closed.clone(),
     };
     let reader = tokio::spawn(reader.run());
-    Replies::new(id, upstream_read, client_write, tag_rx, shared, stop)
-        .run()
-        .await;
+    Replies::new(
+        id,
+        upstream_read,
+        client_write,
+        tag_rx,
+        attention,
+        shared,
+        stop,
+    )
+    .run()
+    .await;
     closed.cancel();
     // The upstream write half (if the reader kept it) is dropped only now,
     // after every reply in flight was read.

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use super::command::{classify, is_push, Cmd, LocalPush, LocalStore, MirrorPush, Tag};
+use super::command::{classify, is_push, Cmd, LocalPush, LocalStore, MirrorPush, ReplyMode, Tag};
 use super::connection::Shared;
 use super::frame::{command_name, parse_command};
 use crate::cutover::Phase;
@@ -48,6 +48,12 @@ pub(super) struct Reader {
     pub client: OwnedReadHalf,
     pub upstream: OwnedWriteHalf,
     pub tags: mpsc::Sender<Tag>,
+    /// Wakes the reply side for tags that need it before Redis answers
+    /// anything (see [`Reader::flush`]).
+    pub attention: Arc<Notify>,
+    /// Set for good once the client used CLIENT REPLY OFF/SKIP: from then
+    /// on any command may go unanswered, so every tag wakes the reply side.
+    pub maybe_silenced: bool,
     pub shared: Arc<Shared>,
     /// The server is shutting down: stop reading new commands.
     pub stop: CancellationToken,
@@ -81,7 +87,15 @@ impl Reader {
                 true
             }
         };
-        let Reader { upstream, .. } = self;
+        let Reader {
+            upstream,
+            tags,
+            attention,
+            ..
+        } = self;
+        // The reply side notices the closed channel when it next looks.
+        drop(tags);
+        attention.notify_one();
         (!client_gone).then_some(upstream)
     }
 
@@ -105,6 +119,7 @@ impl Reader {
                         tracing::info!(conn = self.id, error = %e, "closing a client connection: malformed or over-limit RESP");
                         self.flush(batch, read_at).await?;
                         let _ = self.tags.send(Tag::Fatal(e.reply())).await;
+                        self.attention.notify_one();
                         return Ok(false);
                     }
                 };
@@ -132,6 +147,9 @@ impl Reader {
                     Routing::NotRouted => classify(&name, &args),
                 };
                 match cmd {
+                    Cmd::ClientReply(ReplyMode::Off | ReplyMode::Skip) => {
+                        self.maybe_silenced = true
+                    }
                     Cmd::Multi => in_multi = true,
                     Cmd::Exec | Cmd::Discard | Cmd::Reset => in_multi = false,
                     Cmd::Monitor => monitor = true,
@@ -228,11 +246,17 @@ impl Reader {
     }
 
     /// Writes the batch's bytes to Redis, then hands its tags over.
+    ///
+    /// A forwarded command's reply wakes the reply side anyway, which then
+    /// takes the tag from the channel: only tags that will get no reply from
+    /// Redis (local pushes, silenced commands) wake it here. That saves a
+    /// wake-up per command on the hot path.
     async fn flush(&mut self, batch: Batch, read_at: Instant) -> std::io::Result<()> {
         if !batch.out.is_empty() {
             self.upstream.write_all(&batch.out).await?;
         }
         let cost = read_at.elapsed();
+        let wake = self.maybe_silenced || batch.tags.iter().any(|t| !matches!(t, Tag::Sent { .. }));
         for tag in batch.tags {
             let tag = match tag {
                 Tag::Sent { cmd, .. } => Tag::Sent { cmd, cost },
@@ -242,6 +266,9 @@ impl Reader {
                 // The reply side is gone; the connection is closing.
                 return Err(std::io::Error::other("reply side closed"));
             }
+        }
+        if wake {
+            self.attention.notify_one();
         }
         Ok(())
     }

@@ -20,6 +20,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc::{self, error::TryRecvError};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::command::{local_reply, Cmd, LocalPush, LocalStore, MirrorPush, Tag};
@@ -49,6 +50,8 @@ pub(super) struct Replies {
     pub upstream: OwnedReadHalf,
     pub client: OwnedWriteHalf,
     pub tags: mpsc::Receiver<Tag>,
+    /// Signalled by the reader for tags that get no reply from Redis.
+    attention: Arc<Notify>,
     pub shared: Arc<Shared>,
     /// Server shutdown; only MONITOR streams, which have no tags, watch it.
     pub stop: CancellationToken,
@@ -72,6 +75,7 @@ impl Replies {
         upstream: OwnedReadHalf,
         client: OwnedWriteHalf,
         tags: mpsc::Receiver<Tag>,
+        attention: Arc<Notify>,
         shared: Arc<Shared>,
         stop: CancellationToken,
     ) -> Replies {
@@ -81,6 +85,7 @@ impl Replies {
             upstream,
             client,
             tags,
+            attention,
             shared,
             stop,
             session: Session::default(),
@@ -151,14 +156,8 @@ impl Replies {
             let want_tag = self.head.is_none() && !self.tags_closed;
             tokio::select! {
                 biased;
-                tag = self.tags.recv(), if want_tag => match tag {
-                    Some(tag) => {
-                        if self.begin(tag).await == Flow::Close {
-                            return 0;
-                        }
-                    }
-                    None => self.tags_closed = true,
-                },
+                // The loop's top takes whatever tags are there.
+                _ = self.attention.notified(), if want_tag => {}
                 read = self.upstream.read_buf(&mut self.buf) => {
                     self.last_read = Instant::now();
                     match read {

@@ -411,3 +411,57 @@ async fn an_unreachable_upstream_is_a_clear_startup_error(pool: PgPool) {
         "{err}"
     );
 }
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn max_clients_holds_extra_clients_until_a_slot_frees(pool: PgPool) {
+    let prefix = harness::prefix();
+    let mut config = harness::proxy_config();
+    config.max_clients = 1;
+    let proxy = harness::start_with(&pool, &prefix, Vec::new(), config).await;
+    let mut first = proxy.conn().await;
+    assert_eq!(first.call(&["PING"]).await, b"+PONG\r\n");
+    // The second connection waits in the backlog: its PING is not served.
+    let mut second = proxy.conn().await;
+    second.send(&cmd(&["PING"])).await;
+    assert!(
+        !second.has_data(Duration::from_millis(200)).await,
+        "a client over max_clients was served"
+    );
+    drop(first);
+    assert_eq!(second.frames(1).await[0], b"+PONG\r\n");
+    proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn shutdown_answers_commands_in_flight_then_closes(pool: PgPool) {
+    let prefix = harness::prefix();
+    let proxy = harness::start(&pool, &prefix, Vec::new()).await;
+    let name = format!("{prefix}drain");
+    let mut conn = proxy.conn().await;
+    assert_eq!(conn.call(&["CLIENT", "SETNAME", &name]).await, b"+OK\r\n");
+    let mut idle = proxy.conn().await;
+    assert_eq!(idle.call(&["PING"]).await, b"+PONG\r\n");
+    // A BLPOP that times out after a second is in flight at shutdown.
+    conn.send(&cmd(&["BLPOP", &format!("{prefix}:empty"), "1"]))
+        .await;
+    crate::support::wait_for("the BLPOP to block", Duration::from_secs(10), || async {
+        harness::client_list()
+            .await
+            .lines()
+            .any(|l| l.contains(&format!("name={name} ")) && l.contains("cmd=blpop"))
+    })
+    .await;
+    proxy.cancel();
+    // Idle connections close at once; the BLPOP still gets its answer.
+    assert_eq!(idle.until_closed().await, b"");
+    assert_eq!(conn.until_closed().await, b"*-1\r\n");
+    crate::support::wait_for("run() to return", Duration::from_secs(10), || async {
+        proxy.finished()
+    })
+    .await;
+    assert!(
+        tokio::net::TcpStream::connect(proxy.addr).await.is_err(),
+        "still accepting after shutdown"
+    );
+    proxy.stop().await;
+}

@@ -123,6 +123,16 @@ impl Harness {
         Raw::connect(&self.addr.to_string()).await
     }
 
+    /// Cancels the server's token (shutdown begins); see [`Harness::stop`].
+    pub fn cancel(&self) {
+        self.token.cancel();
+    }
+
+    /// Whether the server's `run` has returned.
+    pub fn finished(&self) -> bool {
+        self.server.is_finished()
+    }
+
     /// Stops the server and deletes the test's keys.
     pub async fn stop(self) {
         self.token.cancel();
