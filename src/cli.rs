@@ -60,11 +60,13 @@ pub enum Command {
     Run(RunArgs),
 
     /// Run the RESP proxy alone: producers point their Redis URL at it.
-    #[command(after_help = "Example:\n  qbridge proxy --config qbridge.toml --listen 0.0.0.0:6380\n\n\
+    #[command(
+        after_help = "Example:\n  qbridge proxy --config qbridge.toml --listen 0.0.0.0:6380\n\n\
         Every client connection is spliced to its own connection to [proxy] upstream\n\
         (default: redis_url). Pushes to a route's redis_key follow the route's phase:\n\
         forwarded and mirrored into Postgres (dual_write, shadow), or written to\n\
-        Postgres only (postgres_only, decommissioned). /metrics is served on [http] listen.")]
+        Postgres only (postgres_only, decommissioned). /metrics is served on [http] listen."
+    )]
     Proxy(ProxyArgs),
 
     /// Enqueue jobs from arguments or a JSON-lines file.

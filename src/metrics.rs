@@ -204,8 +204,14 @@ fn describe_redis_side() {
         PRODUCER_PUSH_FAILURES,
         "Producer API pushes to Redis that failed after commit (left in the outbox)"
     );
-    describe_gauge!(PROXY_CONNECTIONS, "Open client connections of the RESP proxy");
-    describe_counter!(PROXY_COMMANDS, "Commands forwarded or answered by the proxy");
+    describe_gauge!(
+        PROXY_CONNECTIONS,
+        "Open client connections of the RESP proxy"
+    );
+    describe_counter!(
+        PROXY_COMMANDS,
+        "Commands forwarded or answered by the proxy"
+    );
     describe_histogram!(
         PROXY_ADDED_LATENCY,
         Unit::Seconds,

@@ -3,8 +3,8 @@
 
 mod dlq;
 mod enqueue;
-mod proxy;
 pub(crate) mod output;
+mod proxy;
 pub(crate) use output::progress as progress_bar;
 mod stats;
 
@@ -42,7 +42,8 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
 
 async fn run(config: Config) -> Result<()> {
     let consumers = config.routes.iter().any(|r| r.redis_consumer.is_some());
-    if config.pools.is_empty() && config.schedules.is_empty() && !config.proxy.enabled && !consumers {
+    if config.pools.is_empty() && config.schedules.is_empty() && !config.proxy.enabled && !consumers
+    {
         return Err(crate::Error::Config(
             "nothing to run: add a [[pools]] entry, a route with a handler, or [proxy] enabled = true to the config file (see README)"
                 .into(),

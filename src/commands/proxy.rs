@@ -28,7 +28,10 @@ pub async fn run(config: Config, listen: Option<&str>) -> Result<()> {
     tracing::info!(listen = %addr, routes = config.routes.len(), "proxy running");
     stop.cancelled().await;
     side.finish(&maintenance, config.shutdown_deadline).await;
-    if tokio::time::timeout(Duration::from_secs(5), http).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), http)
+        .await
+        .is_err()
+    {
         tracing::warn!("http listener did not stop in time");
     }
     db.close().await;

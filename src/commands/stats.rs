@@ -22,7 +22,9 @@ pub async fn run(config: &Config, as_json: bool) -> Result<()> {
         route_stats::collect(&db, &routes, redis).await?
     };
     if as_json {
-        output::json(&serde_json::json!({ "queues": queues, "routes": route_stats, "database": health }));
+        output::json(
+            &serde_json::json!({ "queues": queues, "routes": route_stats, "database": health }),
+        );
         return Ok(());
     }
     let rows: Vec<Vec<String>> = queues
@@ -70,7 +72,17 @@ pub async fn run(config: &Config, as_json: bool) -> Result<()> {
         println!(
             "\n{}",
             output::table(
-                &["route", "phase", "keys", "flagged", "mirror", "live", "owed", "redis list", "gap"],
+                &[
+                    "route",
+                    "phase",
+                    "keys",
+                    "flagged",
+                    "mirror",
+                    "live",
+                    "owed",
+                    "redis list",
+                    "gap"
+                ],
                 &rows
             )
         );

@@ -153,7 +153,8 @@ fn overrides_win() {
     assert_eq!(cfg.proxy.upstream, "redis://r:6379");
 }
 
-const ROUTE: &str = "[[routes]]\nredis_key = \"queue:mail\"\nqueue = \"mail\"\nformat = \"sidekiq\"\n";
+const ROUTE: &str =
+    "[[routes]]\nredis_key = \"queue:mail\"\nqueue = \"mail\"\nformat = \"sidekiq\"\n";
 
 #[test]
 fn a_route_with_handler_and_consumers() {
@@ -166,14 +167,20 @@ fn a_route_with_handler_and_consumers() {
     .unwrap();
     assert_eq!(cfg.routes.len(), 2);
     let mail = &cfg.routes[0];
-    assert_eq!((mail.name.as_str(), mail.phase), ("mail", crate::cutover::Phase::Shadow));
+    assert_eq!(
+        (mail.name.as_str(), mail.phase),
+        ("mail", crate::cutover::Phase::Shadow)
+    );
     assert_eq!(mail.push, PushEnd::Rpush);
     assert_eq!(mail.redis_consumer.as_ref().unwrap().max_attempts, 5);
     assert_eq!(cfg.routes[1].phase, crate::cutover::Phase::RedisOnly);
     assert_eq!(cfg.routes[1].format.to_string(), "json:/meta/id");
     // The route's handler brings a pool for its queue.
     assert_eq!(cfg.pools.len(), 1);
-    assert_eq!((cfg.pools[0].name.as_str(), cfg.pools[0].concurrency), ("route:mail", 3));
+    assert_eq!(
+        (cfg.pools[0].name.as_str(), cfg.pools[0].concurrency),
+        ("route:mail", 3)
+    );
     assert_eq!(cfg.proxy.upstream, "rediss://:pw@cache:6380/2");
     assert_eq!(cfg.proxy.mirror_buffer, 8 << 20);
 }
@@ -206,13 +213,18 @@ fn bad_routes_are_refused_with_the_reason() {
     ];
     for (text, expected) in cases {
         let err = load(&text).unwrap_err().to_string();
-        assert!(err.contains(expected), "{text:?} gave {err:?}, expected {expected:?}");
+        assert!(
+            err.contains(expected),
+            "{text:?} gave {err:?}, expected {expected:?}"
+        );
         assert!(!err.contains('\n'), "{err}");
     }
 }
 
 #[test]
 fn redis_url_passwords_are_redacted_in_errors() {
-    let err = load("redis_url = \"ftp://user:hunter2@h/\"").unwrap_err().to_string();
+    let err = load("redis_url = \"ftp://user:hunter2@h/\"")
+        .unwrap_err()
+        .to_string();
     assert!(!err.contains("hunter2"), "{err}");
 }

@@ -114,8 +114,12 @@ pub(super) async fn post_jobs(
                 .iter()
                 .zip(&jobs)
                 .map(|(o, j)| match o {
-                    EnqueueOutcome::Inserted(id) => json!({"id": id, "key": j.key, "duplicate": false}),
-                    EnqueueOutcome::Duplicate(id) => json!({"id": id, "key": j.key, "duplicate": true}),
+                    EnqueueOutcome::Inserted(id) => {
+                        json!({"id": id, "key": j.key, "duplicate": false})
+                    }
+                    EnqueueOutcome::Duplicate(id) => {
+                        json!({"id": id, "key": j.key, "duplicate": true})
+                    }
                 })
                 .collect();
             Ok((
@@ -150,7 +154,11 @@ fn parse(body: &[u8]) -> Result<Vec<PostedJob>, (StatusCode, Json<Value>)> {
 }
 
 /// The list item of a job posted to a routed queue.
-fn routed_item(i: usize, job: PostedJob, route: &str) -> Result<bytes::Bytes, (StatusCode, Json<Value>)> {
+fn routed_item(
+    i: usize,
+    job: PostedJob,
+    route: &str,
+) -> Result<bytes::Bytes, (StatusCode, Json<Value>)> {
     let refuse = |m: String| error_reply(StatusCode::BAD_REQUEST, &format!("job {}: {m}", i + 1));
     let extra = job.key.is_some()
         || job.kind.is_some()
@@ -175,14 +183,21 @@ fn routed_item(i: usize, job: PostedJob, route: &str) -> Result<bytes::Bytes, (S
     }
 }
 
-fn plain_job(i: usize, job: PostedJob, queue: &str, limit: usize) -> Result<NewJob, (StatusCode, Json<Value>)> {
+fn plain_job(
+    i: usize,
+    job: PostedJob,
+    queue: &str,
+    limit: usize,
+) -> Result<NewJob, (StatusCode, Json<Value>)> {
     let refuse = |m: String| error_reply(StatusCode::BAD_REQUEST, &format!("job {}: {m}", i + 1));
     if job.item_b64.is_some() {
         return Err(refuse(
             "item_b64 is only for queues that belong to a route".into(),
         ));
     }
-    let payload = job.payload.ok_or_else(|| refuse("payload is missing".into()))?;
+    let payload = job
+        .payload
+        .ok_or_else(|| refuse("payload is missing".into()))?;
     let mut new = NewJob::new(queue, payload);
     new.key = job.key;
     new.kind = job.kind;

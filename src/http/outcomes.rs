@@ -53,7 +53,11 @@ pub(super) async fn post_outcomes(
         if !matches!(r.outcome.as_str(), "ok" | "failed" | "dead") {
             return Err(error_reply(
                 StatusCode::BAD_REQUEST,
-                &format!("outcome {}: must be ok, failed or dead, got {:?}", i + 1, r.outcome),
+                &format!(
+                    "outcome {}: must be ok, failed or dead, got {:?}",
+                    i + 1,
+                    r.outcome
+                ),
             ));
         }
         if r.queue.is_empty() || r.key.is_empty() {
@@ -63,7 +67,11 @@ pub(super) async fn post_outcomes(
             ));
         }
     }
-    let mut tx = state.db.begin().await.map_err(|e| service_error(e.into()))?;
+    let mut tx = state
+        .db
+        .begin()
+        .await
+        .map_err(|e| service_error(e.into()))?;
     for r in &reported {
         sqlx::query("SELECT qbridge.report_outcome($1, $2, $3, $4)")
             .bind(&r.queue)
@@ -75,5 +83,8 @@ pub(super) async fn post_outcomes(
             .map_err(|e| service_error(e.into()))?;
     }
     tx.commit().await.map_err(|e| service_error(e.into()))?;
-    Ok((StatusCode::CREATED, Json(json!({"recorded": reported.len()}))))
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"recorded": reported.len()})),
+    ))
 }

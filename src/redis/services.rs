@@ -19,14 +19,14 @@ use crate::cutover::Phase;
 use crate::error::Result;
 use crate::proxy::{ProxyDeps, ProxyServer};
 use crate::redis::consumer::{ConsumerOptions, ConsumerReport, RedisConsumer};
-use crate::shadow::{OutcomeRecorder, RecorderOptions};
-use crate::shadow::outcomes::WriterReport;
-use crate::worker::Handler;
 use crate::redis::mirror::{self, Mirror, MirrorOptions};
 use crate::redis::outbox;
 use crate::redis::producer::{connect_redis, Producer};
 use crate::redis::routes::Routes;
+use crate::shadow::outcomes::WriterReport;
+use crate::shadow::{OutcomeRecorder, RecorderOptions};
 use crate::ticker;
+use crate::worker::Handler;
 
 /// How often owed pushes and parked mirror items are retried.
 const REPAIR_EVERY: Duration = Duration::from_secs(5);
@@ -62,8 +62,10 @@ impl RedisSide {
         maintenance: &CancellationToken,
     ) -> Result<RedisSide> {
         let routes = Routes::from_config(&cfg.routes);
-        let needs_redis =
-            with_mirror || routes.iter().any(|r| routes.phase(r) != Phase::Decommissioned);
+        let needs_redis = with_mirror
+            || routes
+                .iter()
+                .any(|r| routes.phase(r) != Phase::Decommissioned);
         let redis = match needs_redis && (with_mirror || !routes.is_empty()) {
             true => Some(connect_redis(&cfg.redis_url).await?),
             false => None,
@@ -88,7 +90,9 @@ impl RedisSide {
                 move || {
                     let (db, mut conn, routes) = (db.clone(), conn.clone(), routes.clone());
                     async move {
-                        if let Err(e) = outbox::repair_once(&db, &mut conn, &routes, OUTBOX_GRACE).await {
+                        if let Err(e) =
+                            outbox::repair_once(&db, &mut conn, &routes, OUTBOX_GRACE).await
+                        {
                             tracing::debug!(error = %e, "outbox repair deferred");
                         }
                     }
@@ -146,11 +150,17 @@ impl RedisSide {
         }
         // The writer outlives the consumers: it ends once they (and so every
         // recorder handle) are gone, after writing what they recorded.
-        let (recorder, writer) =
-            OutcomeRecorder::spawn(db.clone(), RecorderOptions::default(), CancellationToken::new());
+        let (recorder, writer) = OutcomeRecorder::spawn(
+            db.clone(),
+            RecorderOptions::default(),
+            CancellationToken::new(),
+        );
         for route in &routes {
             let handler_cfg = route.config.handler.as_ref().ok_or_else(|| {
-                crate::Error::Config(format!("route {:?}: redis_consumer needs a handler", route.name))
+                crate::Error::Config(format!(
+                    "route {:?}: redis_consumer needs a handler",
+                    route.name
+                ))
             })?;
             let consumer = RedisConsumer::new(
                 Arc::clone(route),
@@ -165,7 +175,8 @@ impl RedisSide {
                 drain: cfg.shutdown_deadline,
                 ..ConsumerOptions::default()
             });
-            self.consumers.push(tokio::spawn(consumer.run(intake.clone())));
+            self.consumers
+                .push(tokio::spawn(consumer.run(intake.clone())));
         }
         self.outcomes = Some((recorder, writer));
         Ok(routes.len())
@@ -181,7 +192,8 @@ impl RedisSide {
     ) -> Result<std::net::SocketAddr> {
         let Some((mirror, _)) = &self.mirror else {
             return Err(crate::Error::Config(
-                "the proxy needs the mirror writers: start the Redis side with the proxy enabled".into(),
+                "the proxy needs the mirror writers: start the Redis side with the proxy enabled"
+                    .into(),
             ));
         };
         let deps = ProxyDeps {

@@ -90,11 +90,13 @@ impl Runtime {
         }
         redis_side.start_consumers(cfg, &self.db, &stop).await?;
         if self.serve_http {
-            let mut state = crate::http::AppState::new(self.db.clone(), crate::telemetry::prometheus());
+            let mut state =
+                crate::http::AppState::new(self.db.clone(), crate::telemetry::prometheus());
             state.producer = redis_side.producer.clone().map(|p| p.with_via(Via::Http));
             state.payload_limit = cfg.payload_limit;
             state.max_body = cfg.http.max_body.0;
-            background.push(crate::http::serve(&cfg.http.listen, state, maintenance.clone()).await?);
+            background
+                .push(crate::http::serve(&cfg.http.listen, state, maintenance.clone()).await?);
         }
 
         let (done_tx, done_rx) = completer::spawn(
@@ -190,7 +192,9 @@ impl Runtime {
         // Every pool (and so every completer sender) is gone: the completer
         // flushes what is left and returns.
         report.completer = done_rx.await.unwrap_or_default();
-        redis_side.finish(&maintenance, Duration::from_secs(10)).await;
+        redis_side
+            .finish(&maintenance, Duration::from_secs(10))
+            .await;
         // A maintenance pass stuck on a half-open connection must not hold the
         // process: give them a moment, then abort.
         let grace = tokio::time::Instant::now() + Duration::from_secs(5);

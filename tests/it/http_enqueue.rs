@@ -29,10 +29,15 @@ async fn app(pool: &PgPool, phase: Phase) -> (String, String) {
         .build_recorder()
         .handle();
     let (routes, key) = route_table("json:/id", phase);
-    let producer = Producer::connect(pool.clone(), Some("redis://127.0.0.1:6379"), routes, 1 << 20)
-        .await
-        .unwrap()
-        .with_via(Via::Http);
+    let producer = Producer::connect(
+        pool.clone(),
+        Some("redis://127.0.0.1:6379"),
+        routes,
+        1 << 20,
+    )
+    .await
+    .unwrap()
+    .with_via(Via::Http);
     let mut state = AppState::new(pool.clone(), prometheus);
     state.producer = Some(producer);
     state.max_body = 64 * 1024;
@@ -69,7 +74,11 @@ async fn plain_queues_take_one_job_or_a_batch(pool: PgPool) {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["jobs"][0]["duplicate"], true);
     assert_eq!(
-        support::count(&pool, "SELECT count(*) FROM qbridge.jobs WHERE queue = 'emails' AND copy = 'live'").await,
+        support::count(
+            &pool,
+            "SELECT count(*) FROM qbridge.jobs WHERE queue = 'emails' AND copy = 'live'"
+        )
+        .await,
         2
     );
 }
@@ -83,7 +92,10 @@ async fn routed_queues_follow_the_phase(pool: PgPool) {
     )
     .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    assert_eq!((body["phase"].as_str(), body["pushed"].as_u64()), (Some("dual_write"), Some(2)));
+    assert_eq!(
+        (body["phase"].as_str(), body["pushed"].as_u64()),
+        (Some("dual_write"), Some(2))
+    );
     assert_eq!(body["jobs"][1]["key"], "h2");
     let mut redis = ::redis::Client::open("redis://127.0.0.1:6379")
         .unwrap()
@@ -93,7 +105,11 @@ async fn routed_queues_follow_the_phase(pool: PgPool) {
     let items: Vec<String> = redis.lrange(&key, 0, -1).await.unwrap();
     assert_eq!(items, vec![r#"{"id":"h2"}"#, r#"{"id":"h1"}"#]);
     assert_eq!(
-        support::count(&pool, "SELECT count(*) FROM qbridge.jobs WHERE queue = 'q' AND copy = 'mirror'").await,
+        support::count(
+            &pool,
+            "SELECT count(*) FROM qbridge.jobs WHERE queue = 'q' AND copy = 'mirror'"
+        )
+        .await,
         2
     );
 }
@@ -103,13 +119,41 @@ async fn bad_requests_are_one_line_errors_and_store_nothing(pool: PgPool) {
     let (base, _) = app(&pool, Phase::PostgresOnly).await;
     let cases = [
         ("emails", "not json".to_string(), StatusCode::BAD_REQUEST),
-        ("emails", json!({"payload": 1, "bogus": 2}).to_string(), StatusCode::BAD_REQUEST),
-        ("emails", json!([{"payload": 1}, {"key": "no payload"}]).to_string(), StatusCode::BAD_REQUEST),
-        ("emails", json!({"payload": 1, "run_at": "tomorrow"}).to_string(), StatusCode::BAD_REQUEST),
-        ("bad;name", json!({"payload": 1}).to_string(), StatusCode::BAD_REQUEST),
-        ("q", json!({"payload": {"id": 1}, "key": "x"}).to_string(), StatusCode::BAD_REQUEST),
-        ("q", json!({"item_b64": "***"}).to_string(), StatusCode::BAD_REQUEST),
-        ("emails", json!({"payload": "x".repeat(70_000)}).to_string(), StatusCode::PAYLOAD_TOO_LARGE),
+        (
+            "emails",
+            json!({"payload": 1, "bogus": 2}).to_string(),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "emails",
+            json!([{"payload": 1}, {"key": "no payload"}]).to_string(),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "emails",
+            json!({"payload": 1, "run_at": "tomorrow"}).to_string(),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "bad;name",
+            json!({"payload": 1}).to_string(),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "q",
+            json!({"payload": {"id": 1}, "key": "x"}).to_string(),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "q",
+            json!({"item_b64": "***"}).to_string(),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "emails",
+            json!({"payload": "x".repeat(70_000)}).to_string(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+        ),
     ];
     for (queue, body, expected) in cases {
         let (status, reply) = post(&format!("{base}/v1/queues/{queue}/jobs"), body).await;
@@ -130,7 +174,11 @@ async fn outside_workers_report_outcomes(pool: PgPool) {
         .to_string(),
     )
     .await;
-    assert_eq!((status, body["recorded"].as_u64()), (StatusCode::CREATED, Some(2)), "{body}");
+    assert_eq!(
+        (status, body["recorded"].as_u64()),
+        (StatusCode::CREATED, Some(2)),
+        "{body}"
+    );
     let (status, body) = post(
         &format!("{base}/v1/outcomes"),
         json!({"queue": "q", "key": "jid-3", "outcome": "maybe"}).to_string(),

@@ -25,7 +25,11 @@ fn pg_bindir() -> PathBuf {
         }
     }
     let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path().join("bin")).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin"))
+                .collect()
+        })
         .unwrap_or_default();
     versions.sort();
     versions
