@@ -1,0 +1,101 @@
+//! The settling half of the reply side: EXEC's array (mirror what ran,
+//! splice in the locally answered pushes) and the Postgres write of a
+//! locally answered push.
+
+use std::sync::Arc;
+
+use super::super::command::{one_line, LocalPush, LocalStore};
+use super::super::connection::Shared;
+use super::super::frame::{self, Frame};
+use super::super::session::{took, Entry};
+use super::Replies;
+use crate::metrics as m;
+
+impl Replies {
+    /// EXEC's array arrived: mirror the pushes Redis ran successfully, write
+    /// the locally answered pushes to Postgres, and splice their results in
+    /// at their places in command order.
+    pub(super) async fn exec(&mut self, entries: Vec<Entry>, frame: Option<Frame>, bytes: &[u8]) {
+        let Some(Frame::Array(results)) = frame else {
+            self.out.extend_from_slice(bytes);
+            return;
+        };
+        let queued = entries
+            .iter()
+            .filter(|e| matches!(e, Entry::Redis(_)))
+            .count();
+        if queued != results.len() {
+            // Cannot happen with Redis's rules; if it does, pass the reply on
+            // untouched rather than guess, and write nothing to Postgres.
+            tracing::error!(
+                conn = self.id,
+                queued,
+                results = results.len(),
+                "EXEC reply does not match the queued commands; nothing mirrored"
+            );
+            self.out.extend_from_slice(bytes);
+            return;
+        }
+        let local = entries.iter().any(|e| matches!(e, Entry::Local(_)));
+        let mut results = results.into_iter();
+        let mut spliced = Vec::with_capacity(entries.len());
+        for entry in entries {
+            match entry {
+                Entry::Redis(push) => {
+                    let result = results.next().unwrap_or(Frame::Null);
+                    if let Some(push) = push.filter(|_| took(Some(&result))) {
+                        self.mirror(push).await;
+                    }
+                    spliced.push(Ok(result));
+                }
+                // Started together, awaited in order below.
+                Entry::Local(push) => {
+                    spliced.push(Err(tokio::spawn(store(Arc::clone(&self.shared), push))))
+                }
+            }
+        }
+        if !local {
+            self.out.extend_from_slice(bytes);
+            return;
+        }
+        let mut array = Vec::with_capacity(spliced.len());
+        for slot in spliced {
+            array.push(match slot {
+                Ok(frame) => frame,
+                Err(handle) => {
+                    let result = self
+                        .settle(handle)
+                        .await
+                        .unwrap_or_else(|e| Err(format!("store task failed: {e}")));
+                    match result {
+                        Ok(n) => Frame::Integer(i64::try_from(n).unwrap_or(i64::MAX)),
+                        Err(reason) => {
+                            Frame::Error(format!("ERR qbridge: {}", one_line(&reason)).into())
+                        }
+                    }
+                }
+            });
+        }
+        frame::encode(&Frame::Array(array), &mut self.out);
+    }
+}
+
+/// Writes a locally answered push to Postgres (or collects the write the
+/// reader started) and counts the result.
+pub(super) async fn store(shared: Arc<Shared>, push: LocalPush) -> Result<usize, String> {
+    let route = push.route.name.clone();
+    let result = match push.store {
+        LocalStore::Started(handle) => handle
+            .await
+            .unwrap_or_else(|e| Err(format!("store task failed: {e}"))),
+        LocalStore::Deferred(items) => shared
+            .mirror
+            .store_live(Arc::clone(&push.route), items)
+            .await
+            .map(|stored| stored.len()),
+    };
+    let label = if result.is_ok() { "ok" } else { "error" };
+    metrics::counter!(m::PROXY_POSTGRES_WRITES, "route" => route, "result" => label)
+        .increment(push.items as u64);
+    result
+}
