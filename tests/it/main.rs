@@ -12,6 +12,7 @@ mod http_enqueue;
 mod lock_key;
 mod maintenance;
 mod mirror;
+mod outage;
 mod outcomes;
 mod producer;
 mod proxy;
