@@ -18,6 +18,8 @@ async fn qbridge(args: &[&str]) -> Output {
         .env_remove("QBRIDGE_DATABASE_URL")
         .env_remove("QBRIDGE_CONFIG")
         .env_remove("QBRIDGE_HTTP_LISTEN")
+        .env_remove("QBRIDGE_REDIS_URL")
+        .env_remove("QBRIDGE_PROXY_LISTEN")
         .env("QBRIDGE_LOG_FORMAT", "text")
         .output()
         .await
@@ -109,4 +111,44 @@ async fn dlq_list_json_is_an_object(pool: PgPool) {
     assert!(out.status.success(), "{out:?}");
     let v: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
     assert_eq!(v, json!({ "dead_jobs": [] }));
+}
+
+/// `qbridge proxy` and `qbridge run` with a Redis that does not answer: one
+/// line naming Redis, with the password redacted, and a non-zero exit.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn an_unreachable_redis_is_a_one_line_startup_error(pool: PgPool) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.toml");
+    std::fs::write(
+        &config,
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+         [[routes]]\nredis_key = \"k\"\nqueue = \"q\"\nformat = \"raw\"\nphase = \"dual_write\"\nhandler = { type = \"noop\" }\n",
+    )
+    .unwrap();
+    let url = support::db_url(&pool);
+    let redis = format!("redis://:hunter2@127.0.0.1:{}", crate::servers::free_port());
+    let config = config.to_string_lossy().to_string();
+    for command in ["proxy", "run"] {
+        let mut args = vec![
+            command,
+            "--config",
+            &config,
+            "--database-url",
+            &url,
+            "--redis-url",
+            &redis,
+        ];
+        if command == "run" {
+            args.extend(["--http-listen", "127.0.0.1:0"]);
+        }
+        let out = qbridge(&args).await;
+        assert!(!out.status.success(), "{command}: {out:?}");
+        let line = last_stderr_line(&out);
+        assert!(
+            line.contains("cannot connect to Redis"),
+            "{command}: {line}"
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("hunter2"), "{command}: {stderr}");
+    }
 }

@@ -36,7 +36,9 @@ async fn postgres_down_in_dual_write_keeps_pushes_working_and_fills_the_gap_late
     let cfg = Config::from_toml(&toml, &Overrides::default()).expect("config");
     let maintenance = CancellationToken::new();
     let intake = CancellationToken::new();
-    let mut side = RedisSide::start(&cfg, &db, true, &maintenance).await.expect("redis side");
+    let mut side = RedisSide::start(&cfg, &db, true, &maintenance)
+        .await
+        .expect("redis side");
     let addr = side
         .start_proxy(&cfg, Some("127.0.0.1:0"), intake.clone())
         .await
