@@ -69,7 +69,8 @@ pub struct RedisConsumerConfig {
     pub retry_delay: Duration,
     /// Stable name of this consumer: its processing lists are
     /// `qbridge:processing:<route>:<name>:<n>`, so a restart with the same
-    /// name finds and recovers them. Defaults to the host name.
+    /// name finds and recovers them. Must be unique among running consumers
+    /// of a route and the same after a restart. Defaults to the host name.
     pub consumer_name: String,
 }
 
@@ -321,10 +322,16 @@ fn validate_consumer(
     if max_attempts == 0 {
         return Err("redis_consumer.max_attempts must be at least 1");
     }
+    // The kernel's host name, not $HOSTNAME: shells do not export it and
+    // systemd does not set it, and two replicas falling back to one shared
+    // name would share processing lists. Set it explicitly where the host
+    // name is not stable across restarts (a Kubernetes Deployment's pods).
     let consumer_name = c.consumer_name.unwrap_or_else(|| {
-        std::env::var("HOSTNAME")
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
             .ok()
+            .map(|h| h.trim().to_string())
             .filter(|h| !h.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
             .unwrap_or_else(|| "qbridge".into())
     });
     if consumer_name.is_empty()
