@@ -102,6 +102,7 @@ impl Mirror {
         let (tx, rx) = mpsc::channel(4096);
         let rx = Arc::new(Mutex::new(rx));
         let mut writers = JoinSet::new();
+        let breaker = Breaker::new();
         for _ in 0..opts.writers.max(1) {
             let writer = Writer {
                 pool: pool.clone(),
@@ -109,6 +110,7 @@ impl Mirror {
                 rx: Arc::clone(&rx),
                 opts,
                 probe: probe.clone(),
+                breaker: breaker.clone(),
             };
             writers.spawn(writer.run());
         }
@@ -128,8 +130,16 @@ impl Mirror {
         items: Vec<Bytes>,
         acked_at: Instant,
     ) -> Result<(), MirrorClosed> {
-        self.send(route, items, JobCopy::Mirror, Via::Proxy, acked_at, None)
-            .await
+        let (name, n) = (route.name.clone(), items.len() as u64);
+        let queued = self
+            .send(route, items, JobCopy::Mirror, Via::Proxy, acked_at, None)
+            .await;
+        if queued.is_err() {
+            // Redis has the item and runs it; only its mirror copy is
+            // missing, and the diff reports it.
+            metrics::counter!(m::MIRROR_LOST, "route" => name).increment(n);
+        }
+        queued
     }
 
     /// Writes items as live copies and waits for the commit.
@@ -188,6 +198,63 @@ struct Writer {
     rx: Arc<Mutex<mpsc::Receiver<Request>>>,
     opts: MirrorOptions,
     probe: Option<LagProbe>,
+    breaker: Breaker,
+}
+
+/// Shared by a mirror's writers: open (skip Postgres) for a moment after a
+/// write found Postgres unavailable. Milliseconds since `epoch`; 0 = closed.
+#[derive(Clone)]
+struct Breaker {
+    epoch: Instant,
+    open_until_ms: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// How long writers skip Postgres after finding it unavailable.
+const BREAKER_OPEN: Duration = Duration::from_secs(1);
+
+impl Breaker {
+    fn new() -> Breaker {
+        Breaker {
+            epoch: Instant::now(),
+            open_until_ms: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn is_open(&self) -> bool {
+        self.now_ms()
+            < self
+                .open_until_ms
+                .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn open(&self) {
+        let until = self.now_ms() + BREAKER_OPEN.as_millis() as u64;
+        self.open_until_ms
+            .store(until, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn close(&self) {
+        self.open_until_ms
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Errors that mean "Postgres is not there" (as opposed to a bad batch).
+fn is_unavailable(err: &crate::Error) -> bool {
+    matches!(
+        err,
+        crate::Error::Db(
+            sqlx::Error::Io(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_)
+        )
+    ) || matches!(err, crate::Error::Db(sqlx::Error::Database(e)) if e.code().is_some_and(|c| c.starts_with("57") || c.starts_with("08") || c == "55P03"))
 }
 
 /// Where [`Mirror::start_probed`] puts lag samples, in seconds.
@@ -222,7 +289,25 @@ impl Writer {
     async fn write(&mut self, batch: Vec<Request>) {
         let count: usize = batch.iter().map(|r| r.items.len()).sum();
         metrics::histogram!(m::MIRROR_BATCH_ITEMS).record(count as f64);
-        match write_batch(&self.pool, &batch, self.opts.payload_limit).await {
+        // While Postgres is known to be down, do not make every batch wait
+        // out a connect timeout: park it at once and probe again later.
+        if self.breaker.is_open() {
+            for request in batch {
+                self.fail(
+                    request,
+                    "Postgres unavailable (a recent write failed; retrying shortly)",
+                )
+                .await;
+            }
+            return;
+        }
+        let result = write_batch(&self.pool, &batch, self.opts.payload_limit).await;
+        match &result {
+            Ok(_) => self.breaker.close(),
+            Err(e) if is_unavailable(e) => self.breaker.open(),
+            Err(_) => {}
+        }
+        match result {
             Ok(mut results) => {
                 let now = Instant::now();
                 for request in batch.into_iter().rev() {
@@ -294,6 +379,12 @@ async fn write_batch(
         })
         .collect();
     let mut tx = pool.begin().await?;
+    // A batch stuck behind a lock (a business transaction holding a key it
+    // shares, a manual LOCK TABLE) fails over to the gap list instead of
+    // stalling every proxy client behind the mirror buffer.
+    sqlx::query("SET LOCAL lock_timeout = '2s'")
+        .execute(&mut *tx)
+        .await?;
     let stored = store::store(&mut tx, items, payload_limit).await?;
     tx.commit().await?;
     Ok(stored)
@@ -317,50 +408,88 @@ async fn spool(
 const REPAIR_BATCH: usize = 500;
 
 /// Writes up to one batch per route from the gap lists into Postgres (as
-/// mirror copies); returns how many items were repaired. Items whose write
-/// fails go back to the head of their gap list.
+/// mirror copies); returns how many items were repaired.
+///
+/// Items are read (LRANGE), written, and only then trimmed from the list, so
+/// a crash or a failed write leaves them where they were. New items are
+/// appended at the tail meanwhile and the trim removes only the head that was
+/// written. A short Redis lock per route keeps two processes from writing
+/// the same items (identical raw items would otherwise get two occurrences).
 pub async fn repair_gaps_once(
     pool: &PgPool,
     conn: &mut ConnectionManager,
     routes: &Routes,
     payload_limit: usize,
 ) -> crate::Result<u64> {
+    let redis_err = |e: ::redis::RedisError| crate::Error::Redis(format!("gap repair: {e}"));
     let mut repaired = 0;
     for route in routes.iter() {
         let key = gap_key(route);
-        let count = std::num::NonZeroUsize::new(REPAIR_BATCH);
-        let taken: Vec<Vec<u8>> = conn
-            .lpop(&key, count)
+        let lock = format!("{key}:lock");
+        let token = uuid::Uuid::new_v4().to_string();
+        let locked: Option<String> = ::redis::cmd("SET")
+            .arg(&lock)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(REPAIR_LOCK.as_millis() as u64)
+            .query_async(conn)
             .await
-            .map_err(|e| crate::Error::InvalidInput(format!("gap repair: Redis: {e}")))?;
-        if taken.is_empty() {
+            .map_err(redis_err)?;
+        if locked.is_none() {
             continue;
         }
-        let items = taken
-            .iter()
-            .map(|b| Item {
-                route,
-                decoded: decode_bytes(&route.format, Bytes::copy_from_slice(b)),
-                copy: JobCopy::Mirror,
-                via: Via::Repair,
-            })
-            .collect();
-        let result = async {
-            let mut tx = pool.begin().await?;
-            store::store(&mut tx, items, payload_limit).await?;
-            tx.commit().await?;
-            crate::Result::Ok(())
-        }
-        .await;
-        if let Err(e) = result {
-            // Put them back in their order, at the head where they were.
-            let back: Vec<&[u8]> = taken.iter().rev().map(Vec::as_slice).collect();
-            let _: ::redis::RedisResult<()> = conn.lpush(&key, back).await;
-            return Err(e);
-        }
-        repaired += taken.len() as u64;
+        let result = repair_route(pool, conn, route, &key, payload_limit).await;
+        // Released only if still ours (it may have expired and been taken).
+        let _: ::redis::RedisResult<i64> = ::redis::Script::new(RELEASE_LUA)
+            .key(&lock)
+            .arg(&token)
+            .invoke_async(conn)
+            .await;
+        repaired += result?;
     }
     Ok(repaired)
+}
+
+/// How long one process may hold a route's gap repair.
+const REPAIR_LOCK: Duration = Duration::from_secs(60);
+
+const RELEASE_LUA: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
+async fn repair_route(
+    pool: &PgPool,
+    conn: &mut ConnectionManager,
+    route: &Route,
+    key: &str,
+    payload_limit: usize,
+) -> crate::Result<u64> {
+    let taken: Vec<Vec<u8>> = conn
+        .lrange(key, 0, REPAIR_BATCH as isize - 1)
+        .await
+        .map_err(|e| crate::Error::Redis(format!("gap repair: {e}")))?;
+    if taken.is_empty() {
+        return Ok(0);
+    }
+    let items = taken
+        .iter()
+        .map(|b| Item {
+            route,
+            decoded: decode_bytes(&route.format, Bytes::copy_from_slice(b)),
+            copy: JobCopy::Mirror,
+            via: Via::Repair,
+        })
+        .collect();
+    let mut tx = pool.begin().await?;
+    store::store(&mut tx, items, payload_limit).await?;
+    tx.commit().await?;
+    // Written: now drop them from the head. If this trim fails they are
+    // written again next pass, and their keys make that a no-op (content-hash
+    // items would get a second occurrence: counted as a duplicate by the diff).
+    conn.ltrim::<_, ()>(key, taken.len() as isize, -1)
+        .await
+        .map_err(|e| crate::Error::Redis(format!("gap repair: {e}")))?;
+    Ok(taken.len() as u64)
 }
 
 /// Repairs gaps every `interval` until `token` is cancelled. Quiet unless it

@@ -4,8 +4,11 @@
 //! Paying is fenced by row locks. [`pay`] deletes its rows in a transaction,
 //! pushes, then commits; the repair loop ([`repair_once`]) takes only rows
 //! older than a grace period with `SKIP LOCKED`. So a row is pushed by one of
-//! them, not both. A crash after the push and before the commit pushes the
-//! item again later (at least once): Redis has no transaction with Postgres.
+//! them at a time. The push itself is idempotent: a Lua script pushes an
+//! item only if it can first set the marker `qbridge:paid:<row token>`
+//! (kept 7 days), so when the push happened but its reply was lost (a
+//! timeout, a crash before the commit) the row is paid again without a
+//! second copy in Redis.
 
 use std::time::Duration;
 
@@ -25,6 +28,8 @@ use crate::redis::routes::{Route, Routes};
 pub struct Owed {
     /// The outbox row.
     pub id: i64,
+    /// The row's random token: names its paid marker in Redis.
+    pub token: uuid::Uuid,
     /// The item, byte for byte.
     pub original: Bytes,
 }
@@ -39,24 +44,25 @@ pub async fn owe(
     if items.is_empty() {
         return Ok(Vec::new());
     }
-    let ids: Vec<i64> = sqlx::query_scalar(
+    let rows: Vec<(i64, uuid::Uuid)> = sqlx::query_as(
         "INSERT INTO qbridge.redis_outbox (queue, key, original) \
          SELECT $1, k, o FROM unnest($2::text[], $3::bytea[]) WITH ORDINALITY AS t(k, o, ord) \
-         ORDER BY ord RETURNING id",
+         ORDER BY ord RETURNING id, token",
     )
     .bind(queue)
     .bind(items.iter().map(|(k, _)| *k).collect::<Vec<_>>())
     .bind(items.iter().map(|(_, b)| b.as_ref()).collect::<Vec<_>>())
     .fetch_all(&mut *conn)
     .await?;
-    let mut ids = ids;
+    let mut rows = rows;
     // Identity values follow insertion order (ORDER BY ord).
-    ids.sort_unstable();
-    Ok(ids
+    rows.sort_unstable_by_key(|(id, _)| *id);
+    Ok(rows
         .into_iter()
         .zip(items)
-        .map(|(id, (_, b))| Owed {
+        .map(|((id, token), (_, b))| Owed {
             id,
+            token,
             original: (*b).clone(),
         })
         .collect())
@@ -73,6 +79,42 @@ pub async fn push_items(
         PushEnd::Lpush => conn.lpush::<_, _, ()>(key, items).await,
         PushEnd::Rpush => conn.rpush::<_, _, ()>(key, items).await,
     }
+}
+
+/// How long a paid marker is kept: longer than any outbox row waits.
+const PAID_TTL_SECS: u64 = 7 * 86_400;
+
+/// Pushes each item unless its marker says it was pushed already.
+const PUSH_ONCE_LUA: &str = r#"
+local pushed = 0
+for i = 3, #ARGV, 2 do
+  if redis.call('SET', ARGV[i], '1', 'NX', 'EX', tonumber(ARGV[2])) then
+    redis.call(ARGV[1], KEYS[1], ARGV[i + 1])
+    pushed = pushed + 1
+  end
+end
+return pushed
+"#;
+
+/// The idempotent push of the outbox rows with `tokens` (their `items`, in order).
+async fn push_once(
+    conn: &mut ConnectionManager,
+    route: &Route,
+    tokens: &[uuid::Uuid],
+    items: &[&[u8]],
+) -> ::redis::RedisResult<i64> {
+    let script = ::redis::Script::new(PUSH_ONCE_LUA);
+    let mut invocation = script.key(route.redis_key.as_ref());
+    invocation.arg(match route.push {
+        PushEnd::Lpush => "LPUSH",
+        PushEnd::Rpush => "RPUSH",
+    });
+    invocation.arg(PAID_TTL_SECS);
+    for (token, item) in tokens.iter().zip(items) {
+        invocation.arg(format!("qbridge:paid:{token}"));
+        invocation.arg(*item);
+    }
+    invocation.invoke_async(conn).await
 }
 
 /// Pushes `owed` and deletes their rows; the rows some other payer holds or
@@ -102,7 +144,12 @@ pub async fn pay(
     if items.is_empty() {
         return Ok(0);
     }
-    if let Err(e) = push_items(conn, route, &items).await {
+    let tokens: Vec<uuid::Uuid> = owed
+        .iter()
+        .filter(|o| mine.contains(&o.id))
+        .map(|o| o.token)
+        .collect();
+    if let Err(e) = push_once(conn, route, &tokens, &items).await {
         tx.rollback().await?;
         let reason = format!("Redis push failed: {e}");
         sqlx::query(
@@ -136,8 +183,8 @@ pub async fn repair_once(
         if routes.phase(route) == Phase::Decommissioned {
             continue;
         }
-        let rows: Vec<(i64, Vec<u8>)> = sqlx::query_as(
-            "SELECT id, original FROM qbridge.redis_outbox \
+        let rows: Vec<(i64, uuid::Uuid, Vec<u8>)> = sqlx::query_as(
+            "SELECT id, token, original FROM qbridge.redis_outbox \
               WHERE queue = $1 AND created_at < now() - $2 * interval '1 millisecond' \
               ORDER BY id LIMIT $3",
         )
@@ -151,8 +198,9 @@ pub async fn repair_once(
         }
         let owed: Vec<Owed> = rows
             .into_iter()
-            .map(|(id, original)| Owed {
+            .map(|(id, token, original)| Owed {
                 id,
+                token,
                 original: Bytes::from(original),
             })
             .collect();

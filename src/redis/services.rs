@@ -71,6 +71,26 @@ impl RedisSide {
             false => None,
         };
         let mut tasks = Vec::new();
+        if !routes.is_empty() {
+            let (db, routes) = (db.clone(), routes.clone());
+            tasks.push(tokio::spawn(ticker::every(
+                Duration::from_secs(60),
+                maintenance.clone(),
+                true,
+                move || {
+                    let (db, routes) = (db.clone(), routes.clone());
+                    async move {
+                        match crate::redis::store::prune_keys_once(&db, &routes).await {
+                            Ok(0) => {}
+                            Ok(n) => {
+                                tracing::info!(keys = n, "forgot job keys past their dedup window")
+                            }
+                            Err(e) => tracing::warn!(error = %e, "job key pruning failed"),
+                        }
+                    }
+                },
+            )));
+        }
         let producer = if routes.is_empty() {
             None
         } else {
@@ -211,12 +231,16 @@ impl RedisSide {
     /// proxy answers what it read, the mirror writers write what was queued,
     /// then `maintenance` is cancelled and the repair loops stop.
     pub async fn finish(mut self, maintenance: &CancellationToken, deadline: Duration) {
-        let until = tokio::time::Instant::now() + deadline;
+        // Each stage gets its own budget: a proxy that used all of its drain
+        // must not leave the mirror writers no time to write (or park) what
+        // Redis already took.
+        let stage = || tokio::time::Instant::now() + deadline;
         if let Some(mut proxy) = self.proxy.take() {
-            if tokio::time::timeout_at(until, &mut proxy).await.is_err() {
+            if tokio::time::timeout_at(stage(), &mut proxy).await.is_err() {
                 proxy.abort();
             }
         }
+        let until = stage();
         for mut consumer in std::mem::take(&mut self.consumers) {
             match tokio::time::timeout_at(until, &mut consumer).await {
                 Ok(Ok(r)) => tracing::info!(route = %r.route, ok = r.ok, failed = r.failed,
@@ -227,21 +251,25 @@ impl RedisSide {
         }
         if let Some((recorder, mut writer)) = self.outcomes.take() {
             drop(recorder);
-            if tokio::time::timeout_at(until, &mut writer).await.is_err() {
+            if tokio::time::timeout_at(stage(), &mut writer).await.is_err() {
                 writer.abort();
             }
         }
         // Outstanding Producer clones (HTTP) hold no Mirror, so dropping ours
-        // and the proxy's lets the writers see the end of their queue.
+        // (the proxy's went with it) lets the writers see the end of their
+        // queue. With Postgres down they park the rest in the gap list fast
+        // (their breaker skips the connect timeout).
         if let Some((mirror, mut writers)) = self.mirror.take() {
             drop(mirror);
+            let until = stage();
             while let Ok(Some(_)) = tokio::time::timeout_at(until, writers.join_next()).await {}
             if !writers.is_empty() {
-                tracing::warn!("mirror writers did not drain in time; unwritten items are reported by the diff");
+                tracing::error!("mirror writers did not finish in time; items still queued are neither mirrored nor parked (their Redis copies run; the diff reports them)");
                 writers.abort_all();
             }
         }
         maintenance.cancel();
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
         for mut task in self.tasks {
             if tokio::time::timeout_at(until, &mut task).await.is_err() {
                 task.abort();

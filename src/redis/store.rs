@@ -125,15 +125,22 @@ pub async fn store(
             None => None,
         })
         .collect();
-    let fresh = known_keys(conn, &items, &keys, &flags).await?;
+    let mut fresh = known_keys(conn, &items, &keys, &flags).await?;
+    let upgraded = promote_mirror_keys(conn, &items, &keys, &mut fresh).await?;
     let mut jobs = Vec::new();
     let mut fresh_index = Vec::new();
+    let mut upgraded_index = Vec::new();
     let mut claimed: HashSet<(&str, &str)> = HashSet::new();
     for (i, (item, key)) in items.iter().zip(&keys).enumerate() {
         // The first item of a batch with a key takes it; later ones are
         // duplicates of it, like a later batch's would be.
         let pair = (item.route.queue.as_str(), key.as_str());
-        if fresh.contains(&(pair.0.to_string(), pair.1.to_string())) && claimed.insert(pair) {
+        let owned = (pair.0.to_string(), pair.1.to_string());
+        if let Some(&id) = upgraded.get(&owned) {
+            if claimed.insert(pair) {
+                upgraded_index.push((i, id));
+            }
+        } else if fresh.contains(&owned) && claimed.insert(pair) {
             jobs.push(new_job(item, key, oversize[i]));
             fresh_index.push(i);
         }
@@ -145,6 +152,12 @@ pub async fn store(
         .iter()
         .map(|k| Stored::Duplicate { key: k.clone() })
         .collect();
+    for (i, id) in upgraded_index {
+        stored[i] = Stored::New {
+            id,
+            key: keys[i].clone(),
+        };
+    }
     for (i, outcome) in fresh_index.into_iter().zip(outcomes) {
         // An in-flight job with this key that job_keys did not know (enqueued
         // by plain SQL or `qbridge enqueue` with the same key) stays the one job.
@@ -247,6 +260,67 @@ async fn known_keys(
 /// The flag of an item whose payload is over `payload_limit`.
 const OVERSIZED: &str = "payload over payload_limit; the item is kept in jobs.original";
 
+const PROMOTE_KEYS_SQL: &str = r#"
+UPDATE qbridge.job_keys k SET copy = 'live', seen_at = now()
+  FROM unnest($1::text[], $2::text[]) AS t(queue, key)
+ WHERE k.queue = t.queue AND k.key = t.key AND k.copy = 'mirror'
+RETURNING k.queue, k.key
+"#;
+
+const UPGRADE_JOBS_SQL: &str = r#"
+UPDATE qbridge.jobs j SET copy = 'live'
+  FROM unnest($1::text[], $2::text[]) AS t(queue, key)
+ WHERE j.queue = t.queue AND j.key = t.key AND j.copy = 'mirror' AND j.state = 'ready'
+RETURNING j.queue, j.key, j.id
+"#;
+
+/// A live item (postgres_only) whose key was recorded as a mirror copy is a
+/// re-push after the flip — a Sidekiq retry, an RQ requeue — of a job that
+/// ran (or failed) on the Redis side. Redis will not see this push, so it
+/// must run here: its key becomes live and it is enqueued as a new job, or,
+/// when the mirror copy is still waiting in the queue, that copy becomes the
+/// live one. Returns the upgraded jobs; adds the rest to `fresh`.
+///
+/// A mirror copy being drained at this very moment (state `running`) cannot
+/// be upgraded and still holds the key: the item is then reported as a
+/// duplicate — the window is one drain, and the diff shows it.
+async fn promote_mirror_keys(
+    conn: &mut PgConnection,
+    items: &[Item<'_>],
+    keys: &[String],
+    fresh: &mut HashSet<(String, String)>,
+) -> Result<HashMap<(String, String), i64>> {
+    let (mut queues, mut known) = (Vec::new(), Vec::new());
+    for (item, key) in items.iter().zip(keys) {
+        let pair = (item.route.queue.clone(), key.clone());
+        if item.copy == JobCopy::Live && !fresh.contains(&pair) {
+            queues.push(pair.0);
+            known.push(pair.1);
+        }
+    }
+    if known.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let promoted: Vec<(String, String)> = sqlx::query_as(PROMOTE_KEYS_SQL)
+        .bind(&queues)
+        .bind(&known)
+        .fetch_all(&mut *conn)
+        .await?;
+    if promoted.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let (pq, pk): (Vec<String>, Vec<String>) = promoted.iter().cloned().unzip();
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(UPGRADE_JOBS_SQL)
+        .bind(&pq)
+        .bind(&pk)
+        .fetch_all(&mut *conn)
+        .await?;
+    let upgraded: HashMap<(String, String), i64> =
+        rows.into_iter().map(|(q, k, id)| ((q, k), id)).collect();
+    fresh.extend(promoted.into_iter().filter(|p| !upgraded.contains_key(p)));
+    Ok(upgraded)
+}
+
 /// The job of one item. A payload over the limit is not refused (Redis has
 /// already taken the item): it is stored flagged, with its bytes kept in
 /// `original`, so nothing is lost and `stats` shows it.
@@ -263,4 +337,31 @@ fn new_job(item: &Item<'_>, key: &str, oversize: bool) -> NewJob {
     job.kind = decoded.kind.clone();
     job.max_attempts = item.route.max_attempts;
     job
+}
+
+/// Keys deleted per route and pass, so one pass is a short statement.
+const PRUNE_BATCH: i64 = 10_000;
+
+/// Forgets job keys older than their route's dedup window (a re-push after
+/// that is a new job); returns how many were deleted. A maintenance pass.
+pub async fn prune_keys_once(
+    pool: &sqlx::PgPool,
+    routes: &crate::redis::routes::Routes,
+) -> Result<u64> {
+    let mut pruned = 0;
+    for route in routes.iter() {
+        let done = sqlx::query(
+            "DELETE FROM qbridge.job_keys WHERE (queue, key) IN ( \
+                 SELECT queue, key FROM qbridge.job_keys \
+                  WHERE queue = $1 AND seen_at < now() - $2 * interval '1 millisecond' \
+                  LIMIT $3)",
+        )
+        .bind(&route.queue)
+        .bind(route.config.dedup_window.as_millis() as i64)
+        .bind(PRUNE_BATCH)
+        .execute(pool)
+        .await?;
+        pruned += done.rows_affected();
+    }
+    Ok(pruned)
 }

@@ -292,3 +292,142 @@ async fn redis_down_reports_the_error_and_acknowledges_only_what_was_stored(pool
         0
     );
 }
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_repush_after_the_flip_of_a_mirrored_key_runs_live(pool: PgPool) {
+    let (routes, key) = route_table("json:/id", Phase::DualWrite);
+    let producer = Producer::connect(pool.clone(), Some(REDIS), routes.clone(), 1 << 20)
+        .await
+        .unwrap();
+    producer
+        .enqueue("r", vec![json_item(1), json_item(2)])
+        .await
+        .unwrap();
+    // job-1's mirror copy was drained; job-2's still waits in the queue.
+    sqlx::query("DELETE FROM qbridge.jobs WHERE key = 'job-1'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let waiting: i64 = sqlx::query_scalar("SELECT id FROM qbridge.jobs WHERE key = 'job-2'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+    // After the flip, Sidekiq-style retries of both come in: Redis will
+    // never see them, so both must become live copies here.
+    routes.phases().set("r", Phase::PostgresOnly);
+    let done = producer
+        .enqueue("r", vec![json_item(1), json_item(2)])
+        .await
+        .unwrap();
+    assert!(
+        matches!(done.stored[0], Stored::New { .. }),
+        "{:?}",
+        done.stored
+    );
+    assert_eq!(
+        done.stored[1],
+        Stored::New {
+            id: waiting,
+            key: "job-2".into()
+        }
+    );
+    assert_eq!(
+        support::count(
+            &pool,
+            "SELECT count(*) FROM qbridge.jobs WHERE copy = 'live'"
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        support::count(
+            &pool,
+            "SELECT count(*) FROM qbridge.job_keys WHERE copy = 'live'"
+        )
+        .await,
+        2
+    );
+    // A third push of a now-live key is a plain duplicate.
+    let again = producer.enqueue("r", vec![json_item(1)]).await.unwrap();
+    assert!(matches!(again.stored[0], Stored::Duplicate { .. }));
+    assert_eq!(
+        list(&key).await.len(),
+        2,
+        "nothing more was pushed to Redis"
+    );
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn keys_past_the_dedup_window_are_forgotten(pool: PgPool) {
+    let (routes, _key) = route_table("json:/id", Phase::PostgresOnly);
+    let producer = Producer::connect(pool.clone(), Some(REDIS), routes.clone(), 1 << 20)
+        .await
+        .unwrap();
+    producer
+        .enqueue("r", vec![json_item(1), json_item(2)])
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE qbridge.job_keys SET seen_at = now() - interval '8 days' WHERE key = 'job-1'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let pruned = qbridge::redis::store::prune_keys_once(&pool, &routes)
+        .await
+        .unwrap();
+    assert_eq!(pruned, 1);
+    assert_eq!(
+        support::count(&pool, "SELECT count(*) FROM qbridge.job_keys").await,
+        1
+    );
+}
+
+/// A push that reached Redis but whose row was not deleted (the reply timed
+/// out, the process died before its commit) is not pushed a second time.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn an_owed_push_already_made_is_not_made_twice(pool: PgPool) {
+    let (routes, key) = route_table("json:/id", Phase::DualWrite);
+    let producer = Producer::connect(pool.clone(), Some(REDIS), routes.clone(), 1 << 20)
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let pending = producer
+        .enqueue_in(&mut tx, "r", vec![json_item(1)])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // The first pay pushes, but pretend its commit was lost: the row stays.
+    drop(pending);
+    let token: uuid::Uuid = sqlx::query_scalar("SELECT token FROM qbridge.redis_outbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let mut conn = connect_redis(REDIS).await.unwrap();
+    assert_eq!(
+        outbox::repair_once(&pool, &mut conn, &routes, Duration::ZERO)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(list(&key).await.len(), 1);
+    sqlx::query("INSERT INTO qbridge.redis_outbox (queue, key, original, token) VALUES ('q', 'job-1', $1, $2)")
+        .bind(json_item(1).as_ref())
+        .bind(token)
+        .execute(&pool)
+        .await
+        .unwrap();
+    outbox::repair_once(&pool, &mut conn, &routes, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(
+        list(&key).await.len(),
+        1,
+        "the marker kept the second pay from pushing"
+    );
+    assert_eq!(
+        support::count(&pool, "SELECT count(*) FROM qbridge.redis_outbox").await,
+        0
+    );
+}
