@@ -193,7 +193,7 @@ impl Runtime {
         // flushes what is left and returns.
         report.completer = done_rx.await.unwrap_or_default();
         redis_side
-            .finish(&maintenance, Duration::from_secs(10))
+            .finish(&maintenance, cfg.shutdown_deadline)
             .await;
         // A maintenance pass stuck on a half-open connection must not hold the
         // process: give them a moment, then abort.
