@@ -81,6 +81,8 @@ pub(super) struct RouteFile {
     #[serde(default)]
     name: Option<String>,
     redis_key: String,
+    #[serde(default)]
+    db: i64,
     queue: String,
     format: String,
     #[serde(default)]
@@ -108,6 +110,9 @@ pub struct RouteConfig {
     pub name: String,
     /// The Redis list producers push to.
     pub redis_key: String,
+    /// The Redis database (SELECT index) of that list; default 0. The proxy
+    /// routes only pushes on this database's key.
+    pub db: i64,
     /// The Postgres queue its jobs go to. One route per queue.
     pub queue: String,
     /// How list items are read (job key, kind, payload).
@@ -247,10 +252,13 @@ pub(super) fn validate_routes(
         if !names.insert(name.clone()) {
             return Err(ctx("two routes have this name".into()));
         }
-        if !keys.insert(file.redis_key.clone()) {
+        if file.db < 0 {
+            return Err(ctx("db must be 0 or more".into()));
+        }
+        if !keys.insert((file.db, file.redis_key.clone())) {
             return Err(ctx(format!(
-                "redis_key {:?} already belongs to another route",
-                file.redis_key
+                "redis_key {:?} in db {} already belongs to another route",
+                file.redis_key, file.db
             )));
         }
         if !queues.insert(file.queue.clone()) {
@@ -298,6 +306,7 @@ pub(super) fn validate_routes(
         routes.push(RouteConfig {
             name,
             redis_key: file.redis_key,
+            db: file.db,
             queue: file.queue,
             format,
             phase,

@@ -198,6 +198,7 @@ fn bad_routes_are_refused_with_the_reason() {
         (ROUTE.replace("\"mail\"", "\"ma il\""), "invalid queue name"),
         (ROUTE.replace("\"queue:mail\"", "\"\""), "redis_key is empty"),
         (format!("{ROUTE}colour = 1\n"), "colour"),
+        (format!("{ROUTE}db = -1\n"), "db must be 0 or more"),
         (format!("{ROUTE}dedup_window = \"1s\"\n"), "dedup_window"),
         (
             format!("{ROUTE}handler = {{ type = \"noop\" }}\nredis_consumer = {{ consumer_name = \"a b\" }}\n"),
@@ -219,6 +220,18 @@ fn bad_routes_are_refused_with_the_reason() {
         );
         assert!(!err.contains('\n'), "{err}");
     }
+}
+
+#[test]
+fn a_redis_key_is_routed_once_per_database() {
+    let other = ROUTE.replace("queue = \"mail\"", "queue = \"other\"\nname = \"o\"");
+    let cfg = load(&format!("{ROUTE}{other}db = 3\n")).unwrap();
+    let dbs: Vec<i64> = cfg.routes.iter().map(|r| r.db).collect();
+    assert_eq!(dbs, [0, 3]);
+    let err = load(&format!("{ROUTE}db = 3\n{other}db = 3\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("in db 3 already belongs"), "{err}");
 }
 
 #[test]

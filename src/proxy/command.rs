@@ -2,11 +2,13 @@
 //! for the reply side.
 //!
 //! The reader classifies every command by its name only (never by its
-//! arguments' contents, which are personal data), because only a handful of
-//! commands change how Redis answers: the pub/sub family (one confirmation
-//! per channel), MULTI/EXEC/DISCARD/RESET (queued replies), HELLO (the
-//! protocol), CLIENT REPLY (no replies at all) and MONITOR (a stream). Every
-//! other command is [`Cmd::Plain`]: one reply.
+//! arguments' contents, which are personal data; SELECT's index is the one
+//! argument read), because only a handful of commands change how Redis
+//! answers or where a push lands: the pub/sub family (one confirmation per
+//! channel), MULTI/EXEC/DISCARD/RESET (queued replies), HELLO (the
+//! protocol), CLIENT REPLY (no replies at all), MONITOR (a stream) and SELECT
+//! (the database routes are matched in). Every other command is
+//! [`Cmd::Plain`]: one reply.
 
 use std::sync::Arc;
 
@@ -76,6 +78,9 @@ pub(super) enum Cmd {
     Discard,
     Reset,
     Hello,
+    /// `SELECT index`; `None` if the index is not an integer (Redis refuses
+    /// it).
+    Select(Option<i64>),
     /// MONITOR: after it the connection is a byte stream, not replies.
     Monitor,
     /// `count` confirmations (one per argument), or one error.
@@ -90,6 +95,15 @@ pub(super) enum Cmd {
         count: usize,
     },
     ClientReply(ReplyMode),
+}
+
+impl Cmd {
+    /// Whether the database may differ after this command: SELECT, RESET,
+    /// and EXEC/DISCARD (which settle a SELECT queued in MULTI). The reply
+    /// side publishes the database when it finishes one of these.
+    pub(super) fn moves_db(&self) -> bool {
+        matches!(self, Cmd::Select(_) | Cmd::Reset | Cmd::Exec | Cmd::Discard)
+    }
 }
 
 /// The Postgres write of a routed push in `postgres_only`/`decommissioned`.
@@ -148,6 +162,11 @@ pub(super) fn classify(name: &str, args: &[Bytes]) -> Cmd {
         "DISCARD" => Cmd::Discard,
         "RESET" => Cmd::Reset,
         "HELLO" => Cmd::Hello,
+        "SELECT" if argc == 2 => Cmd::Select(
+            std::str::from_utf8(&args[1])
+                .ok()
+                .and_then(|index| index.parse().ok()),
+        ),
         "MONITOR" => Cmd::Monitor,
         "SUBSCRIBE" | "PSUBSCRIBE" | "SSUBSCRIBE" => {
             let f = match name {

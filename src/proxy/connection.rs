@@ -3,16 +3,17 @@
 //! pub/sub keep Redis's per-connection meaning), a reader task and the reply
 //! side, joined by a bounded channel of tags.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::frame::Limits;
-use super::reader::Reader;
+use super::reader::{Fence, Reader};
 use super::replies::Replies;
 use crate::metrics as m;
 use crate::redis::mirror::Mirror;
@@ -37,6 +38,45 @@ pub(super) struct Shared {
     pub commands: metrics::Counter,
     pub latency: metrics::Histogram,
     pub protocol_errors: metrics::Counter,
+}
+
+/// What the reader and the reply side of one connection share besides the
+/// tag channel.
+pub(super) struct Link {
+    /// Signalled by the reader for tags that get no reply from Redis.
+    pub attention: Notify,
+    /// (Un)subscribe commands the reader has written to Redis, counted
+    /// *before* the write: a confirmation push that arrives while the reply
+    /// side has taken fewer of their tags belongs to a tag still on its way,
+    /// whereas one that arrives with none outstanding is unsolicited (Redis
+    /// sends `sunsubscribe` on its own when a shard channel's slot moves).
+    pub pubsub_sent: AtomicU64,
+    /// The database the connection's next commands run in, published by the
+    /// reply side; the reader routes pushes by it.
+    pub db: watch::Sender<Selected>,
+}
+
+/// The selected database as of the `done`-th tag the reply side finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Selected {
+    /// How many tags the reply side had taken when it published this.
+    pub done: u64,
+    /// `None` when unknown (a SELECT Redis took but the proxy could not
+    /// read): no route matches then.
+    pub db: Option<i64>,
+}
+
+impl Link {
+    pub(super) fn new() -> Link {
+        Link {
+            attention: Notify::new(),
+            pubsub_sent: AtomicU64::new(0),
+            db: watch::Sender::new(Selected {
+                done: 0,
+                db: Some(0),
+            }),
+        }
+    }
 }
 
 /// Holds the open-connections gauge up for as long as it lives.
@@ -89,30 +129,24 @@ pub(super) async fn serve(
     let (upstream_read, upstream_write) = upstream.into_split();
     let (tags, tag_rx) = mpsc::channel(TAGS_IN_FLIGHT);
     let closed = CancellationToken::new();
-    let attention = Arc::new(Notify::new());
+    let link = Arc::new(Link::new());
     let reader = Reader {
         id,
         client: client_read,
         upstream: upstream_write,
         tags,
-        attention: Arc::clone(&attention),
+        selected: link.db.subscribe(),
+        link: Arc::clone(&link),
+        fence: Fence::default(),
         maybe_silenced: false,
         shared: Arc::clone(&shared),
         stop: stop.clone(),
         closed: closed.clone(),
     };
     let reader = tokio::spawn(reader.run());
-    Replies::new(
-        id,
-        upstream_read,
-        client_write,
-        tag_rx,
-        attention,
-        shared,
-        stop,
-    )
-    .run()
-    .await;
+    Replies::new(id, upstream_read, client_write, tag_rx, link, shared, stop)
+        .run()
+        .await;
     closed.cancel();
     // The upstream write half (if the reader kept it) is dropped only now,
     // after every reply in flight was read.

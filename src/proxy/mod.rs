@@ -22,6 +22,11 @@
 //! settling pushes), `session` (the connection state replies depend on),
 //! `connection` (one splice), `server` ([`ProxyServer`]).
 //!
+//! A route matches a push by database and key: the connection's database
+//! is tracked from Redis's answers (SELECT's `+OK`; RESET returns to 0; HELLO
+//! keeps it), so the same list name used by another application under
+//! another SELECT index passes through untouched.
+//!
 //! Known limits, by design or for later:
 //! - With `CLIENT REPLY OFF/SKIP`, Redis does not say whether it took a push,
 //!   so a routed push sent then is mirrored without waiting for a reply.
@@ -30,6 +35,11 @@
 //! - Commands that change the connection's state (HELLO, SUBSCRIBE, CLIENT
 //!   REPLY) queued *inside* MULTI are forwarded, but their effect at EXEC is
 //!   not tracked; neither are MULTI/EXEC sent while replies are off.
+//! - A SELECT queued in MULTI is taken to succeed at EXEC for the pushes
+//!   queued after it (an out-of-range index fails only there, and those
+//!   pushes then run in the old database); the database after EXEC is read
+//!   from EXEC's array. Under CLIENT REPLY OFF/SKIP a SELECT with a numeric
+//!   index is taken to succeed.
 //! - A routed push in `postgres_only` is answered even where Redis would
 //!   have refused it (RESP2 subscribe mode, a wrong-type key).
 //! - Locally answered pushes of one pipelined connection are written by

@@ -8,18 +8,25 @@
 //! command. The tag channel is bounded: when it is full the reader stops
 //! reading the client, so a client that pipelines faster than Redis (or
 //! Postgres) answers is slowed down, never buffered without limit.
+//!
+//! A route is matched by database and key. The database is the reply side's
+//! (Redis's answers are the truth: a SELECT to an index out of range fails),
+//! so a push on a routed key read after a SELECT, RESET or the EXEC of a
+//! MULTI with a SELECT waits until the reply side has that command's answer:
+//! one round trip, once per such command, only when a routed key follows.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::command::{classify, is_push, Cmd, LocalPush, LocalStore, MirrorPush, ReplyMode, Tag};
-use super::connection::Shared;
+use super::connection::{Link, Selected, Shared};
 use super::frame::{command_name, parse_command};
 use crate::cutover::Phase;
 use crate::metrics as m;
@@ -48,9 +55,12 @@ pub(super) struct Reader {
     pub client: OwnedReadHalf,
     pub upstream: OwnedWriteHalf,
     pub tags: mpsc::Sender<Tag>,
-    /// Wakes the reply side for tags that need it before Redis answers
-    /// anything (see [`Reader::flush`]).
-    pub attention: Arc<Notify>,
+    /// Shared with the reply side: its `attention` wakes it for tags that
+    /// need it before Redis answers anything (see [`Reader::flush`]).
+    pub link: Arc<Link>,
+    /// The database as the reply side last published it.
+    pub selected: watch::Receiver<Selected>,
+    pub fence: Fence,
     /// Set for good once the client used CLIENT REPLY OFF/SKIP: from then
     /// on any command may go unanswered, so every tag wakes the reply side.
     pub maybe_silenced: bool,
@@ -59,6 +69,18 @@ pub(super) struct Reader {
     pub stop: CancellationToken,
     /// The reply side has ended: nothing more can be answered.
     pub closed: CancellationToken,
+}
+
+/// Which tags the database depends on (see the module docs).
+#[derive(Default)]
+pub(super) struct Fence {
+    /// Tags handed to the reply side so far.
+    sent: u64,
+    /// The number of the last tag after which the database may differ.
+    last: u64,
+    /// A SELECT was read inside the current MULTI: its EXEC (or DISCARD)
+    /// settles the database.
+    select_in_multi: bool,
 }
 
 /// What one read's worth of commands becomes.
@@ -90,12 +112,12 @@ impl Reader {
         let Reader {
             upstream,
             tags,
-            attention,
+            link,
             ..
         } = self;
         // The reply side notices the closed channel when it next looks.
         drop(tags);
-        attention.notify_one();
+        link.attention.notify_one();
         (!client_gone).then_some(upstream)
     }
 
@@ -119,7 +141,7 @@ impl Reader {
                         tracing::info!(conn = self.id, error = %e, "closing a client connection: malformed or over-limit RESP");
                         self.flush(batch, read_at).await?;
                         let _ = self.tags.send(Tag::Fatal(e.reply())).await;
-                        self.attention.notify_one();
+                        self.link.attention.notify_one();
                         return Ok(false);
                     }
                 };
@@ -146,6 +168,18 @@ impl Reader {
                     Routing::Forward(push) => Cmd::Push(push),
                     Routing::NotRouted => classify(&name, &args),
                 };
+                let moves_db = match cmd {
+                    Cmd::Select(_) => {
+                        self.fence.select_in_multi |= in_multi;
+                        true
+                    }
+                    Cmd::Reset => {
+                        self.fence.select_in_multi = false;
+                        true
+                    }
+                    Cmd::Exec | Cmd::Discard => std::mem::take(&mut self.fence.select_in_multi),
+                    _ => false,
+                };
                 match cmd {
                     Cmd::ClientReply(ReplyMode::Off | ReplyMode::Skip) => {
                         self.maybe_silenced = true
@@ -157,6 +191,9 @@ impl Reader {
                 }
                 batch.out.extend_from_slice(&bytes);
                 batch.tags.push(sent(cmd));
+                if moves_db {
+                    self.fence.last = self.fence.sent + batch.tags.len() as u64;
+                }
                 if monitor {
                     break;
                 }
@@ -199,7 +236,14 @@ impl Reader {
         if !is_push(name) || args.len() < 3 {
             return Ok(Routing::NotRouted);
         }
-        let Some(route) = self.shared.routes.by_redis_key(&args[1]).cloned() else {
+        if !self.shared.routes.is_routed_key(&args[1]) {
+            return Ok(Routing::NotRouted);
+        }
+        let db = self.selected_db(batch, read_at).await?;
+        let Some(route) = db
+            .and_then(|db| self.shared.routes.by_db_key(db, &args[1]))
+            .cloned()
+        else {
             return Ok(Routing::NotRouted);
         };
         let phase = self.shared.routes.phase(&route);
@@ -245,6 +289,29 @@ impl Reader {
         })))
     }
 
+    /// The database the next command runs in. If a command that may change
+    /// it is not answered yet, the commands read so far go to Redis first,
+    /// and the reader waits for the reply side to have the answer.
+    async fn selected_db(
+        &mut self,
+        batch: &mut Batch,
+        read_at: Instant,
+    ) -> std::io::Result<Option<i64>> {
+        let last = self.fence.last;
+        if self.selected.borrow().done < last {
+            let ready = std::mem::take(batch);
+            self.flush(ready, read_at).await?;
+            let settled = tokio::select! {
+                _ = self.closed.cancelled() => false,
+                seen = self.selected.wait_for(|s| s.done >= last) => seen.is_ok(),
+            };
+            if !settled {
+                return Err(std::io::Error::other("reply side closed"));
+            }
+        }
+        Ok(self.selected.borrow().db)
+    }
+
     /// Writes the batch's bytes to Redis, then hands its tags over.
     ///
     /// A forwarded command's reply wakes the reply side anyway, which then
@@ -252,6 +319,25 @@ impl Reader {
     /// Redis (local pushes, silenced commands) wake it here. That saves a
     /// wake-up per command on the hot path.
     async fn flush(&mut self, batch: Batch, read_at: Instant) -> std::io::Result<()> {
+        let pubsub = batch
+            .tags
+            .iter()
+            .filter(|t| {
+                matches!(
+                    t,
+                    Tag::Sent {
+                        cmd: Cmd::Subscribe { .. } | Cmd::Unsubscribe { .. },
+                        ..
+                    }
+                )
+            })
+            .count();
+        if pubsub > 0 {
+            // Before the write: see `Link::pubsub_sent`.
+            self.link
+                .pubsub_sent
+                .fetch_add(pubsub as u64, Ordering::Release);
+        }
         if !batch.out.is_empty() {
             self.upstream.write_all(&batch.out).await?;
         }
@@ -266,9 +352,10 @@ impl Reader {
                 // The reply side is gone; the connection is closing.
                 return Err(std::io::Error::other("reply side closed"));
             }
+            self.fence.sent += 1;
         }
         if wake {
-            self.attention.notify_one();
+            self.link.attention.notify_one();
         }
         Ok(())
     }

@@ -12,6 +12,7 @@
 //! while the proxy waits.
 
 use std::future::{poll_fn, Future};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -20,13 +21,12 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc::{self, error::TryRecvError};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::command::{local_reply, Cmd, LocalPush, MirrorPush, Tag};
-use super::connection::Shared;
+use super::connection::{Link, Selected, Shared};
 use super::frame::{self, Decoder, Frame};
-use super::session::{Action, Expect, Session};
+use super::session::{may_confirm, Action, Expect, Session};
 
 mod exec;
 
@@ -53,8 +53,7 @@ pub(super) struct Replies {
     pub upstream: OwnedReadHalf,
     pub client: OwnedWriteHalf,
     pub tags: mpsc::Receiver<Tag>,
-    /// Signalled by the reader for tags that get no reply from Redis.
-    attention: Arc<Notify>,
+    link: Arc<Link>,
     pub shared: Arc<Shared>,
     /// Server shutdown; only MONITOR streams, which have no tags, watch it.
     pub stop: CancellationToken,
@@ -64,6 +63,9 @@ pub(super) struct Replies {
     out: Vec<u8>,
     head: Option<Head>,
     tags_closed: bool,
+    /// Tags taken from the channel, and of them (un)subscribe commands.
+    taken: u64,
+    pubsub_taken: u64,
     client_gone: bool,
     /// When the last upstream read returned: a reply is ready from then on.
     last_read: Instant,
@@ -78,7 +80,7 @@ impl Replies {
         upstream: OwnedReadHalf,
         client: OwnedWriteHalf,
         tags: mpsc::Receiver<Tag>,
-        attention: Arc<Notify>,
+        link: Arc<Link>,
         shared: Arc<Shared>,
         stop: CancellationToken,
     ) -> Replies {
@@ -88,7 +90,7 @@ impl Replies {
             upstream,
             client,
             tags,
-            attention,
+            link,
             shared,
             stop,
             session: Session::default(),
@@ -97,6 +99,8 @@ impl Replies {
             out: Vec::new(),
             head: None,
             tags_closed: false,
+            taken: 0,
+            pubsub_taken: 0,
             client_gone: false,
             last_read: Instant::now(),
             answered: Vec::new(),
@@ -160,7 +164,7 @@ impl Replies {
             tokio::select! {
                 biased;
                 // The loop's top takes whatever tags are there.
-                _ = self.attention.notified(), if want_tag => {}
+                _ = self.link.attention.notified(), if want_tag => {}
                 read = self.upstream.read_buf(&mut self.buf) => {
                     self.last_read = Instant::now();
                     match read {
@@ -175,6 +179,7 @@ impl Replies {
     /// Takes the next command's tag. Commands that expect no reply from
     /// Redis (locally answered pushes, silenced commands) are done here.
     async fn begin(&mut self, tag: Tag) -> Flow {
+        self.taken += 1;
         match tag {
             Tag::Fatal(line) => {
                 self.out.extend_from_slice(&line);
@@ -185,7 +190,13 @@ impl Replies {
                 Flow::Continue
             }
             Tag::Sent { cmd, cost } => {
+                if matches!(cmd, Cmd::Subscribe { .. } | Cmd::Unsubscribe { .. }) {
+                    self.pubsub_taken += 1;
+                }
                 let expect = self.session.start(&cmd);
+                if expect == Expect::Nothing && cmd.moves_db() {
+                    self.publish_db();
+                }
                 match (expect, cmd) {
                     (Expect::Nothing, Cmd::Push(push)) => {
                         // CLIENT REPLY OFF/SKIP: Redis will not say whether it
@@ -207,6 +218,12 @@ impl Replies {
         let mut parsed = None;
         if self.session.maybe_out_of_band(self.buf[0]) {
             let frame = self.parse(len)?;
+            if self.head.is_none()
+                && may_confirm(&frame)
+                && self.take_pubsub_tags().await == Flow::Close
+            {
+                return Ok(Flow::Close);
+            }
             let waiting = match self.head.as_ref().map(|h| h.expect) {
                 Some(Expect::Confirmations {
                     family, subscribe, ..
@@ -265,6 +282,7 @@ impl Replies {
                     parsed = Some(self.parse(len)?);
                 }
                 self.answered.push((head.cost, ready));
+                let moves_db = head.cmd.moves_db();
                 match self.session.on_reply(head.cmd, parsed.as_ref()) {
                     Action::Forward => self.forward(len),
                     Action::Mirror(push) => {
@@ -280,9 +298,47 @@ impl Replies {
                         return Ok(self.pass_through().await);
                     }
                 }
+                if moves_db {
+                    self.publish_db();
+                }
             }
         }
         Ok(Flow::Continue)
+    }
+
+    /// A push that may be a pub/sub confirmation arrived with no command at
+    /// the head. If (un)subscribe commands were written whose tags are not
+    /// taken yet, it beat its tag (tags follow the write): take tags up to
+    /// it. Classified first, it would pass as out of band, and the SUBSCRIBE
+    /// would then take the next reply as its confirmation, leaving every
+    /// later reply one off. With none outstanding it is unsolicited and goes
+    /// on at once. This cannot hang: the tags counted are sent right after
+    /// their write, or the channel closes.
+    async fn take_pubsub_tags(&mut self) -> Flow {
+        while self.head.is_none()
+            && !self.tags_closed
+            && self.pubsub_taken < self.link.pubsub_sent.load(Ordering::Acquire)
+        {
+            self.flush().await;
+            match self.tags.recv().await {
+                Some(tag) => {
+                    if self.begin(tag).await == Flow::Close {
+                        return Flow::Close;
+                    }
+                }
+                None => self.tags_closed = true,
+            }
+        }
+        Flow::Continue
+    }
+
+    /// Tells the reader which database the commands after the tags taken so
+    /// far run in (see [`Cmd::moves_db`]).
+    fn publish_db(&self) {
+        self.link.db.send_replace(Selected {
+            done: self.taken,
+            db: self.session.next_db(),
+        });
     }
 
     fn parse(&self, len: usize) -> Result<Frame, frame::ProtocolError> {
@@ -380,3 +436,6 @@ impl Replies {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,6 @@
-//! The state of one upstream connection as far as reply pairing depends on
-//! it: the protocol (RESP2/RESP3), the subscription sets, CLIENT REPLY, and
-//! the commands queued in a MULTI.
+//! The state of one upstream connection as far as reply pairing and routing
+//! depend on it: the protocol (RESP2/RESP3), the subscription sets, CLIENT
+//! REPLY, the commands queued in a MULTI, and the selected database.
 //!
 //! It is updated only from replies, in order, on the reply side: Redis's own
 //! answers are the truth (a MULTI refused by an ACL, a HELLO 3 that failed
@@ -40,6 +40,9 @@ pub(super) enum Entry {
     /// A routed push the proxy answered `+QUEUED` itself; its result is
     /// spliced into EXEC's array.
     Local(LocalPush),
+    /// A SELECT queued by Redis: the database changes at EXEC, if its
+    /// element of EXEC's array is `+OK`.
+    Select(Option<i64>),
 }
 
 /// What the reply side does with the head command's reply.
@@ -56,7 +59,7 @@ pub(super) enum Action {
 }
 
 /// See the module docs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Session {
     resp3: bool,
     /// Channels, patterns and shard channels, by [`Family`] index.
@@ -66,6 +69,23 @@ pub(super) struct Session {
     skip_next: bool,
     /// Some while Redis has the connection in MULTI.
     multi: Option<Vec<Entry>>,
+    /// The selected database; `None` after a SELECT Redis took whose index
+    /// the proxy could not read (no route matches then).
+    db: Option<i64>,
+}
+
+impl Default for Session {
+    fn default() -> Session {
+        Session {
+            resp3: false,
+            subs: Default::default(),
+            replies_off: false,
+            skip_next: false,
+            multi: None,
+            // A new connection (and RESET) starts in database 0.
+            db: Some(0),
+        }
+    }
 }
 
 fn index(family: Family) -> usize {
@@ -78,6 +98,28 @@ fn index(family: Family) -> usize {
 
 const MESSAGES: [&[u8]; 3] = [b"message", b"pmessage", b"smessage"];
 
+const CONFIRMATIONS: [&[u8]; 6] = [
+    b"subscribe",
+    b"psubscribe",
+    b"ssubscribe",
+    b"unsubscribe",
+    b"punsubscribe",
+    b"sunsubscribe",
+];
+
+/// Whether `frame` is a RESP3 push that may be a pub/sub confirmation, i.e.
+/// may belong to a command whose tag has not reached the reply side yet.
+pub(super) fn may_confirm(frame: &Frame) -> bool {
+    match frame {
+        Frame::Push(items) => matches!(
+            items.first(),
+            Some(Frame::Bulk(kind)) if CONFIRMATIONS.contains(&kind.as_ref())
+        ),
+        Frame::Attribute { frame, .. } => may_confirm(frame),
+        _ => false,
+    }
+}
+
 impl Session {
     /// Whether Redis speaks RESP3 on this connection.
     #[cfg(test)]
@@ -88,6 +130,22 @@ impl Session {
     /// Whether Redis has the connection in MULTI.
     pub(super) fn in_multi(&self) -> bool {
         self.multi.is_some()
+    }
+
+    /// The database the commands after the last one answered run in. Inside
+    /// MULTI that is the last queued SELECT's (if EXEC runs and it succeeds
+    /// there; see the module docs of `proxy`), otherwise the selected one.
+    pub(super) fn next_db(&self) -> Option<i64> {
+        let queued = self.multi.iter().flatten().rev().find_map(|e| match e {
+            Entry::Select(db) => Some(*db),
+            _ => None,
+        });
+        queued.unwrap_or(self.db)
+    }
+
+    /// A queued SELECT succeeded at EXEC.
+    pub(super) fn selected(&mut self, db: Option<i64>) {
+        self.db = db;
     }
 
     fn subscribed(&self) -> bool {
@@ -123,7 +181,22 @@ impl Session {
 
     /// How the forwarded command now at the head will be answered.
     pub(super) fn start(&mut self, cmd: &Cmd) -> Expect {
+        if let Cmd::Reset = cmd {
+            // RESET runs even in MULTI and turns CLIENT REPLY OFF back on, so
+            // it answers (and is applied then) unless a SKIP is on it.
+            if std::mem::take(&mut self.skip_next) {
+                *self = Session::default();
+                return Expect::Nothing;
+            }
+            return Expect::One;
+        }
         if self.silenced(Some(cmd)) {
+            if let (Cmd::Select(Some(db)), false) = (cmd, self.in_multi()) {
+                // No reply to tell: an index the proxy could read is one
+                // Redis accepts unless it is out of range, which only a
+                // misconfigured client sends.
+                self.db = Some(*db);
+            }
             return Expect::Nothing;
         }
         if self.in_multi() {
@@ -168,6 +241,7 @@ impl Session {
             || matches!(
                 cmd,
                 Cmd::Push(_)
+                    | Cmd::Select(_)
                     | Cmd::Multi
                     | Cmd::Reset
                     | Cmd::Hello
@@ -270,6 +344,7 @@ impl Session {
                 Cmd::Discard => self.multi = None,
                 Cmd::Reset if simple(b"RESET") => *self = Session::default(),
                 Cmd::Push(push) if simple(b"QUEUED") => entries.push(Entry::Redis(Some(push))),
+                Cmd::Select(db) if simple(b"QUEUED") => entries.push(Entry::Select(db)),
                 _ if simple(b"QUEUED") => entries.push(Entry::Redis(None)),
                 // An error: Redis did not queue it (EXEC will abort).
                 _ => {}
@@ -278,6 +353,7 @@ impl Session {
         }
         match cmd {
             Cmd::Multi if simple(b"OK") => self.multi = Some(Vec::new()),
+            Cmd::Select(db) if simple(b"OK") => self.db = db,
             Cmd::Reset if simple(b"RESET") => *self = Session::default(),
             Cmd::Hello => match frame {
                 Some(Frame::Map(_)) => self.resp3 = true,

@@ -1,6 +1,6 @@
 //! The route table of a process: every configured route, found by its Redis
-//! key (the proxy), its name (CLI, metrics) or its queue (HTTP enqueue), with
-//! its current phase read through the shared [`PhaseView`].
+//! database and key (the proxy), its name (CLI, metrics) or its queue (HTTP
+//! enqueue), with its current phase read through the shared [`PhaseView`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,6 +18,8 @@ pub struct Route {
     pub name: String,
     /// The Redis list, as bytes: the proxy compares it with command arguments.
     pub redis_key: Bytes,
+    /// The Redis database (SELECT index) the list is in.
+    pub db: i64,
     /// The Postgres queue.
     pub queue: String,
     /// How list items are read.
@@ -34,7 +36,8 @@ pub struct Route {
 #[derive(Debug, Clone, Default)]
 pub struct Routes {
     list: Arc<Vec<Arc<Route>>>,
-    by_key: Arc<HashMap<Bytes, Arc<Route>>>,
+    /// Routes by key; one per database the key is routed in.
+    by_key: Arc<HashMap<Bytes, Vec<Arc<Route>>>>,
     phases: PhaseView,
 }
 
@@ -47,6 +50,7 @@ impl Routes {
                 Arc::new(Route {
                     name: c.name.clone(),
                     redis_key: Bytes::copy_from_slice(c.redis_key.as_bytes()),
+                    db: c.db,
                     queue: c.queue.clone(),
                     format: c.format.clone(),
                     push: c.push,
@@ -55,10 +59,13 @@ impl Routes {
                 })
             })
             .collect();
-        let by_key = list
-            .iter()
-            .map(|r| (r.redis_key.clone(), Arc::clone(r)))
-            .collect();
+        let mut by_key: HashMap<Bytes, Vec<Arc<Route>>> = HashMap::new();
+        for route in &list {
+            by_key
+                .entry(route.redis_key.clone())
+                .or_default()
+                .push(Arc::clone(route));
+        }
         Routes {
             list: Arc::new(list),
             by_key: Arc::new(by_key),
@@ -72,9 +79,15 @@ impl Routes {
         Routes::new(configs, phases)
     }
 
-    /// The route of a Redis list key, if it is routed.
-    pub fn by_redis_key(&self, key: &[u8]) -> Option<&Arc<Route>> {
-        self.by_key.get(key)
+    /// The route of a Redis list key in database `db`, if it is routed. The
+    /// same key in another database is another application's list.
+    pub fn by_db_key(&self, db: i64, key: &[u8]) -> Option<&Arc<Route>> {
+        self.by_key.get(key)?.iter().find(|r| r.db == db)
+    }
+
+    /// Whether `key` is routed in any database (a cheap first test).
+    pub fn is_routed_key(&self, key: &[u8]) -> bool {
+        self.by_key.contains_key(key)
     }
 
     /// The route with this name.

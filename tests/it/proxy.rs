@@ -1,12 +1,14 @@
 //! The RESP proxy against the real Redis and Postgres: replies byte-identical
 //! to direct Redis, blocking commands, CLIENT REPLY, bad
 //! input (here); pub/sub pairing (`pubsub`); routed pushes by phase, MULTI/EXEC and killed clients
-//! (`phases`); real client libraries (`clients`).
+//! (`phases`); routes matched by database and key (`select`); real client
+//! libraries (`clients`).
 
 mod clients;
 mod harness;
 mod phases;
 mod pubsub;
+mod select;
 
 use std::time::Duration;
 

@@ -60,6 +60,7 @@ impl Fixture {
         let cfg = RouteConfig {
             name: name.clone(),
             redis_key: list.clone(),
+            db: 0,
             queue: "q".into(),
             format: format.parse().expect("format"),
             phase,

@@ -1,5 +1,5 @@
 //! The settling half of the reply side: EXEC's array (mirror what ran,
-//! splice in the locally answered pushes) and the Postgres write of a
+//! splice in the locally answered pushes, apply a queued SELECT) and the Postgres write of a
 //! locally answered push.
 
 use std::sync::Arc;
@@ -22,7 +22,7 @@ impl Replies {
         };
         let queued = entries
             .iter()
-            .filter(|e| matches!(e, Entry::Redis(_)))
+            .filter(|e| matches!(e, Entry::Redis(_) | Entry::Select(_)))
             .count();
         if queued != results.len() {
             // Cannot happen with Redis's rules; if it does, pass the reply on
@@ -45,6 +45,13 @@ impl Replies {
                     let result = results.next().unwrap_or(Frame::Null);
                     if let Some(push) = push.filter(|_| took(Some(&result))) {
                         self.mirror(push).await;
+                    }
+                    spliced.push(Ok(result));
+                }
+                Entry::Select(db) => {
+                    let result = results.next().unwrap_or(Frame::Null);
+                    if matches!(&result, Frame::Simple(ok) if ok.as_ref() == b"OK") {
+                        self.session.selected(db);
                     }
                     spliced.push(Ok(result));
                 }

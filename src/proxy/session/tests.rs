@@ -182,3 +182,53 @@ fn only_a_positive_length_means_the_push_was_taken() {
     assert!(!took(Some(&Frame::Error(Bytes::from_static(b"WRONGTYPE")))));
     assert!(!took(None));
 }
+
+#[test]
+fn the_database_follows_redis_answers_to_select_reset_and_exec() {
+    let mut s = Session::default();
+    assert_eq!(s.next_db(), Some(0));
+    let ok = simple("OK");
+    s.start(&Cmd::Select(Some(2)));
+    s.on_reply(Cmd::Select(Some(2)), Some(&ok));
+    assert_eq!(s.next_db(), Some(2));
+    // Refused (out of range): nothing changes.
+    let refused = Frame::Error(Bytes::from_static(b"ERR DB index is out of range"));
+    s.on_reply(Cmd::Select(Some(99)), Some(&refused));
+    assert_eq!(s.next_db(), Some(2));
+    s.on_reply(Cmd::Reset, Some(&simple("RESET")));
+    assert_eq!(s.next_db(), Some(0));
+    // Queued in MULTI: the commands queued after it run in db 5 ...
+    s.on_reply(Cmd::Multi, Some(&ok));
+    s.on_reply(Cmd::Select(Some(5)), Some(&simple("QUEUED")));
+    assert_eq!(s.next_db(), Some(5));
+    // ... but DISCARD drops it ...
+    s.on_reply(Cmd::Discard, Some(&ok));
+    assert_eq!(s.next_db(), Some(0));
+    // ... and EXEC hands it back for the reply side to apply if it ran.
+    s.on_reply(Cmd::Multi, Some(&ok));
+    s.on_reply(Cmd::Select(Some(5)), Some(&simple("QUEUED")));
+    let exec = Frame::Array(vec![ok.clone()]);
+    match s.on_reply(Cmd::Exec, Some(&exec)) {
+        Action::Exec(entries) => assert!(matches!(entries[..], [Entry::Select(Some(5))])),
+        other => panic!("{other:?}"),
+    }
+    // With replies off, a readable index is taken as selected.
+    s.start(&Cmd::ClientReply(ReplyMode::Off));
+    assert_eq!(s.start(&Cmd::Select(Some(7))), Expect::Nothing);
+    assert_eq!(s.next_db(), Some(7));
+}
+
+#[test]
+fn reset_answers_under_client_reply_off_but_not_after_skip() {
+    let mut s = Session::default();
+    s.start(&Cmd::ClientReply(ReplyMode::Off));
+    assert_eq!(s.start(&Cmd::Reset), Expect::One);
+    s.on_reply(Cmd::Reset, Some(&simple("RESET")));
+    assert_eq!(s.start(&Cmd::Plain), Expect::One);
+    // Skipped, it is still run: back to db 0 with replies on.
+    s.on_reply(Cmd::Select(Some(3)), Some(&simple("OK")));
+    assert_eq!(s.start(&Cmd::ClientReply(ReplyMode::Skip)), Expect::Nothing);
+    assert_eq!(s.start(&Cmd::Reset), Expect::Nothing);
+    assert_eq!(s.next_db(), Some(0));
+    assert_eq!(s.start(&Cmd::Plain), Expect::One);
+}

@@ -38,6 +38,7 @@ pub fn route(name: &str, key: &str, phase: Phase) -> RouteConfig {
     RouteConfig {
         name: name.to_string(),
         redis_key: key.to_string(),
+        db: 0,
         queue: name.to_string(),
         format: Format::json("/id").expect("valid pointer"),
         phase,
