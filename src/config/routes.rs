@@ -82,7 +82,7 @@ pub(super) struct RouteFile {
     name: Option<String>,
     redis_key: String,
     #[serde(default)]
-    db: i64,
+    db: Option<i64>,
     queue: String,
     format: String,
     #[serde(default)]
@@ -217,6 +217,24 @@ pub(super) fn validate_proxy(file: Option<ProxyFile>, redis_url: &str) -> Result
     })
 }
 
+/// The database number of a Redis URL (`redis://host/2` → 2; none → 0).
+pub(super) fn redis_url_db(url: &str) -> std::result::Result<i64, String> {
+    let parsed = url::Url::parse(url).map_err(|e| e.to_string())?;
+    let path = parsed.path().trim_start_matches('/');
+    if path.is_empty() {
+        return Ok(0);
+    }
+    path.parse::<i64>()
+        .ok()
+        .filter(|db| *db >= 0)
+        .ok_or_else(|| {
+            format!(
+                "{:?}: the path must be a database number",
+                crate::redact::redact_url(url)
+            )
+        })
+}
+
 /// A Redis URL qbridge can connect to: `redis://` or `rediss://`, with a host.
 pub fn check_redis_url(url: &str) -> std::result::Result<(), String> {
     let parsed = url::Url::parse(url)
@@ -237,6 +255,7 @@ pub fn check_redis_url(url: &str) -> std::result::Result<(), String> {
 /// routes that have a handler.
 pub(super) fn validate_routes(
     files: Vec<RouteFile>,
+    redis_db: i64,
 ) -> Result<(Vec<RouteConfig>, Vec<PoolConfig>)> {
     let (mut names, mut keys, mut queues) = (HashSet::new(), HashSet::new(), HashSet::new());
     let mut routes = Vec::new();
@@ -252,13 +271,22 @@ pub(super) fn validate_routes(
         if !names.insert(name.clone()) {
             return Err(ctx("two routes have this name".into()));
         }
-        if file.db < 0 {
+        // The consumer, the producer API and repair reach the list through
+        // redis_url, so a route lives in redis_url's database; `db` only
+        // states it (the proxy matches pushes on it).
+        let db = file.db.unwrap_or(redis_db);
+        if db < 0 {
             return Err(ctx("db must be 0 or more".into()));
         }
-        if !keys.insert((file.db, file.redis_key.clone())) {
+        if db != redis_db {
+            return Err(ctx(format!(
+                "db {db} differs from the database of redis_url ({redis_db}); qbridge's consumer and repair use redis_url: point it at /{db} (one config per Redis database)"
+            )));
+        }
+        if !keys.insert((db, file.redis_key.clone())) {
             return Err(ctx(format!(
                 "redis_key {:?} in db {} already belongs to another route",
-                file.redis_key, file.db
+                file.redis_key, db
             )));
         }
         if !queues.insert(file.queue.clone()) {
@@ -306,7 +334,7 @@ pub(super) fn validate_routes(
         routes.push(RouteConfig {
             name,
             redis_key: file.redis_key,
-            db: file.db,
+            db,
             queue: file.queue,
             format,
             phase,

@@ -223,15 +223,26 @@ fn bad_routes_are_refused_with_the_reason() {
 }
 
 #[test]
-fn a_redis_key_is_routed_once_per_database() {
-    let other = ROUTE.replace("queue = \"mail\"", "queue = \"other\"\nname = \"o\"");
-    let cfg = load(&format!("{ROUTE}{other}db = 3\n")).unwrap();
+fn a_route_lives_in_the_database_of_redis_url() {
+    let other = ROUTE
+        .replace("queue = \"mail\"", "queue = \"other\"\nname = \"o\"")
+        .replace("queue:mail", "queue:other");
+    // db defaults to redis_url's database.
+    let cfg = load(&format!(
+        "redis_url = \"redis://h:6379/3\"\n{ROUTE}{other}db = 3\n"
+    ))
+    .unwrap();
     let dbs: Vec<i64> = cfg.routes.iter().map(|r| r.db).collect();
-    assert_eq!(dbs, [0, 3]);
-    let err = load(&format!("{ROUTE}db = 3\n{other}db = 3\n"))
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("in db 3 already belongs"), "{err}");
+    assert_eq!(dbs, [3, 3]);
+    // A route elsewhere would be captured by the proxy there but consumed
+    // and repaired in redis_url's database: refused.
+    let err = load(&format!("{ROUTE}db = 3\n")).unwrap_err().to_string();
+    assert!(
+        err.contains("differs from the database of redis_url"),
+        "{err}"
+    );
+    let err = load("redis_url = \"redis://h/x\"").unwrap_err().to_string();
+    assert!(err.contains("database number"), "{err}");
 }
 
 #[test]
