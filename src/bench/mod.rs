@@ -1,13 +1,15 @@
 //! `qbridge bench`: measured, never asserted. Burn-down (enqueue N no-op jobs,
 //! then drain), steady state (producers and workers at once), idle pickup
 //! latency (with and without NOTIFY) and claim latency over a large dead-letter
-//! history. Run it on a scratch database: it only touches its own queue, but it
-//! loads the server.
+//! history; LPUSH direct to Redis vs through the RESP proxy with mirroring.
+//! Run it on a scratch database: it only touches its own queue, but it loads
+//! the server (and `proxy --slow-postgres` locks `qbridge.job_keys`).
 
 mod burndown;
 mod claim_latency;
 mod harness;
 mod latency;
+mod proxy;
 mod steady;
 
 use std::time::Duration;
@@ -83,6 +85,12 @@ pub enum BenchMode {
         #[arg(long, default_value_t = 10)]
         batch: i64,
     },
+    /// LPUSH direct to Redis vs through the RESP proxy in dual_write (mirror lag too).
+    #[command(
+        after_help = "Examples:\n  qbridge bench proxy --clients 8 --depth 1 --duration 10s\n  \
+        qbridge bench proxy --slow-postgres 5s"
+    )]
+    Proxy(proxy::ProxyArgs),
 }
 
 /// Worker settings shared by burn-down and steady state.
@@ -164,6 +172,8 @@ impl BenchReport {
 
 /// Runs one bench mode.
 pub async fn run(config: &Config, args: BenchArgs, as_json: bool) -> Result<()> {
+    // A mode may bring its own table for people; JSON is always the report.
+    let mut human = None;
     let report = match args.mode {
         BenchMode::Burndown(w) => burndown::run(config, &w, as_json).await?,
         BenchMode::Steady {
@@ -183,8 +193,16 @@ pub async fn run(config: &Config, args: BenchArgs, as_json: bool) -> Result<()> 
             samples,
             batch,
         } => claim_latency::run(config, dead_history, samples, batch).await?,
+        BenchMode::Proxy(p) => {
+            let run = proxy::run(config, &p).await?;
+            human = Some(run.table());
+            run.report()
+        }
     };
-    report.print(as_json || args.peer_result, args.peer_result);
+    match human {
+        Some(text) if !(as_json || args.peer_result) => print!("{text}"),
+        _ => report.print(as_json || args.peer_result, args.peer_result),
+    }
     if report.ok {
         Ok(())
     } else {

@@ -1,0 +1,317 @@
+//! `qbridge bench proxy`: LPUSH throughput and latency direct to Redis vs
+//! through the RESP proxy in `dual_write`, in one run, with the same raw RESP
+//! clients and pipeline depth. Everything runs in this process (proxy,
+//! group-commit mirror with its lag probe, clients), so the comparison is
+//! between the two paths on the same machine at the same moment.
+//!
+//! `--slow-postgres <dur>` holds an EXCLUSIVE lock on `qbridge.job_keys`
+//! during the proxy phase, so mirror writes stall: it shows that the proxy
+//! slows its clients down (bounded mirror buffer) instead of growing.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use sqlx::{Connection, PgPool};
+use tokio_util::sync::CancellationToken;
+
+use crate::bench::harness::{rss_mib, sample_rss};
+use crate::bench::parse_dur;
+use crate::config::{Config, Overrides};
+use crate::error::{Error, Result};
+use crate::proxy::{ProxyDeps, ProxyServer};
+use crate::redis::mirror::{LagProbe, Mirror, MirrorOptions};
+use crate::redis::routes::Routes;
+
+mod clients;
+mod report;
+
+use clients::{phase, Side};
+
+/// The queue of the bench route (cleared at the start and the end).
+pub const PROXY_QUEUE: &str = "qbridge_bench_proxy";
+/// Unrecorded warm-up per side: connections, caches, the writers' first batches.
+const WARMUP: Duration = Duration::from_secs(1);
+/// When the `--slow-postgres` lock starts, into the proxy phase.
+const STALL_AT: Duration = Duration::from_secs(2);
+
+/// `qbridge bench proxy` options.
+#[derive(Debug, Clone, Args)]
+pub struct ProxyArgs {
+    /// Client connections per side.
+    #[arg(long, default_value_t = 8)]
+    pub clients: usize,
+    /// LPUSH commands in flight per client (pipeline depth).
+    #[arg(long, default_value_t = 1)]
+    pub depth: usize,
+    /// How long each side is measured.
+    #[arg(long, default_value = "10s", value_parser = parse_dur)]
+    pub duration: Duration,
+    /// Size of each pushed JSON payload.
+    #[arg(long, default_value_t = 200)]
+    pub payload_bytes: usize,
+    /// Lock `qbridge.job_keys` this long during the proxy phase (0s = off).
+    #[arg(long, default_value = "0s", value_parser = parse_dur)]
+    pub slow_postgres: Duration,
+    /// Items per mirror transaction (default: `[proxy] mirror_batch`).
+    #[arg(long)]
+    pub mirror_batch: Option<usize>,
+    /// Mirror transactions in flight (default: `[proxy] mirror_writers`).
+    #[arg(long)]
+    pub mirror_writers: Option<usize>,
+    /// Phase of the bench route: `redis_only` measures the proxy's splice
+    /// without mirroring, to tell its cost from the mirror's.
+    #[arg(long, default_value = "dual_write", value_parser = ["dual_write", "redis_only"])]
+    pub phase: String,
+}
+
+/// What the mirror stall did to the proxy's clients.
+#[derive(Debug, Default)]
+struct Stall {
+    locked_secs: f64,
+    before_ops_s: f64,
+    during_ops_s: f64,
+    /// Pushes completed by the time the lock was released.
+    done_at_release: u64,
+}
+
+/// A finished run.
+pub struct ProxyRun {
+    args: ProxyArgs,
+    batch: usize,
+    writers: usize,
+    buffer_bytes: usize,
+    direct: Side,
+    proxy: Side,
+    /// Mirror lag of the measured proxy pushes, ms, sorted.
+    lag_ms: Vec<f64>,
+    pushed: u64,
+    mirrored: i64,
+    rss_before_mib: f64,
+    rss_peak_mib: f64,
+    stall: Option<Stall>,
+}
+
+pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
+    let stalls = !args.slow_postgres.is_zero();
+    if args.clients == 0 || args.depth == 0 {
+        return Err(Error::InvalidInput(
+            "--clients and --depth must be at least 1".into(),
+        ));
+    }
+    if stalls && args.duration < args.slow_postgres + STALL_AT + Duration::from_secs(1) {
+        return Err(Error::InvalidInput(
+            "--duration must be at least --slow-postgres + 3s (the lock starts 2s in)".into(),
+        ));
+    }
+    let upstream = redis_addr(&config.proxy.upstream)?;
+    let key = format!("qbridge:bench:{}", uuid::Uuid::new_v4());
+    let db = crate::db::connect(&config.database_url, 2).await?;
+    crate::db::migrate(&db).await?;
+    cleanup(&db, &config.proxy.upstream, &key).await?;
+
+    // The route, exactly as a config file would declare it.
+    let snippet = format!(
+        "[[routes]]\nname = \"{PROXY_QUEUE}\"\nredis_key = \"{key}\"\nqueue = \"{PROXY_QUEUE}\"\n\
+         format = \"json:/id\"\nphase = \"{}\"\n",
+        args.phase
+    );
+    let mirrors = args.phase == "dual_write";
+    let routes = Routes::from_config(&Config::from_toml(&snippet, &Overrides::default())?.routes);
+    let opts = MirrorOptions {
+        buffer_bytes: config.proxy.mirror_buffer,
+        batch_items: args
+            .mirror_batch
+            .unwrap_or(config.proxy.mirror_batch)
+            .max(1),
+        writers: args
+            .mirror_writers
+            .unwrap_or(config.proxy.mirror_writers)
+            .max(1),
+        payload_limit: config.payload_limit,
+    };
+    // The writers get their own pool, one connection each, like `qbridge proxy`.
+    let mirror_db = crate::db::connect(&config.database_url, opts.writers as u32 + 1).await?;
+    let probe: LagProbe = Arc::default();
+    // No gap spool: a failed mirror write must show up as a count mismatch.
+    let (mirror, mut writers) = Mirror::start_probed(mirror_db, None, opts, Some(probe.clone()));
+    let deps = ProxyDeps {
+        config: config.proxy.clone(),
+        routes,
+        mirror: mirror.clone(),
+    };
+    let server = ProxyServer::bind("127.0.0.1:0", deps).await?;
+    let proxy_addr = server.local_addr();
+    let stop = CancellationToken::new();
+    let proxy_task = tokio::spawn(server.run(stop.clone()));
+    let key_text = key.clone();
+    let key: Arc<[u8]> = Arc::from(key.into_bytes());
+    let done = Arc::new(AtomicU64::new(0));
+    phase(upstream, args, &key, "wd", WARMUP, &done).await?;
+    let warm = phase(proxy_addr, args, &key, "wp", WARMUP, &done).await?;
+    // Warm-up lags are not recorded: wait for their commits, then forget them.
+    if mirrors {
+        wait_for(Duration::from_secs(10), || lag_count(&probe) >= warm.ops).await;
+    }
+    take_lags(&probe);
+    let direct = phase(upstream, args, &key, "d", args.duration, &done).await?;
+    // Keeps Redis's memory to one phase of items; not timed.
+    del_key(&config.proxy.upstream, &key).await?;
+    // RSS from here on is the proxy's (the direct samples are freed).
+    let rss_before_mib = rss_mib();
+    let rss_stop = CancellationToken::new();
+    let rss = sample_rss(rss_stop.clone());
+
+    done.store(0, Ordering::Relaxed);
+    let phase_start = Instant::now();
+    let stall_task = stalls.then(|| {
+        tokio::spawn(stall(
+            config.database_url.clone(),
+            phase_start,
+            args.slow_postgres,
+            done.clone(),
+        ))
+    });
+    let proxy = phase(proxy_addr, args, &key, "p", args.duration, &done).await?;
+    let stall_report = match stall_task {
+        Some(task) => Some(task.await.map_err(join_err)??),
+        None => None,
+    };
+
+    // Every proxy push (warm-up included) must become exactly one job.
+    let pushed = if mirrors { warm.ops + proxy.ops } else { 0 };
+    let deadline = Duration::from_secs(30) + args.slow_postgres;
+    let mut mirrored = 0;
+    let until = Instant::now() + deadline;
+    while Instant::now() < until {
+        mirrored = count_jobs(&db).await?;
+        if mirrored >= pushed as i64 || !mirrors {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    rss_stop.cancel();
+    let rss_peak_mib = rss.await.unwrap_or(0.0);
+    let mut lag_ms: Vec<f64> = take_lags(&probe).into_iter().map(|s| s * 1e3).collect();
+    lag_ms.sort_by(f64::total_cmp);
+
+    // Shut down in order: the proxy answers what it read, then the writers
+    // write what was queued once the last mirror handle is gone.
+    stop.cancel();
+    proxy_task.await.map_err(join_err)?;
+    drop(mirror);
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while writers.join_next().await.is_some() {}
+    })
+    .await;
+    cleanup(&db, &config.proxy.upstream, &key_text).await?;
+    Ok(ProxyRun {
+        args: args.clone(),
+        batch: opts.batch_items,
+        writers: opts.writers,
+        buffer_bytes: opts.buffer_bytes,
+        direct,
+        proxy,
+        lag_ms,
+        pushed,
+        mirrored,
+        rss_before_mib,
+        rss_peak_mib,
+        stall: stall_report,
+    })
+}
+
+/// Holds an EXCLUSIVE lock on `qbridge.job_keys` (every mirror write inserts
+/// there) for `hold`, from `STALL_AT` into the phase; counts the pushes the
+/// clients completed before and during it.
+async fn stall(url: String, start: Instant, hold: Duration, done: Arc<AtomicU64>) -> Result<Stall> {
+    let mut conn = sqlx::PgConnection::connect(&url).await?;
+    tokio::time::sleep_until((start + STALL_AT).into()).await;
+    let mut tx = conn.begin().await?;
+    sqlx::query("LOCK TABLE qbridge.job_keys IN EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await?;
+    let (locked, before) = (Instant::now(), done.load(Ordering::Relaxed));
+    tokio::time::sleep(hold).await;
+    let during = done.load(Ordering::Relaxed) - before;
+    let locked_secs = locked.elapsed().as_secs_f64();
+    tx.commit().await?;
+    Ok(Stall {
+        locked_secs,
+        before_ops_s: before as f64 / locked.duration_since(start).as_secs_f64(),
+        during_ops_s: during as f64 / locked_secs,
+        done_at_release: before + during,
+    })
+}
+
+/// Removes the bench route's rows and the bench list.
+async fn cleanup(db: &PgPool, redis_url: &str, key: &str) -> Result<()> {
+    for table in ["jobs", "jobs_dead", "job_keys", "key_occurrences"] {
+        sqlx::query(&format!("DELETE FROM qbridge.{table} WHERE queue = $1"))
+            .bind(PROXY_QUEUE)
+            .execute(db)
+            .await?;
+    }
+    del_key(redis_url, key.as_bytes()).await
+}
+
+async fn del_key(redis_url: &str, key: &[u8]) -> Result<()> {
+    let redis = |e: ::redis::RedisError| Error::Redis(e.to_string());
+    let client = ::redis::Client::open(redis_url).map_err(redis)?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(redis)?;
+    ::redis::cmd("DEL")
+        .arg(key)
+        .query_async::<()>(&mut conn)
+        .await
+        .map_err(redis)
+}
+
+async fn count_jobs(db: &PgPool) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM qbridge.jobs WHERE queue = $1")
+            .bind(PROXY_QUEUE)
+            .fetch_one(db)
+            .await?,
+    )
+}
+
+fn lag_count(probe: &LagProbe) -> u64 {
+    probe.lock().map(|v| v.len() as u64).unwrap_or(0)
+}
+
+fn take_lags(probe: &LagProbe) -> Vec<f64> {
+    probe
+        .lock()
+        .map(|mut v| std::mem::take(&mut *v))
+        .unwrap_or_default()
+}
+
+async fn wait_for(limit: Duration, mut ready: impl FnMut() -> bool) {
+    let until = Instant::now() + limit;
+    while !ready() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `host:port` of the upstream; the raw clients speak no AUTH, so none may be set.
+fn redis_addr(url: &str) -> Result<SocketAddr> {
+    let bad = |m: &str| Error::InvalidInput(format!("bench proxy: Redis URL: {m}"));
+    let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+    if parsed.password().is_some() || parsed.scheme() != "redis" {
+        return Err(bad("needs a plain redis:// URL without a password"));
+    }
+    let host = parsed.host_str().ok_or_else(|| bad("no host"))?;
+    let port = parsed.port().unwrap_or(6379);
+    std::net::ToSocketAddrs::to_socket_addrs(&(host, port))?
+        .next()
+        .ok_or_else(|| bad("host does not resolve"))
+}
+
+fn join_err(e: tokio::task::JoinError) -> Error {
+    Error::InvalidInput(format!("bench task failed: {e}"))
+}
