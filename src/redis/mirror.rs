@@ -98,8 +98,10 @@ impl Mirror {
         probe: Option<LagProbe>,
     ) -> (Mirror, JoinSet<()>) {
         let units = u32::try_from((opts.buffer_bytes / UNIT).max(1)).unwrap_or(u32::MAX);
-        // Requests are small; the byte budget is the real bound.
-        let (tx, rx) = mpsc::channel(4096);
+        // Every request holds at least one unit of the byte budget, so the
+        // budget bounds the requests queued too; the channel must not be the
+        // tighter bound (it would cap one-item pushes far below the buffer).
+        let (tx, rx) = mpsc::channel(units as usize);
         let rx = Arc::new(Mutex::new(rx));
         let mut writers = JoinSet::new();
         let breaker = Breaker::new();
