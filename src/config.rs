@@ -309,8 +309,8 @@ fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<Config> {
         .unwrap_or_else(routes::default_redis_url);
     check_redis_url(&redis_url).map_err(|e| Error::Config(format!("redis_url: {e}")))?;
     let proxy = routes::validate_proxy(file.proxy, &redis_url)?;
-    let redis_db = routes::redis_url_db(&redis_url)
-        .map_err(|e| Error::Config(format!("redis_url: {e}")))?;
+    let redis_db =
+        routes::redis_url_db(&redis_url).map_err(|e| Error::Config(format!("redis_url: {e}")))?;
     let (routes, route_pools) = routes::validate_routes(file.routes, redis_db)?;
     for route_pool in route_pools {
         if let Some(other) = pools

@@ -212,7 +212,11 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
             .llen(format!("qbridge:gap:{PROXY_QUEUE}"))
             .await
             .unwrap_or(-1);
-        tracing::warn!(gap_list = gap, missing = pushed as i64 - mirrored, "mirror count short after the wait");
+        tracing::warn!(
+            gap_list = gap,
+            missing = pushed as i64 - mirrored,
+            "mirror count short after the wait"
+        );
     }
     rss_stop.cancel();
     let rss_peak_mib = rss.await.unwrap_or(0.0);

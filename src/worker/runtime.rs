@@ -192,9 +192,7 @@ impl Runtime {
         // Every pool (and so every completer sender) is gone: the completer
         // flushes what is left and returns.
         report.completer = done_rx.await.unwrap_or_default();
-        redis_side
-            .finish(&maintenance, cfg.shutdown_deadline)
-            .await;
+        redis_side.finish(&maintenance, cfg.shutdown_deadline).await;
         // A maintenance pass stuck on a half-open connection must not hold the
         // process: give them a moment, then abort.
         let grace = tokio::time::Instant::now() + Duration::from_secs(5);

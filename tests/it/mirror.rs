@@ -179,11 +179,17 @@ async fn gap_repair_takes_batches_until_the_list_is_empty(pool: PgPool) {
     let routes = rename(routes, &name);
     let route = Arc::clone(routes.by_name(&name).expect("renamed route"));
     let mut redis = connect_redis("redis://127.0.0.1:6379").await.unwrap();
-    let items: Vec<Vec<u8>> = (0..1200).map(|i| format!(r#"{{"id":"b{i}"}}"#).into_bytes()).collect();
+    let items: Vec<Vec<u8>> = (0..1200)
+        .map(|i| format!(r#"{{"id":"b{i}"}}"#).into_bytes())
+        .collect();
     let _: () = redis.rpush(gap_key(&route), &items).await.unwrap();
     let mut passes = Vec::new();
     for _ in 0..4 {
-        passes.push(repair_gaps_once(&pool, &mut redis, &routes, 1 << 20).await.unwrap());
+        passes.push(
+            repair_gaps_once(&pool, &mut redis, &routes, 1 << 20)
+                .await
+                .unwrap(),
+        );
     }
     assert_eq!(passes, vec![500, 500, 200, 0]);
     assert_eq!(support::jobs(&pool).await, 1200);
