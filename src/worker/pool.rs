@@ -19,7 +19,8 @@ use crate::queue::backoff::Backoff;
 use crate::queue::claim::claim_batch;
 use crate::queue::completer::{Finished, Outcome};
 use crate::queue::{fence, ClaimRequest, ClaimedJob, JobCopy};
-use crate::worker::handler::{Handler, HandlerResult};
+use crate::shadow::{Mode, Outcome as RecordedOutcome, OutcomeKind, OutcomeRecorder, Side};
+use crate::worker::handler::{Handler, HandlerResult, HandlerRun};
 use crate::worker::heartbeat::{self, InFlight};
 
 /// Totals of one pool's life.
@@ -38,6 +39,9 @@ pub struct WorkerPool {
     pub completer: mpsc::Sender<Finished>,
     pub waker: Arc<Notify>,
     pub worker_id: String,
+    /// Set on a route's pool: each live attempt of a keyed job is recorded
+    /// (side `postgres`) for the shadow comparison with the Redis side.
+    pub outcomes: Option<OutcomeRecorder>,
 }
 
 impl WorkerPool {
@@ -126,6 +130,7 @@ impl WorkerPool {
                     inflight: inflight.clone(),
                     backoff: self.config.backoff,
                     to_start: to_start.clone(),
+                    outcomes: self.outcomes.clone(),
                     queue: if self.config.queues.len() == 1 {
                         queue_label.clone()
                     } else {
@@ -178,6 +183,7 @@ struct AttemptCtx {
     inflight: InFlight,
     backoff: Backoff,
     to_start: metrics::Histogram,
+    outcomes: Option<OutcomeRecorder>,
     /// The job's queue, shared with the pool when it serves one queue.
     queue: Arc<str>,
 }
@@ -193,16 +199,28 @@ impl AttemptCtx {
         // A mirror copy's live run happens on the Redis side: running its
         // handler here would run the job twice. It is drained (completed)
         // without a call, which proves claims and throughput (DESIGN.md).
-        let result = if job.copy == JobCopy::Mirror {
+        // Recorded attempts also keep the response digest and error class.
+        let recorded = self.outcomes.is_some() && job.key.is_some();
+        let run = if job.copy == JobCopy::Mirror {
             metrics::counter!(m::MIRROR_DRAINED, "queue" => self.queue.to_string()).increment(1);
-            Some(HandlerResult::Done)
+            Some(None)
         } else {
             // biased: a handler that finished just as the deadline hit keeps its result.
             tokio::select! {
                 biased;
-                r = self.handler.run(&job) => Some(r),
+                r = self.handler.run_recorded(&job), if recorded => Some(Some(r)),
+                r = self.handler.run(&job), if !recorded => Some(Some(HandlerRun {
+                    error_class: None,
+                    digest: None,
+                    result: r,
+                })),
                 _ = cancel.cancelled() => None,
             }
+        };
+        let (result, run) = match run {
+            Some(Some(r)) => (Some(r.result.clone()), Some(r)),
+            Some(None) => (Some(HandlerResult::Done), None),
+            None => (None, None),
         };
         let Some(result) = result else {
             self.inflight.remove(job_ref);
@@ -226,6 +244,24 @@ impl AttemptCtx {
                 error,
             },
         };
+        if let (Some(recorder), Some(run), Some(key)) = (&self.outcomes, &run, &job.key) {
+            if recorded {
+                recorder.record(RecordedOutcome {
+                    queue: job.queue.clone(),
+                    key: key.clone(),
+                    side: Side::Postgres,
+                    mode: Mode::Live,
+                    outcome: match &outcome {
+                        Outcome::Complete => OutcomeKind::Ok,
+                        Outcome::Retry { .. } => OutcomeKind::Failed,
+                        Outcome::Dead { .. } => OutcomeKind::Dead,
+                    },
+                    error_class: run.error_class,
+                    digest: run.digest.clone(),
+                    attempt: Some(job.attempts),
+                });
+            }
+        }
         // Ids and queue only: error texts can echo payload data, so they go
         // to the database (last_error), never to the log.
         match &outcome {

@@ -17,6 +17,7 @@ use crate::queue::listener::{self, Wakers};
 use crate::queue::{history, reaper, schedule};
 use crate::redis::services::RedisSide;
 use crate::redis::store::Via;
+use crate::shadow::{OutcomeRecorder, RecorderOptions};
 use crate::ticker;
 use crate::worker::pool::{PoolReport, WorkerPool};
 use crate::worker::{gauges, Handler};
@@ -109,6 +110,22 @@ impl Runtime {
             },
         );
 
+        // A route's pool records its live attempts for the shadow comparison;
+        // the writer ends once the pools (every recorder clone) are gone.
+        let route_queues: Vec<&str> = cfg.routes.iter().map(|r| r.queue.as_str()).collect();
+        let is_route_pool = |pc: &crate::config::PoolConfig| {
+            pc.queues.iter().all(|q| route_queues.contains(&q.as_str()))
+        };
+        let (recorder, outcome_writer) = if cfg.pools.iter().any(is_route_pool) {
+            let (recorder, writer) = OutcomeRecorder::spawn(
+                self.db.clone(),
+                RecorderOptions::default(),
+                CancellationToken::new(),
+            );
+            (Some(recorder), Some(writer))
+        } else {
+            (None, None)
+        };
         let mut wakers = Wakers::default();
         let mut pools = Vec::new();
         for pc in &cfg.pools {
@@ -124,9 +141,11 @@ impl Runtime {
                 completer: done_tx.clone(),
                 waker,
                 worker_id: cfg.worker_id.clone(),
+                outcomes: recorder.clone().filter(|_| is_route_pool(pc)),
             });
         }
         drop(done_tx);
+        drop(recorder);
 
         if self.listen {
             background.push(tokio::spawn(listener::run(
@@ -192,6 +211,14 @@ impl Runtime {
         // Every pool (and so every completer sender) is gone: the completer
         // flushes what is left and returns.
         report.completer = done_rx.await.unwrap_or_default();
+        if let Some(mut writer) = outcome_writer {
+            if tokio::time::timeout(Duration::from_secs(10), &mut writer)
+                .await
+                .is_err()
+            {
+                writer.abort();
+            }
+        }
         redis_side.finish(&maintenance, cfg.shutdown_deadline).await;
         // A maintenance pass stuck on a half-open connection must not hold the
         // process: give them a moment, then abort.

@@ -18,6 +18,7 @@ mod producer;
 mod proxy;
 mod redis_consumer;
 mod retry;
+mod route_pool;
 mod schedule;
 mod schema_check;
 mod servers;
