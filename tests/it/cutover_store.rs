@@ -156,3 +156,51 @@ async fn a_change_is_announced_and_needs_a_known_route_and_a_reason(pool: PgPool
     ));
     assert_eq!(store::all(&pool).await.unwrap().len(), 1);
 }
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn the_watch_follows_the_store_and_keeps_the_last_known_phase(pool: PgPool) {
+    use qbridge::cutover::{watch, PhaseView};
+    store::register(&pool, "r", Phase::DualWrite, "config")
+        .await
+        .unwrap();
+    let view = PhaseView::new([("r".to_string(), Phase::RedisOnly)]);
+    assert_eq!(watch::run_once(&pool, &view).await.unwrap(), 1);
+    assert_eq!(view.get("r"), Phase::DualWrite);
+    store::transition(&pool, &change("r", Phase::DualWrite, Phase::Shadow))
+        .await
+        .unwrap();
+    assert_eq!(watch::run_once(&pool, &view).await.unwrap(), 1);
+    assert_eq!(view.get("r"), Phase::Shadow);
+    assert_eq!(watch::run_once(&pool, &view).await.unwrap(), 0);
+
+    // Postgres unreachable: an error, and the view keeps what it had.
+    let gone = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_millis(300))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/x")
+        .unwrap();
+    assert!(watch::run_once(&gone, &view).await.is_err());
+    assert_eq!(view.get("r"), Phase::Shadow);
+
+    // The loop picks a change up within its interval.
+    let token = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(watch::run(
+        pool.clone(),
+        view.clone(),
+        watch::INTERVAL,
+        token.clone(),
+    ));
+    store::transition(&pool, &change("r", Phase::Shadow, Phase::PostgresOnly))
+        .await
+        .unwrap();
+    support::wait_for(
+        "the view to follow",
+        std::time::Duration::from_secs(1),
+        || {
+            let view = view.clone();
+            async move { view.get("r") == Phase::PostgresOnly }
+        },
+    )
+    .await;
+    token.cancel();
+    task.await.unwrap();
+}
