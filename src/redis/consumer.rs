@@ -170,10 +170,7 @@ impl RedisConsumer {
                 route.name
             ))
         })?;
-        let unreachable = |e: ::redis::RedisError| Error::RedisUnreachable {
-            url: crate::redact::redact_url(redis_url),
-            reason: e.to_string(),
-        };
+        let unreachable = |e| crate::redis::producer::unreachable(redis_url, e);
         let client = ::redis::Client::open(redis_url).map_err(unreachable)?;
         if routes.phase(&route) != Phase::Decommissioned {
             let config = ::redis::AsyncConnectionConfig::new()

@@ -96,12 +96,11 @@ end
 return pushed
 "#;
 
-/// The idempotent push of the outbox rows with `tokens` (their `items`, in order).
+/// The idempotent push of outbox rows, in order.
 async fn push_once(
     conn: &mut ConnectionManager,
     route: &Route,
-    tokens: &[uuid::Uuid],
-    items: &[&[u8]],
+    rows: &[&Owed],
 ) -> ::redis::RedisResult<i64> {
     let script = ::redis::Script::new(PUSH_ONCE_LUA);
     let mut invocation = script.key(route.redis_key.as_ref());
@@ -110,9 +109,9 @@ async fn push_once(
         PushEnd::Rpush => "RPUSH",
     });
     invocation.arg(PAID_TTL_SECS);
-    for (token, item) in tokens.iter().zip(items) {
-        invocation.arg(format!("qbridge:paid:{token}"));
-        invocation.arg(*item);
+    for row in rows {
+        invocation.arg(format!("qbridge:paid:{}", row.token));
+        invocation.arg(row.original.as_ref());
     }
     invocation.invoke_async(conn).await
 }
@@ -136,20 +135,11 @@ pub async fn pay(
     .bind(&ids)
     .fetch_all(&mut *tx)
     .await?;
-    let items: Vec<&[u8]> = owed
-        .iter()
-        .filter(|o| mine.contains(&o.id))
-        .map(|o| o.original.as_ref())
-        .collect();
-    if items.is_empty() {
+    let paying: Vec<&Owed> = owed.iter().filter(|o| mine.contains(&o.id)).collect();
+    if paying.is_empty() {
         return Ok(0);
     }
-    let tokens: Vec<uuid::Uuid> = owed
-        .iter()
-        .filter(|o| mine.contains(&o.id))
-        .map(|o| o.token)
-        .collect();
-    if let Err(e) = push_once(conn, route, &tokens, &items).await {
+    if let Err(e) = push_once(conn, route, &paying).await {
         tx.rollback().await?;
         let reason = format!("Redis push failed: {e}");
         sqlx::query(
@@ -162,7 +152,7 @@ pub async fn pay(
         return Err(crate::Error::Redis(reason));
     }
     tx.commit().await?;
-    Ok(items.len())
+    Ok(paying.len())
 }
 
 /// Rows per repair pass and route.

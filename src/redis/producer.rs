@@ -256,12 +256,18 @@ impl Pending {
     }
 }
 
-/// Connects to Redis with reconnects, or a clear one-line error.
-pub async fn connect_redis(url: &str) -> Result<ConnectionManager> {
-    let unreachable = |e: ::redis::RedisError| Error::RedisUnreachable {
+/// The one-line start-up error for a Redis at `url` that does not answer
+/// (password redacted).
+pub fn unreachable(url: &str, e: ::redis::RedisError) -> Error {
+    Error::RedisUnreachable {
         url: crate::redact::redact_url(url),
         reason: e.to_string(),
-    };
+    }
+}
+
+/// Connects to Redis with reconnects, or a clear one-line error.
+pub async fn connect_redis(url: &str) -> Result<ConnectionManager> {
+    let unreachable = |e| unreachable(url, e);
     let client = ::redis::Client::open(url).map_err(unreachable)?;
     let config = ::redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(std::time::Duration::from_secs(3)))

@@ -66,7 +66,7 @@ impl RedisSide {
             || routes
                 .iter()
                 .any(|r| routes.phase(r) != Phase::Decommissioned);
-        let redis = match needs_redis && (with_mirror || !routes.is_empty()) {
+        let redis = match needs_redis {
             true => Some(connect_redis(&cfg.redis_url).await?),
             false => None,
         };

@@ -189,6 +189,19 @@ struct AttemptCtx {
 }
 
 impl AttemptCtx {
+    /// One handler call; the digest and error class only when recorded (the
+    /// digest costs hashing the response).
+    async fn attempt(&self, job: &ClaimedJob, recorded: bool) -> HandlerRun {
+        if recorded {
+            return self.handler.run_recorded(job).await;
+        }
+        HandlerRun {
+            result: self.handler.run(job).await,
+            digest: None,
+            error_class: None,
+        }
+    }
+
     async fn run(self, job: ClaimedJob, cancel: CancellationToken) {
         let job_ref = job.job_ref();
         let waited = (chrono::Utc::now() - job.run_at)
@@ -199,30 +212,30 @@ impl AttemptCtx {
         // A mirror copy's live run happens on the Redis side: running its
         // handler here would run the job twice. It is drained (completed)
         // without a call, which proves claims and throughput (DESIGN.md).
-        // Recorded attempts also keep the response digest and error class.
-        let recorded = self.outcomes.is_some() && job.key.is_some();
-        let run = if job.copy == JobCopy::Mirror {
+        let mirror = job.copy == JobCopy::Mirror;
+        // A route's live attempts are recorded, with digest and error class.
+        let recorded = self.outcomes.is_some() && job.key.is_some() && !mirror;
+        let run = if mirror {
             metrics::counter!(m::MIRROR_DRAINED, "queue" => self.queue.to_string()).increment(1);
-            Some(None)
+            Some(HandlerRun {
+                result: HandlerResult::Done,
+                digest: None,
+                error_class: None,
+            })
         } else {
             // biased: a handler that finished just as the deadline hit keeps its result.
             tokio::select! {
                 biased;
-                r = self.handler.run_recorded(&job), if recorded => Some(Some(r)),
-                r = self.handler.run(&job), if !recorded => Some(Some(HandlerRun {
-                    error_class: None,
-                    digest: None,
-                    result: r,
-                })),
+                r = self.attempt(&job, recorded) => Some(r),
                 _ = cancel.cancelled() => None,
             }
         };
-        let (result, run) = match run {
-            Some(Some(r)) => (Some(r.result.clone()), Some(r)),
-            Some(None) => (Some(HandlerResult::Done), None),
-            None => (None, None),
-        };
-        let Some(result) = result else {
+        let Some(HandlerRun {
+            result,
+            digest,
+            error_class,
+        }) = run
+        else {
             self.inflight.remove(job_ref);
             // Cancelled: either the lease was lost (then nothing may be written)
             // or shutdown ran out of time (then hand the job back now rather
@@ -244,23 +257,21 @@ impl AttemptCtx {
                 error,
             },
         };
-        if let (Some(recorder), Some(run), Some(key)) = (&self.outcomes, &run, &job.key) {
-            if recorded {
-                recorder.record(RecordedOutcome {
-                    queue: job.queue.clone(),
-                    key: key.clone(),
-                    side: Side::Postgres,
-                    mode: Mode::Live,
-                    outcome: match &outcome {
-                        Outcome::Complete => OutcomeKind::Ok,
-                        Outcome::Retry { .. } => OutcomeKind::Failed,
-                        Outcome::Dead { .. } => OutcomeKind::Dead,
-                    },
-                    error_class: run.error_class,
-                    digest: run.digest.clone(),
-                    attempt: Some(job.attempts),
-                });
-            }
+        if let (true, Some(recorder), Some(key)) = (recorded, &self.outcomes, &job.key) {
+            recorder.record(RecordedOutcome {
+                queue: job.queue.clone(),
+                key: key.clone(),
+                side: Side::Postgres,
+                mode: Mode::Live,
+                outcome: match &outcome {
+                    Outcome::Complete => OutcomeKind::Ok,
+                    Outcome::Retry { .. } => OutcomeKind::Failed,
+                    Outcome::Dead { .. } => OutcomeKind::Dead,
+                },
+                error_class,
+                digest,
+                attempt: Some(job.attempts),
+            });
         }
         // Ids and queue only: error texts can echo payload data, so they go
         // to the database (last_error), never to the log.

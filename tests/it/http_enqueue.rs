@@ -9,7 +9,6 @@ use sqlx::PgPool;
 
 use qbridge::cutover::Phase;
 use qbridge::http::{router, AppState};
-use qbridge::redis::producer::Producer;
 use qbridge::redis::store::Via;
 
 use crate::producer::route_table;
@@ -29,15 +28,9 @@ async fn app(pool: &PgPool, phase: Phase) -> (String, String) {
         .build_recorder()
         .handle();
     let (routes, key) = route_table("json:/id", phase);
-    let producer = Producer::connect(
-        pool.clone(),
-        Some("redis://127.0.0.1:6379"),
-        routes,
-        1 << 20,
-    )
-    .await
-    .unwrap()
-    .with_via(Via::Http);
+    let producer = crate::producer::producer(pool, &routes)
+        .await
+        .with_via(Via::Http);
     let mut state = AppState::new(pool.clone(), prometheus);
     state.producer = Some(producer);
     state.max_body = 64 * 1024;

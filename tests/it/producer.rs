@@ -30,6 +30,13 @@ pub fn route_table(format: &str, phase: Phase) -> (Routes, String) {
     (Routes::from_config(&cfg.routes), key)
 }
 
+/// A producer of `routes` on the shared Redis.
+pub async fn producer(pool: &PgPool, routes: &Routes) -> Producer {
+    Producer::connect(pool.clone(), Some(REDIS), routes.clone(), 1 << 20)
+        .await
+        .expect("producer on the shared Redis")
+}
+
 async fn redis() -> ::redis::aio::MultiplexedConnection {
     ::redis::Client::open(REDIS)
         .expect("redis url")
@@ -49,9 +56,7 @@ async fn list(key: &str) -> Vec<Vec<u8>> {
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn dual_write_stores_mirror_copies_and_pushes_after_commit(pool: PgPool) {
     let (routes, key) = route_table("json:/id", Phase::DualWrite);
-    let producer = Producer::connect(pool.clone(), Some(REDIS), routes, 1 << 20)
-        .await
-        .expect("producer");
+    let producer = producer(&pool, &routes).await;
 
     // Half on the producer's own transaction, half inside a business one.
     for i in 0..20 {
@@ -108,9 +113,7 @@ async fn dual_write_stores_mirror_copies_and_pushes_after_commit(pool: PgPool) {
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn a_rolled_back_transaction_leaves_nothing_anywhere(pool: PgPool) {
     let (routes, key) = route_table("json:/id", Phase::DualWrite);
-    let producer = Producer::connect(pool.clone(), Some(REDIS), routes, 1 << 20)
-        .await
-        .unwrap();
+    let producer = producer(&pool, &routes).await;
     let mut tx = pool.begin().await.unwrap();
     let pending = producer
         .enqueue_in(&mut tx, "r", vec![json_item(1)])
@@ -130,9 +133,7 @@ async fn a_rolled_back_transaction_leaves_nothing_anywhere(pool: PgPool) {
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn a_known_key_is_neither_a_new_job_nor_a_second_push(pool: PgPool) {
     let (routes, key) = route_table("sidekiq", Phase::Shadow);
-    let producer = Producer::connect(pool.clone(), Some(REDIS), routes, 1 << 20)
-        .await
-        .unwrap();
+    let producer = producer(&pool, &routes).await;
     let job =
         Bytes::from_static(br#"{"class":"Mailer","args":[1],"jid":"abc123","queue":"default"}"#);
     let first = producer.enqueue("r", vec![job.clone()]).await.unwrap();
@@ -157,9 +158,7 @@ async fn a_known_key_is_neither_a_new_job_nor_a_second_push(pool: PgPool) {
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn postgres_only_writes_live_copies_and_redis_only_writes_redis(pool: PgPool) {
     let (routes, key) = route_table("json:/id", Phase::PostgresOnly);
-    let producer = Producer::connect(pool.clone(), Some(REDIS), routes.clone(), 1 << 20)
-        .await
-        .unwrap();
+    let producer = producer(&pool, &routes).await;
     let done = producer
         .enqueue("r", vec![json_item(1), json_item(2)])
         .await
@@ -185,9 +184,7 @@ async fn postgres_only_writes_live_copies_and_redis_only_writes_redis(pool: PgPo
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn raw_items_round_trip_and_identical_bytes_stay_two_jobs(pool: PgPool) {
     let (routes, _key) = route_table("raw", Phase::DualWrite);
-    let producer = Producer::connect(pool.clone(), Some(REDIS), routes, 1 << 20)
-        .await
-        .unwrap();
+    let producer = producer(&pool, &routes).await;
     let binary = Bytes::from_static(b"\xff\x00not utf-8\r\n\x80");
     producer
         .enqueue("r", vec![binary.clone(), binary.clone()])
@@ -213,9 +210,7 @@ async fn raw_items_round_trip_and_identical_bytes_stay_two_jobs(pool: PgPool) {
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn an_item_in_the_wrong_format_is_kept_raw_and_flagged(pool: PgPool) {
     let (routes, _key) = route_table("json:/id", Phase::DualWrite);
-    let producer = Producer::connect(pool.clone(), Some(REDIS), routes, 1 << 20)
-        .await
-        .unwrap();
+    let producer = producer(&pool, &routes).await;
     let done = producer
         .enqueue("r", vec![Bytes::from_static(b"not json at all")])
         .await
@@ -296,9 +291,7 @@ async fn redis_down_reports_the_error_and_acknowledges_only_what_was_stored(pool
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn a_repush_after_the_flip_of_a_mirrored_key_runs_live(pool: PgPool) {
     let (routes, key) = route_table("json:/id", Phase::DualWrite);
-    let producer = Producer::connect(pool.clone(), Some(REDIS), routes.clone(), 1 << 20)
-        .await
-        .unwrap();
+    let producer = producer(&pool, &routes).await;
     producer
         .enqueue("r", vec![json_item(1), json_item(2)])
         .await
@@ -361,9 +354,7 @@ async fn a_repush_after_the_flip_of_a_mirrored_key_runs_live(pool: PgPool) {
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn keys_past_the_dedup_window_are_forgotten(pool: PgPool) {
     let (routes, _key) = route_table("json:/id", Phase::PostgresOnly);
-    let producer = Producer::connect(pool.clone(), Some(REDIS), routes.clone(), 1 << 20)
-        .await
-        .unwrap();
+    let producer = producer(&pool, &routes).await;
     producer
         .enqueue("r", vec![json_item(1), json_item(2)])
         .await
@@ -389,9 +380,7 @@ async fn keys_past_the_dedup_window_are_forgotten(pool: PgPool) {
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn an_owed_push_already_made_is_not_made_twice(pool: PgPool) {
     let (routes, key) = route_table("json:/id", Phase::DualWrite);
-    let producer = Producer::connect(pool.clone(), Some(REDIS), routes.clone(), 1 << 20)
-        .await
-        .unwrap();
+    let producer = producer(&pool, &routes).await;
     let mut tx = pool.begin().await.unwrap();
     let pending = producer
         .enqueue_in(&mut tx, "r", vec![json_item(1)])

@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 
 use qbridge::config::{Config, Overrides};
 use qbridge::cutover::Phase;
-use qbridge::redis::producer::Producer;
 use qbridge::redis::routes::Routes;
 use qbridge::shadow::digest_hex;
 use qbridge::worker::Runtime;
@@ -60,14 +59,7 @@ async fn live_copies_run_and_are_recorded_mirror_copies_are_not(pool: PgPool) {
     };
     let config = Config::from_toml(&toml, &overrides).expect("config");
     let routes = Routes::from_config(&config.routes);
-    let producer = Producer::connect(
-        pool.clone(),
-        Some("redis://127.0.0.1:6379"),
-        routes.clone(),
-        1 << 20,
-    )
-    .await
-    .unwrap();
+    let producer = crate::producer::producer(&pool, &routes).await;
     // Two mirror copies (their live run is Redis's), then two live ones.
     producer
         .enqueue(
