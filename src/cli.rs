@@ -89,6 +89,26 @@ pub enum Command {
     )]
     Dlq(DlqCommand),
 
+    /// Walk routes through the migration phases: status, advance (gated), rollback.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  qbridge cutover status\n  \
+        qbridge cutover advance emails\n  \
+        qbridge cutover advance emails --force --reason 'completeness 99.98%: 2 jobs lost in a known Redis restart, repaired'\n  \
+        qbridge cutover rollback emails --reason 'handler errors in postgres_only'\n\n\
+        The runbook is cutover/README.md."
+    )]
+    Cutover(CutoverCommand),
+
+    /// Compare a route's Redis and Postgres sides over a window.
+    #[command(
+        after_help = "Examples:\n  qbridge diff --route emails\n  qbridge diff --route emails --since 1h --json\n  \
+        qbridge diff --route emails --repair\n\n\
+        Exit code 0 with a verdict line either way; --repair mirrors Redis items Postgres lacks\n\
+        and pushes back to Redis the mirror copies Redis lost, idempotently by job key."
+    )]
+    Diff(DiffArgs),
+
     /// Benchmarks: burn-down, steady state, pickup latency, claim latency.
     #[command(
         after_help = "Examples:\n  qbridge bench burndown --jobs 50000 --workers 2\n  \
@@ -151,6 +171,48 @@ pub struct EnqueueArgs {
     /// Jobs with the same lock key never run at the same time.
     #[arg(long)]
     pub lock_key: Option<String>,
+}
+
+/// `qbridge cutover …`
+#[derive(Debug, Subcommand)]
+pub enum CutoverCommand {
+    /// Every route: phase, since, who changed it, and the gate of its next step.
+    Status,
+    /// Move a route one phase forward if its gate passes.
+    Advance(CutoverArgs),
+    /// Move a route one phase back (no gate; a reason is required).
+    Rollback(CutoverArgs),
+}
+
+/// Arguments of `cutover advance` and `cutover rollback`.
+#[derive(Debug, Args)]
+pub struct CutoverArgs {
+    /// Route name.
+    pub route: String,
+    /// Why; stored in the audit log (required for rollback and --force).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Advance although the gate refuses (audited with the failing numbers).
+    #[arg(long)]
+    pub force: bool,
+    /// Who is changing it (default: $USER@host).
+    #[arg(long, env = "QBRIDGE_OPERATOR")]
+    pub by: Option<String>,
+}
+
+/// `qbridge diff`
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// Route name.
+    #[arg(long)]
+    pub route: String,
+    /// Start of the window: a duration back from now (10m, 1h) or an RFC 3339 time
+    /// (default: the route's gates.window).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Fill what is missing on one side.
+    #[arg(long)]
+    pub repair: bool,
 }
 
 /// `qbridge dlq …`

@@ -4,6 +4,7 @@
 //! (see [`units`]). Anything that would only fail once jobs run (a bad handler
 //! header, a schedule that can never fire) fails here instead.
 
+mod cutover;
 mod routes;
 mod units;
 
@@ -20,6 +21,7 @@ use crate::queue::claim::TenantCap;
 use crate::queue::schedule::{Cadence, Schedule};
 use crate::queue::{validate, NewJob};
 
+pub use cutover::{CutoverConfig, DiffConfig, DualWriteMirrors, GatesConfig, ShadowConfig};
 pub use routes::{check_redis_url, ProxyConfig, PushEnd, RedisConsumerConfig, RouteConfig};
 pub use units::{parse_duration, parse_size, Bytes, Dur};
 

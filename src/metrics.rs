@@ -50,6 +50,15 @@ pub const REDIS_OUTCOMES: &str = "qbridge_redis_consumer_outcomes_total";
 pub const REDIS_RECOVERED: &str = "qbridge_redis_consumer_recovered_total";
 pub const OUTCOMES_DROPPED: &str = "qbridge_outcomes_dropped_total";
 
+pub const SHADOW_CALLS: &str = "qbridge_shadow_calls_total";
+pub const ROUTE_PHASE: &str = "qbridge_route_phase";
+pub const DIFF_JOBS: &str = "qbridge_diff_jobs";
+pub const DIFF_ONE_SIDED: &str = "qbridge_diff_one_sided_jobs";
+pub const DIFF_MISMATCHES: &str = "qbridge_diff_outcome_mismatches";
+pub const DIFF_MISMATCH_RATE: &str = "qbridge_diff_mismatch_ratio";
+pub const DIFF_NOISE_RATE: &str = "qbridge_diff_noise_ratio";
+pub const DIFF_MIRROR_COMPLETENESS: &str = "qbridge_diff_mirror_completeness_ratio";
+
 /// Every metric qbridge exports (for the dashboard check in tests).
 pub const ALL: &[&str] = &[
     JOBS_READY,
@@ -92,6 +101,14 @@ pub const ALL: &[&str] = &[
     REDIS_OUTCOMES,
     REDIS_RECOVERED,
     OUTCOMES_DROPPED,
+    SHADOW_CALLS,
+    ROUTE_PHASE,
+    DIFF_JOBS,
+    DIFF_ONE_SIDED,
+    DIFF_MISMATCHES,
+    DIFF_MISMATCH_RATE,
+    DIFF_NOISE_RATE,
+    DIFF_MIRROR_COMPLETENESS,
 ];
 
 /// Registers help texts; call once after the recorder is installed.
@@ -236,5 +253,41 @@ fn describe_redis_side() {
     describe_counter!(
         OUTCOMES_DROPPED,
         "Outcome records dropped because the outcome buffer was full"
+    );
+    describe_cutover();
+}
+
+fn describe_cutover() {
+    describe_counter!(
+        SHADOW_CALLS,
+        "Mirror copies whose handler the Postgres consumer called in shadow mode, per queue"
+    );
+    describe_gauge!(
+        ROUTE_PHASE,
+        "1 for the phase each route is in, 0 for the others (labels route, phase)"
+    );
+    describe_gauge!(
+        DIFF_JOBS,
+        "Jobs in the diff window per route and side (redis: seen on Redis; postgres: enqueued in Postgres)"
+    );
+    describe_gauge!(
+        DIFF_ONE_SIDED,
+        "Jobs of the diff window seen on one side only, per route and the side they are on"
+    );
+    describe_gauge!(
+        DIFF_MISMATCHES,
+        "Jobs of the diff window whose outcome or response digest differs between sides"
+    );
+    describe_gauge!(
+        DIFF_MISMATCH_RATE,
+        "Outcome mismatches / jobs compared over the diff window, per route"
+    );
+    describe_gauge!(
+        DIFF_NOISE_RATE,
+        "How often two shadow calls of one job disagree (the noise baseline), per route"
+    );
+    describe_gauge!(
+        DIFF_MIRROR_COMPLETENESS,
+        "Share of Redis-side jobs of the diff window that have a Postgres copy, per route"
     );
 }

@@ -1,6 +1,8 @@
 //! Subcommand implementations. Each returns a crate `Result`; `main` turns an
 //! error into one line on stderr and a non-zero exit code.
 
+mod cutover;
+pub(crate) mod diff;
 mod dlq;
 mod enqueue;
 pub(crate) mod output;
@@ -36,6 +38,8 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
         Command::Enqueue(args) => enqueue::run(&config, &args, cli.json).await,
         Command::Stats => stats::run(&config, cli.json).await,
         Command::Dlq(cmd) => dlq::run(&config, cmd, cli.json).await,
+        Command::Cutover(cmd) => cutover::run(&config, cmd, cli.json).await,
+        Command::Diff(args) => diff::run(&config, &args, cli.json).await,
         Command::Bench(args) => crate::bench::run(&config, args, cli.json).await,
     }
 }

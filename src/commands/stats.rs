@@ -6,14 +6,13 @@ use crate::error::Result;
 use crate::queue::stats;
 use crate::redis::producer::connect_redis;
 use crate::redis::route_stats;
-use crate::redis::routes::Routes;
 
 pub async fn run(config: &Config, as_json: bool) -> Result<()> {
     let db = crate::db::connect(&config.database_url, 2).await?;
     crate::db::check_schema(&db).await?;
     let queues = stats::queues(&db).await?;
     let health = stats::db_health(&db).await?;
-    let routes = Routes::from_config(&config.routes);
+    let routes = crate::commands::diff::stored_routes(&db, config).await?;
     let route_stats = if routes.is_empty() {
         Vec::new()
     } else {

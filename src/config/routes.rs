@@ -101,6 +101,12 @@ pub(super) struct RouteFile {
     pool: Option<RoutePoolFile>,
     #[serde(default)]
     redis_consumer: Option<RedisConsumerFile>,
+    #[serde(default)]
+    shadow: Option<super::cutover::ShadowFile>,
+    #[serde(default)]
+    diff: Option<super::cutover::DiffFile>,
+    #[serde(default)]
+    gates: Option<super::cutover::GatesFile>,
 }
 
 /// A validated route.
@@ -130,6 +136,8 @@ pub struct RouteConfig {
     pub handler: Option<HandlerConfig>,
     /// The route's Redis consumer, when qbridge runs it.
     pub redis_consumer: Option<RedisConsumerConfig>,
+    /// Shadow calls, the diff and the gates.
+    pub cutover: super::CutoverConfig,
 }
 
 /// `[proxy]`
@@ -319,6 +327,7 @@ pub(super) fn validate_routes(
                 "[routes.pool] and [routes.redis_consumer] need the route's handler".into(),
             ));
         }
+        let cutover = super::cutover::validate(file.shadow, file.diff, file.gates).map_err(ctx)?;
         let redis_consumer = file
             .redis_consumer
             .map(|c| validate_consumer(c).map_err(|m| ctx(m.into())))
@@ -343,6 +352,7 @@ pub(super) fn validate_routes(
             max_attempts: file.max_attempts,
             handler: file.handler,
             redis_consumer,
+            cutover,
         });
     }
     Ok((routes, pools))

@@ -73,6 +73,15 @@ pub enum PhaseError {
     Db(#[from] Error),
 }
 
+impl From<PhaseError> for Error {
+    fn from(e: PhaseError) -> Self {
+        match e {
+            PhaseError::Db(e) => e,
+            other => Error::InvalidInput(other.to_string()),
+        }
+    }
+}
+
 impl From<sqlx::Error> for PhaseError {
     fn from(e: sqlx::Error) -> Self {
         PhaseError::Db(e.into())

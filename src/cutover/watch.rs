@@ -1,20 +1,63 @@
 //! Feeds a process's [`PhaseView`] from the stored phase flag.
 //!
-//! A poll every `interval` (500 ms in production) is the source of truth:
-//! every process learns a change within a second without a LISTEN
-//! connection to lose. When Postgres does not answer, the view keeps the last
-//! phases it had — the last known good — and never falls back to a default.
+//! At start-up every configured route is registered (its config phase is
+//! stored unless a phase is stored already: from then on the stored one
+//! wins) and the view starts from what is stored. Then a poll every
+//! `interval` (500 ms in production) is the source of truth, so every
+//! process learns a change within a second without depending on a LISTEN
+//! connection; a LISTEN on [`store::CHANNEL`] only makes it sooner. When
+//! Postgres does not answer, the view keeps the last phases it had — the last
+//! known good — and never falls back to a default.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use sqlx::postgres::PgListener;
 use sqlx::PgPool;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::RouteConfig;
 use crate::cutover::store::{self, PhaseError};
-use crate::cutover::PhaseView;
+use crate::cutover::{Phase, PhaseView};
+use crate::metrics as m;
 
 /// How often [`run`] reads the stored phases.
 pub const INTERVAL: Duration = Duration::from_millis(500);
+/// How long a lost LISTEN connection waits before it is tried again.
+const RELISTEN_EVERY: Duration = Duration::from_secs(5);
+
+/// Registers `routes`, returns a view of their stored phases and the task
+/// that keeps it current until `token` is cancelled. `by` names this process
+/// in the audit log of a first registration.
+pub async fn attach(
+    pool: &PgPool,
+    routes: &[RouteConfig],
+    by: &str,
+    token: &CancellationToken,
+) -> Result<(PhaseView, Option<JoinHandle<()>>), PhaseError> {
+    if routes.is_empty() {
+        return Ok((PhaseView::default(), None));
+    }
+    let view = PhaseView::default();
+    for route in routes {
+        let state = store::register(pool, &route.name, route.phase, by).await?;
+        if state.phase != route.phase {
+            tracing::info!(route = %route.name, stored = %state.phase, config = %route.phase,
+                "the stored phase wins over the config's");
+        }
+        view.set(&route.name, state.phase);
+    }
+    publish(&view, routes.iter().map(|r| r.name.as_str()));
+    let names: Vec<String> = routes.iter().map(|r| r.name.clone()).collect();
+    let task = tokio::spawn(run(
+        pool.clone(),
+        view.clone(),
+        names,
+        INTERVAL,
+        token.clone(),
+    ));
+    Ok((view, Some(task)))
+}
 
 /// Reads every stored phase into `view`; returns how many routes changed.
 /// On error `view` is left as it was.
@@ -32,10 +75,29 @@ pub async fn run_once(pool: &PgPool, view: &PhaseView) -> Result<usize, PhaseErr
     Ok(changed)
 }
 
-/// Polls until `token` is cancelled. A failure is logged once when it starts
-/// and once when it ends, not on every poll.
-pub async fn run(pool: PgPool, view: PhaseView, interval: Duration, token: CancellationToken) {
+/// `qbridge_route_phase{route, phase}`: 1 for the route's phase, 0 for the others.
+fn publish<'a>(view: &PhaseView, routes: impl Iterator<Item = &'a str>) {
+    for route in routes {
+        let now = view.get(route);
+        for phase in Phase::ALL {
+            metrics::gauge!(m::ROUTE_PHASE, "route" => route.to_string(), "phase" => phase.as_str())
+                .set(f64::from(u8::from(phase == now)));
+        }
+    }
+}
+
+/// Polls (and listens) until `token` is cancelled. A failure is logged once
+/// when it starts and once when it ends, not on every poll.
+pub async fn run(
+    pool: PgPool,
+    view: PhaseView,
+    routes: Vec<String>,
+    interval: Duration,
+    token: CancellationToken,
+) {
     let mut failing = false;
+    let mut listener: Option<PgListener> = None;
+    let mut last_listen_try: Option<Instant> = None;
     loop {
         match run_once(&pool, &view).await {
             Ok(_) if failing => {
@@ -49,9 +111,44 @@ pub async fn run(pool: PgPool, view: PhaseView, interval: Duration, token: Cance
             }
             Err(_) => {}
         }
+        publish(&view, routes.iter().map(String::as_str));
+        if listener.is_none()
+            && !failing
+            && last_listen_try.is_none_or(|t| t.elapsed() >= RELISTEN_EVERY)
+        {
+            last_listen_try = Some(Instant::now());
+            listener = listen(&pool).await;
+        }
+        let wait = tokio::time::sleep(interval);
         tokio::select! {
             _ = token.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
+            _ = wait => {}
+            got = async {
+                match listener.as_mut() {
+                    Some(l) => l.try_recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                // A notification: poll now. An error or a closed connection:
+                // drop it (polling goes on) and listen again later.
+                if !matches!(got, Ok(Some(_))) {
+                    listener = None;
+                }
+            }
         }
     }
+}
+
+async fn listen(pool: &PgPool) -> Option<PgListener> {
+    let mut listener = PgListener::connect_with(pool).await.ok()?;
+    listener.listen(store::CHANNEL).await.ok()?;
+    Some(listener)
+}
+
+/// A one-off view of the stored phases of `routes` (for commands that run
+/// once): a route no process registered yet reads as its config phase.
+pub async fn stored_view(pool: &PgPool, routes: &[RouteConfig]) -> Result<PhaseView, PhaseError> {
+    let view = PhaseView::new(routes.iter().map(|r| (r.name.clone(), r.phase)));
+    run_once(pool, &view).await?;
+    Ok(view)
 }

@@ -1,8 +1,10 @@
 //! The HTTP listener: `/metrics` (Prometheus text), `/livez` (the process
 //! answers), `/readyz` (Postgres reachable and the schema current),
 //! `POST /v1/queues/{queue}/jobs` (enqueue, see [`enqueue`]) and
-//! `POST /v1/outcomes` (outcomes from outside workers, see [`outcomes`]).
+//! `POST /v1/outcomes` (outcomes from outside workers, see [`outcomes`]) and
+//! `GET /v1/routes/{route}/diff` (the cutover diff, see [`diff`]).
 
+mod diff;
 mod enqueue;
 mod outcomes;
 
@@ -84,6 +86,7 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/v1/queues/{queue}/jobs", post(enqueue::post_jobs))
         .route("/v1/outcomes", post(outcomes::post_outcomes))
+        .route("/v1/routes/{route}/diff", get(diff::get_diff))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }

@@ -49,6 +49,7 @@
 //! processing and dead lists together.
 
 mod keys;
+pub(crate) use keys::glob_escape;
 mod slot;
 
 use std::sync::Arc;

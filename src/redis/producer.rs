@@ -129,6 +129,11 @@ impl Producer {
         &self.routes
     }
 
+    /// Its Redis connection (`None` when every route is decommissioned).
+    pub fn redis(&self) -> Option<&ConnectionManager> {
+        self.redis.as_ref()
+    }
+
     /// Enqueues items on `route` in a transaction of its own, then pushes
     /// what Redis is owed.
     pub async fn enqueue(&self, route: &str, items: Vec<Bytes>) -> Result<Enqueued> {

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use crate::config::{PushEnd, RouteConfig};
 use crate::cutover::{Phase, PhaseView};
 use crate::redis::formats::Format;
+use crate::shadow::Digester;
 
 /// One route, as the producer paths and consumers use it.
 #[derive(Debug)]
@@ -28,6 +29,8 @@ pub struct Route {
     pub push: PushEnd,
     /// Attempts of the Postgres copy (`None`: the queue default).
     pub max_attempts: Option<i32>,
+    /// Response digests with the route's ignore rules, on both sides.
+    pub digester: Digester,
     /// Everything else the route was configured with.
     pub config: RouteConfig,
 }
@@ -55,6 +58,7 @@ impl Routes {
                     format: c.format.clone(),
                     push: c.push,
                     max_attempts: c.max_attempts,
+                    digester: Digester::new(&c.cutover.diff),
                     config: c.clone(),
                 })
             })

@@ -4,6 +4,8 @@
 //! the Redis consumers with their outcome recorder.
 //! `qbridge run` (with `[proxy] enabled`) and `qbridge proxy` both use it.
 //!
+//! The route table reads the stored phase flag ([`crate::cutover::watch`]).
+//!
 //! Redis is connected only while some route still needs it: when every route
 //! is `decommissioned` and no proxy runs, qbridge opens no Redis connection.
 
@@ -30,6 +32,8 @@ use crate::worker::Handler;
 
 /// How often owed pushes and parked mirror items are retried.
 const REPAIR_EVERY: Duration = Duration::from_secs(5);
+/// How often the diff gauges are refreshed.
+const DIFF_EVERY: Duration = Duration::from_secs(60);
 /// How old an owed push must be before the repair loop makes it (so a
 /// producer still pushing after its commit is not raced).
 const OUTBOX_GRACE: Duration = Duration::from_secs(30);
@@ -61,7 +65,11 @@ impl RedisSide {
         with_mirror: bool,
         maintenance: &CancellationToken,
     ) -> Result<RedisSide> {
-        let routes = Routes::from_config(&cfg.routes);
+        // The stored phases, kept current: a phase change reaches every
+        // path of this process (proxy, producer, HTTP, both consumers).
+        let (phases, watch) =
+            crate::cutover::watch::attach(db, &cfg.routes, &cfg.worker_id, maintenance).await?;
+        let routes = Routes::new(&cfg.routes, phases);
         let needs_redis = with_mirror
             || routes
                 .iter()
@@ -70,7 +78,7 @@ impl RedisSide {
             true => Some(connect_redis(&cfg.redis_url).await?),
             false => None,
         };
-        let mut tasks = Vec::new();
+        let mut tasks: Vec<JoinHandle<()>> = watch.into_iter().collect();
         if !routes.is_empty() {
             let (db, routes) = (db.clone(), routes.clone());
             tasks.push(tokio::spawn(ticker::every(
@@ -114,6 +122,24 @@ impl RedisSide {
                             outbox::repair_once(&db, &mut conn, &routes, OUTBOX_GRACE).await
                         {
                             tracing::debug!(error = %e, "outbox repair deferred");
+                        }
+                    }
+                },
+            )));
+        }
+        if let (Some(conn), false) = (&redis, routes.is_empty()) {
+            let (db, conn, routes) = (db.clone(), conn.clone(), routes.clone());
+            tasks.push(tokio::spawn(ticker::every(
+                DIFF_EVERY,
+                maintenance.clone(),
+                false,
+                move || {
+                    let (db, mut conn, routes) = (db.clone(), conn.clone(), routes.clone());
+                    async move {
+                        if let Err(e) =
+                            crate::shadow::diff_metrics::publish_once(&db, &mut conn, &routes).await
+                        {
+                            tracing::debug!(error = %e, "diff metrics deferred");
                         }
                     }
                 },

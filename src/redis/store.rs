@@ -90,9 +90,9 @@ RETURNING queue, hash, n
 "#;
 
 const KEYS_SQL: &str = r#"
-INSERT INTO qbridge.job_keys (queue, key, copy, via, flagged)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
-       AS t(queue, key, copy, via, flagged)
+INSERT INTO qbridge.job_keys (queue, key, copy, via, flagged, original)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[])
+       AS t(queue, key, copy, via, flagged, original)
  ORDER BY t.queue, t.key
 ON CONFLICT (queue, key) DO NOTHING
 RETURNING queue, key
@@ -259,6 +259,14 @@ async fn known_keys(
         .bind(items.iter().map(|i| i.copy.as_str()).collect::<Vec<_>>())
         .bind(items.iter().map(|i| i.via.as_str()).collect::<Vec<_>>())
         .bind(flags)
+        // A mirror copy's bytes stay until the Redis side reports the job,
+        // so `qbridge diff --repair` can push back what Redis lost.
+        .bind(
+            items
+                .iter()
+                .map(|i| (i.copy == JobCopy::Mirror).then_some(&i.decoded.original[..]))
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await?;
     Ok(rows.into_iter().collect())
@@ -268,7 +276,7 @@ async fn known_keys(
 const OVERSIZED: &str = "payload over payload_limit; the item is kept in jobs.original";
 
 const PROMOTE_KEYS_SQL: &str = r#"
-UPDATE qbridge.job_keys k SET copy = 'live', seen_at = now()
+UPDATE qbridge.job_keys k SET copy = 'live', seen_at = now(), original = NULL
   FROM unnest($1::text[], $2::text[]) AS t(queue, key)
  WHERE k.queue = t.queue AND k.key = t.key AND k.copy = 'mirror'
 RETURNING k.queue, k.key

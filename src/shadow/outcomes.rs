@@ -45,6 +45,9 @@ pub enum Mode {
     Live,
     /// A shadow run, only for comparison.
     Shadow,
+    /// A second shadow run of the same job (sampled): how much the handler
+    /// disagrees with itself, the diff's noise baseline.
+    Noise,
 }
 
 /// What the handler made of the attempt.
@@ -74,6 +77,7 @@ impl Mode {
         match self {
             Mode::Live => "live",
             Mode::Shadow => "shadow",
+            Mode::Noise => "noise",
         }
     }
 }

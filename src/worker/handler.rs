@@ -12,6 +12,7 @@ use reqwest::StatusCode;
 use crate::config::{header_map, HandlerConfig};
 use crate::error::{Error, Result};
 use crate::queue::ClaimedJob;
+use crate::shadow::{Digester, Mode};
 
 /// What a handler made of one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,8 +127,14 @@ impl Handler {
         })
     }
 
-    /// Runs one attempt.
+    /// Runs one live attempt.
     pub async fn run(&self, job: &ClaimedJob) -> HandlerResult {
+        self.run_as(job, Mode::Live).await
+    }
+
+    /// Runs one attempt in `mode`: an `http` handler gets the header
+    /// `Qbridge-Mode: live|shadow`, a `command` the variable `QBRIDGE_MODE`.
+    async fn run_as(&self, job: &ClaimedJob, mode: Mode) -> HandlerResult {
         match self {
             Handler::Noop => HandlerResult::Done,
             Handler::Probe(p) => {
@@ -138,27 +145,36 @@ impl Handler {
                 client,
                 url,
                 headers,
-            } => run_http(client, url, headers, job).await,
+            } => run_http(client, url, headers, job, mode).await,
             Handler::Command {
                 program,
                 args,
                 timeout,
                 permanent_exit_codes,
-            } => command::run(program, args, *timeout, permanent_exit_codes, job).await,
+            } => {
+                let mode = wire_mode(mode);
+                command::run(program, args, *timeout, permanent_exit_codes, job, mode).await
+            }
         }
     }
 
-    /// Runs one attempt like [`Handler::run`] and also says what the shadow
-    /// comparison needs: the digest of the response (the `http` handler's
-    /// body; the other handlers have none) and the error class.
-    pub async fn run_recorded(&self, job: &ClaimedJob) -> HandlerRun {
+    /// Runs one attempt like [`Handler::run`], in `mode`, and also says what
+    /// the shadow comparison needs: the digest of the response (the `http`
+    /// handler's body, after the route's ignore rules; the other handlers
+    /// have none) and the error class.
+    pub async fn run_recorded(
+        &self,
+        job: &ClaimedJob,
+        mode: Mode,
+        digester: &Digester,
+    ) -> HandlerRun {
         let (result, digest) = match self {
             Handler::Http {
                 client,
                 url,
                 headers,
-            } => run_http_digest(client, url, headers, job).await,
-            _ => (self.run(job).await, None),
+            } => run_http_digest(client, url, headers, job, mode, digester).await,
+            _ => (self.run_as(job, mode).await, None),
         };
         let error_class = error_class(&result);
         HandlerRun {
@@ -166,6 +182,14 @@ impl Handler {
             digest,
             error_class,
         }
+    }
+}
+
+/// What a handler is told about the call: a noise call is a shadow call.
+fn wire_mode(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Live => "live",
+        Mode::Shadow | Mode::Noise => "shadow",
     }
 }
 
@@ -219,36 +243,57 @@ async fn run_http(
     url: &str,
     headers: &HeaderMap,
     job: &ClaimedJob,
+    mode: Mode,
 ) -> HandlerResult {
-    match http_request(client, url, headers, job).send().await {
+    match http_request(client, url, headers, job, mode).send().await {
         Ok(resp) => classify_status(resp.status()),
         Err(e) => http_error(e),
     }
 }
 
-/// [`run_http`] that also reads the response body into its SHA-256 (as it
-/// streams in: no body is held in memory). The client's timeout covers the
-/// body too.
+/// Bodies up to this size are held to apply the ignore rules; a longer one
+/// is digested as it streams, without them.
+const MAX_NORMALIZED_BODY: usize = 4 << 20;
+
+/// [`run_http`] that also reads the response body into its digest. Without
+/// ignore rules (or past [`MAX_NORMALIZED_BODY`]) the body is hashed as it
+/// streams in. The client's timeout covers the body too.
 async fn run_http_digest(
     client: &reqwest::Client,
     url: &str,
     headers: &HeaderMap,
     job: &ClaimedJob,
+    mode: Mode,
+    digester: &Digester,
 ) -> (HandlerResult, Option<String>) {
     use sha2::{Digest, Sha256};
-    let mut resp = match http_request(client, url, headers, job).send().await {
+    let mut resp = match http_request(client, url, headers, job, mode).send().await {
         Ok(resp) => resp,
         Err(e) => return (http_error(e), None),
     };
     let result = classify_status(resp.status());
+    let mut held: Option<Vec<u8>> = digester.has_rules().then(Vec::new);
     let mut hasher = Sha256::new();
     loop {
         match resp.chunk().await {
-            Ok(Some(chunk)) => hasher.update(&chunk),
+            Ok(Some(chunk)) => match &mut held {
+                Some(body) if body.len() + chunk.len() <= MAX_NORMALIZED_BODY => {
+                    body.extend_from_slice(&chunk)
+                }
+                Some(body) => {
+                    hasher.update(&body[..]);
+                    hasher.update(&chunk);
+                    held = None;
+                }
+                None => hasher.update(&chunk),
+            },
             Ok(None) => break,
             // The status decided the outcome; a body cut short has no digest.
             Err(_) => return (result, None),
         }
+    }
+    if let Some(body) = held {
+        return (result, Some(digester.digest(&body)));
     }
     let digest = hasher
         .finalize()
@@ -273,9 +318,11 @@ fn http_request(
     url: &str,
     headers: &HeaderMap,
     job: &ClaimedJob,
+    mode: Mode,
 ) -> reqwest::RequestBuilder {
     let mut req = client
         .post(url)
+        .header("Qbridge-Mode", wire_mode(mode))
         .header("Qbridge-Queue", &job.queue)
         .header("Qbridge-Job-Id", job.id.to_string())
         .header("Qbridge-Attempt", job.attempts.to_string())
@@ -399,7 +446,9 @@ mod tests {
             })
             .unwrap()
         };
-        let ok = h(200).run_recorded(&job(json!({}))).await;
+        let ok = h(200)
+            .run_recorded(&job(json!({})), Mode::Live, &Digester::default())
+            .await;
         assert_eq!(ok.result, HandlerResult::Done);
         assert_eq!(ok.error_class, None);
         // The status server answers with an empty body.
@@ -408,11 +457,17 @@ mod tests {
             Some("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
         );
         assert_eq!(
-            h(503).run_recorded(&job(json!({}))).await.error_class,
+            h(503)
+                .run_recorded(&job(json!({})), Mode::Live, &Digester::default())
+                .await
+                .error_class,
             Some("http_5xx")
         );
         assert_eq!(
-            h(404).run_recorded(&job(json!({}))).await.error_class,
+            h(404)
+                .run_recorded(&job(json!({})), Mode::Live, &Digester::default())
+                .await
+                .error_class,
             Some("http_4xx")
         );
         assert_eq!(

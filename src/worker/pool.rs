@@ -5,6 +5,7 @@
 //! Shutdown: when `intake` is cancelled it stops claiming; running handlers get
 //! until `deadline`; after that they are cancelled and their jobs handed back.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,12 +14,14 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::PoolConfig;
+use crate::config::{DualWriteMirrors, PoolConfig};
+use crate::cutover::Phase;
 use crate::metrics as m;
 use crate::queue::backoff::Backoff;
 use crate::queue::claim::claim_batch;
 use crate::queue::completer::{Finished, Outcome};
 use crate::queue::{fence, ClaimRequest, ClaimedJob, JobCopy};
+use crate::redis::routes::{Route, Routes};
 use crate::shadow::{Mode, Outcome as RecordedOutcome, OutcomeKind, OutcomeRecorder, Side};
 use crate::worker::handler::{Handler, HandlerResult, HandlerRun};
 use crate::worker::heartbeat::{self, InFlight};
@@ -39,9 +42,33 @@ pub struct WorkerPool {
     pub completer: mpsc::Sender<Finished>,
     pub waker: Arc<Notify>,
     pub worker_id: String,
-    /// Set on a route's pool: each live attempt of a keyed job is recorded
-    /// (side `postgres`) for the shadow comparison with the Redis side.
-    pub outcomes: Option<OutcomeRecorder>,
+    /// Set on a route's pool: live attempts of keyed jobs are recorded (side
+    /// `postgres`) and mirror copies are shadowed or drained by phase.
+    pub routes: Option<RouteRuns>,
+}
+
+/// What a pool serving route queues needs beyond a plain pool.
+#[derive(Clone)]
+pub struct RouteRuns {
+    /// Where every attempt's outcome goes.
+    pub recorder: OutcomeRecorder,
+    /// The routes and their phases (kept current by the cutover watch).
+    pub routes: Routes,
+    /// A route's separate shadow handler (`[routes.shadow] handler`), by route name.
+    pub shadow_handlers: HashMap<String, Arc<Handler>>,
+}
+
+/// What one claimed job gets.
+enum Plan {
+    /// A live run (recorded when the job is keyed and on a route).
+    Live { recorded: bool },
+    /// A shadow call of a mirror copy, recorded with mode `shadow`.
+    Shadow {
+        route: Arc<Route>,
+        handler: Arc<Handler>,
+    },
+    /// A mirror copy completed without a call.
+    Drain,
 }
 
 impl WorkerPool {
@@ -130,7 +157,7 @@ impl WorkerPool {
                     inflight: inflight.clone(),
                     backoff: self.config.backoff,
                     to_start: to_start.clone(),
-                    outcomes: self.outcomes.clone(),
+                    routes: self.routes.clone(),
                     queue: if self.config.queues.len() == 1 {
                         queue_label.clone()
                     } else {
@@ -183,23 +210,103 @@ struct AttemptCtx {
     inflight: InFlight,
     backoff: Backoff,
     to_start: metrics::Histogram,
-    outcomes: Option<OutcomeRecorder>,
+    routes: Option<RouteRuns>,
     /// The job's queue, shared with the pool when it serves one queue.
     queue: Arc<str>,
 }
 
 impl AttemptCtx {
-    /// One handler call; the digest and error class only when recorded (the
-    /// digest costs hashing the response).
-    async fn attempt(&self, job: &ClaimedJob, recorded: bool) -> HandlerRun {
-        if recorded {
-            return self.handler.run_recorded(job).await;
+    /// Live, shadow or drain. A mirror copy's live run happens on the Redis
+    /// side: running its handler live here would run the job twice, so it is
+    /// only ever called in shadow mode (in `shadow`, or in `dual_write` when
+    /// the route asks for it; also the leftovers of those phases in
+    /// `postgres_only`) or completed without a call, which still proves
+    /// claims and throughput (DESIGN.md).
+    fn plan(&self, job: &ClaimedJob) -> Plan {
+        let Some(runs) = &self.routes else {
+            return match job.copy {
+                JobCopy::Live => Plan::Live { recorded: false },
+                JobCopy::Mirror => Plan::Drain,
+            };
+        };
+        let route = runs.routes.by_queue(&job.queue);
+        if job.copy == JobCopy::Live {
+            return Plan::Live {
+                recorded: job.key.is_some() && route.is_some(),
+            };
         }
-        HandlerRun {
-            result: self.handler.run(job).await,
-            digest: None,
-            error_class: None,
+        let Some(route) = route.filter(|_| job.key.is_some()) else {
+            return Plan::Drain;
+        };
+        let shadowed = match runs.routes.phase(route) {
+            Phase::DualWrite => route.config.cutover.shadow.dual_write == DualWriteMirrors::Shadow,
+            Phase::Shadow | Phase::PostgresOnly => true,
+            Phase::RedisOnly | Phase::Decommissioned => false,
+        };
+        if !shadowed {
+            return Plan::Drain;
         }
+        Plan::Shadow {
+            route: Arc::clone(route),
+            handler: runs
+                .shadow_handlers
+                .get(&route.name)
+                .cloned()
+                .unwrap_or_else(|| self.handler.clone()),
+        }
+    }
+
+    /// Records one attempt for the diff.
+    fn record(&self, job: &ClaimedJob, mode: Mode, outcome: &Outcome, run: &HandlerRun) {
+        let (Some(runs), Some(key)) = (&self.routes, &job.key) else {
+            return;
+        };
+        runs.recorder.record(RecordedOutcome {
+            queue: job.queue.clone(),
+            key: key.clone(),
+            side: Side::Postgres,
+            mode,
+            outcome: match outcome {
+                Outcome::Complete => OutcomeKind::Ok,
+                Outcome::Retry { .. } => OutcomeKind::Failed,
+                Outcome::Dead { .. } => OutcomeKind::Dead,
+            },
+            error_class: run.error_class,
+            digest: run.digest.clone(),
+            attempt: Some(job.attempts),
+        });
+    }
+
+    /// What the handler's result means for the job.
+    fn outcome(&self, job: &ClaimedJob, result: HandlerResult) -> Outcome {
+        match result {
+            HandlerResult::Done => Outcome::Complete,
+            HandlerResult::Permanent(error) => Outcome::Dead { error },
+            HandlerResult::Retry(error) if job.attempts >= job.max_attempts => Outcome::Dead {
+                error: format!("attempts exhausted ({}): {error}", job.attempts),
+            },
+            HandlerResult::Retry(error) => Outcome::Retry {
+                delay: self.backoff.delay(job.attempts),
+                error,
+            },
+        }
+    }
+
+    /// One shadow call (and, sampled, a second one for the noise baseline).
+    async fn shadow(&self, job: &ClaimedJob, route: &Route, handler: &Handler) -> HandlerRun {
+        metrics::counter!(m::SHADOW_CALLS, "queue" => self.queue.to_string()).increment(1);
+        let run = handler
+            .run_recorded(job, Mode::Shadow, &route.digester)
+            .await;
+        let sample = route.config.cutover.shadow.noise_sample;
+        if sample > 0.0 && rand::random::<f64>() < sample {
+            let again = handler
+                .run_recorded(job, Mode::Noise, &route.digester)
+                .await;
+            let outcome = self.outcome(job, again.result.clone());
+            self.record(job, Mode::Noise, &outcome, &again);
+        }
+        run
     }
 
     async fn run(self, job: ClaimedJob, cancel: CancellationToken) {
@@ -209,26 +316,40 @@ impl AttemptCtx {
             .unwrap_or(0)
             .max(0);
         self.to_start.record(waited as f64 / 1e6);
-        // A mirror copy's live run happens on the Redis side: running its
-        // handler here would run the job twice. It is drained (completed)
-        // without a call, which proves claims and throughput (DESIGN.md).
-        let mirror = job.copy == JobCopy::Mirror;
-        // A route's live attempts are recorded, with digest and error class.
-        let recorded = self.outcomes.is_some() && job.key.is_some() && !mirror;
-        let run = if mirror {
-            metrics::counter!(m::MIRROR_DRAINED, "queue" => self.queue.to_string()).increment(1);
-            Some(HandlerRun {
-                result: HandlerResult::Done,
-                digest: None,
-                error_class: None,
-            })
-        } else {
-            // biased: a handler that finished just as the deadline hit keeps its result.
-            tokio::select! {
-                biased;
-                r = self.attempt(&job, recorded) => Some(r),
-                _ = cancel.cancelled() => None,
+        let plan = self.plan(&job);
+        let call = async {
+            match &plan {
+                Plan::Drain => {
+                    metrics::counter!(m::MIRROR_DRAINED, "queue" => self.queue.to_string())
+                        .increment(1);
+                    HandlerRun {
+                        result: HandlerResult::Done,
+                        digest: None,
+                        error_class: None,
+                    }
+                }
+                Plan::Live { recorded: true } => {
+                    let digester = self
+                        .routes
+                        .as_ref()
+                        .and_then(|r| r.routes.by_queue(&job.queue))
+                        .map(|r| r.digester.clone())
+                        .unwrap_or_default();
+                    self.handler.run_recorded(&job, Mode::Live, &digester).await
+                }
+                Plan::Live { recorded: false } => HandlerRun {
+                    result: self.handler.run(&job).await,
+                    digest: None,
+                    error_class: None,
+                },
+                Plan::Shadow { route, handler } => self.shadow(&job, route, handler).await,
             }
+        };
+        // biased: a handler that finished just as the deadline hit keeps its result.
+        let run = tokio::select! {
+            biased;
+            r = call => Some(r),
+            _ = cancel.cancelled() => None,
         };
         let Some(HandlerRun {
             result,
@@ -246,32 +367,16 @@ impl AttemptCtx {
             }
             return;
         };
-        let outcome = match result {
-            HandlerResult::Done => Outcome::Complete,
-            HandlerResult::Permanent(error) => Outcome::Dead { error },
-            HandlerResult::Retry(error) if job.attempts >= job.max_attempts => Outcome::Dead {
-                error: format!("attempts exhausted ({}): {error}", job.attempts),
-            },
-            HandlerResult::Retry(error) => Outcome::Retry {
-                delay: self.backoff.delay(job.attempts),
-                error,
-            },
+        let run = HandlerRun {
+            result,
+            digest,
+            error_class,
         };
-        if let (true, Some(recorder), Some(key)) = (recorded, &self.outcomes, &job.key) {
-            recorder.record(RecordedOutcome {
-                queue: job.queue.clone(),
-                key: key.clone(),
-                side: Side::Postgres,
-                mode: Mode::Live,
-                outcome: match &outcome {
-                    Outcome::Complete => OutcomeKind::Ok,
-                    Outcome::Retry { .. } => OutcomeKind::Failed,
-                    Outcome::Dead { .. } => OutcomeKind::Dead,
-                },
-                error_class,
-                digest,
-                attempt: Some(job.attempts),
-            });
+        let outcome = self.outcome(&job, run.result.clone());
+        match plan {
+            Plan::Live { recorded: true } => self.record(&job, Mode::Live, &outcome, &run),
+            Plan::Shadow { .. } => self.record(&job, Mode::Shadow, &outcome, &run),
+            Plan::Live { recorded: false } | Plan::Drain => {}
         }
         // Ids and queue only: error texts can echo payload data, so they go
         // to the database (last_error), never to the log.

@@ -3,6 +3,7 @@
 //! and the HTTP listener — and shuts it down in order: stop intake, drain
 //! handlers under the deadline, flush completions, stop maintenance, close the pool.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use crate::redis::services::RedisSide;
 use crate::redis::store::Via;
 use crate::shadow::{OutcomeRecorder, RecorderOptions};
 use crate::ticker;
-use crate::worker::pool::{PoolReport, WorkerPool};
+use crate::worker::pool::{PoolReport, RouteRuns, WorkerPool};
 use crate::worker::{gauges, Handler};
 
 /// Totals after a run.
@@ -126,6 +127,12 @@ impl Runtime {
         } else {
             (None, None)
         };
+        let mut shadow_handlers = HashMap::new();
+        for route in &cfg.routes {
+            if let Some(h) = &route.cutover.shadow.handler {
+                shadow_handlers.insert(route.name.clone(), Arc::new(Handler::from_config(h)?));
+            }
+        }
         let mut wakers = Wakers::default();
         let mut pools = Vec::new();
         for pc in &cfg.pools {
@@ -141,7 +148,14 @@ impl Runtime {
                 completer: done_tx.clone(),
                 waker,
                 worker_id: cfg.worker_id.clone(),
-                outcomes: recorder.clone().filter(|_| is_route_pool(pc)),
+                routes: recorder
+                    .clone()
+                    .filter(|_| is_route_pool(pc))
+                    .map(|recorder| RouteRuns {
+                        recorder,
+                        routes: redis_side.routes.clone(),
+                        shadow_handlers: shadow_handlers.clone(),
+                    }),
             });
         }
         drop(done_tx);

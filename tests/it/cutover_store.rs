@@ -186,6 +186,7 @@ async fn the_watch_follows_the_store_and_keeps_the_last_known_phase(pool: PgPool
     let task = tokio::spawn(watch::run(
         pool.clone(),
         view.clone(),
+        vec!["r".to_string()],
         watch::INTERVAL,
         token.clone(),
     ));

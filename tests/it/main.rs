@@ -5,6 +5,7 @@
 mod bad_input;
 mod claim;
 mod cli;
+mod cutover;
 mod cutover_store;
 mod dlq;
 mod enqueue;

@@ -74,6 +74,7 @@ impl Fixture {
                 retry_delay: Duration::from_millis(20),
                 consumer_name: consumer.clone(),
             }),
+            cutover: Default::default(),
         };
         let routes = Routes::from_config(&[cfg]);
         let route = Arc::clone(routes.by_name(&name).expect("route"));

@@ -231,7 +231,7 @@ impl RunningPool {
             completer: tx,
             waker: Arc::new(Notify::new()),
             worker_id: "test-worker".into(),
-            outcomes: None,
+            routes: None,
         };
         let intake = CancellationToken::new();
         let handle = tokio::spawn(pool.run(intake.clone(), Duration::from_secs(30)));

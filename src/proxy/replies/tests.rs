@@ -52,6 +52,7 @@ async fn rig() -> Rig {
         max_attempts: None,
         handler: None,
         redis_consumer: None,
+        cutover: Default::default(),
     };
     let routes = Routes::from_config(&[config]);
     let route = Arc::clone(routes.by_name("r").expect("route"));

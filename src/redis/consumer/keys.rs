@@ -64,8 +64,8 @@ impl Keys {
     }
 }
 
-/// Escapes Redis glob characters (a consumer name may hold them).
-fn glob_escape(s: &str) -> String {
+/// Escapes Redis glob characters (a route or consumer name may hold them).
+pub(crate) fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {

@@ -250,7 +250,7 @@ impl Slot {
                 tokio::time::sleep(ctx.opts.drain).await;
             };
             let run = tokio::select! {
-                run = ctx.handler.run_recorded(&job) => run,
+                run = ctx.handler.run_recorded(&job, Mode::Live, &ctx.route.digester) => run,
                 () = drain => {
                     tracing::info!(route = %ctx.route.name, slot = list, key = %key_hash(&key),
                         "redis consumer: shutdown deadline passed; the item stays in its processing list");

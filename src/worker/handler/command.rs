@@ -31,9 +31,11 @@ pub(super) async fn run(
     timeout: Duration,
     permanent: &[i32],
     job: &ClaimedJob,
+    mode: &str,
 ) -> HandlerResult {
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
+        .env("QBRIDGE_MODE", mode)
         .env("QBRIDGE_QUEUE", &job.queue)
         .env("QBRIDGE_JOB_ID", job.id.to_string())
         .env("QBRIDGE_ATTEMPT", job.attempts.to_string())

@@ -47,6 +47,7 @@ pub fn route(name: &str, key: &str, phase: Phase) -> RouteConfig {
         max_attempts: None,
         handler: None,
         redis_consumer: None,
+        cutover: Default::default(),
     }
 }
 

@@ -1,0 +1,165 @@
+//! `qbridge cutover status|advance|rollback`: the operator's side of the
+//! phase flag. Advances are gated (the failing numbers are printed and the
+//! exit code is non-zero); `--force --reason` overrides and is audited.
+
+use crate::cli::{CutoverArgs, CutoverCommand};
+use crate::commands::diff::stored_routes;
+use crate::commands::output;
+use crate::config::Config;
+use crate::cutover::gates;
+use crate::cutover::operate::{self, Refusal, Request};
+use crate::error::{Error, Result};
+use crate::redis::producer::connect_redis;
+
+/// `$USER@host`, the default `changed_by`.
+fn operator(args_by: Option<&str>) -> String {
+    if let Some(by) = args_by.filter(|b| !b.trim().is_empty()) {
+        return by.to_string();
+    }
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    format!("{user}@{host}")
+}
+
+pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<()> {
+    let db = crate::db::connect(&config.database_url, 2).await?;
+    crate::db::check_schema(&db).await?;
+    if config.routes.is_empty() {
+        return Err(Error::Config(
+            "no [[routes]] in the config: there is nothing to cut over".into(),
+        ));
+    }
+    let routes = stored_routes(&db, config).await?;
+    // Gates and decommissioning read Redis; status still works without it.
+    let mut redis = connect_redis(&config.redis_url).await;
+    match cmd {
+        CutoverCommand::Status => {
+            let mut rows = Vec::new();
+            let mut report = Vec::new();
+            for route in routes.iter() {
+                let state = operate::state_of(&db, route, &operator(None)).await?;
+                let gate = gates::evaluate(&db, redis.as_mut().ok(), route, &state).await?;
+                let gate_text = match &gate {
+                    None => "-".to_string(),
+                    Some(g) if g.passed() => format!("{} → {}: passes", g.from, g.to),
+                    Some(g) => format!(
+                        "{} → {}: refuses ({})",
+                        g.from,
+                        g.to,
+                        g.checks
+                            .iter()
+                            .filter(|c| !c.passed)
+                            .map(|c| format!("{} {}", c.name, c.value))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ),
+                };
+                rows.push(vec![
+                    state.route.clone(),
+                    state.phase.to_string(),
+                    state.since.format("%Y-%m-%d %H:%M:%S").to_string(),
+                    state.changed_by.clone(),
+                    gate_text,
+                ]);
+                report.push(serde_json::json!({ "state": state, "gate": gate }));
+            }
+            if as_json {
+                output::json(&serde_json::json!({ "routes": report }));
+            } else {
+                println!(
+                    "{}",
+                    output::table(&["route", "phase", "since", "changed by", "next"], &rows)
+                );
+            }
+            Ok(())
+        }
+        CutoverCommand::Advance(args) => {
+            let route = find(&routes, &args)?;
+            let by = operator(args.by.as_deref());
+            let req = Request {
+                by: &by,
+                reason: args.reason.as_deref(),
+                force: args.force,
+            };
+            let redis = redis.as_mut().ok();
+            match operate::advance(&db, redis, &route, &req, config.payload_limit).await {
+                Ok(done) => {
+                    if as_json {
+                        output::json(&done);
+                    } else {
+                        println!(
+                            "{}: {} → {}{}",
+                            route.name,
+                            done.gate.from,
+                            done.gate.to,
+                            if done.forced {
+                                " (FORCED past a refusing gate; audited)"
+                            } else {
+                                " (gate passed)"
+                            }
+                        );
+                        for c in &done.gate.checks {
+                            println!(
+                                "  {} {}: {} (needs {})",
+                                if c.passed { "ok  " } else { "FAIL" },
+                                c.name,
+                                c.value,
+                                c.needs
+                            );
+                        }
+                        if let Some(a) = &done.archived {
+                            println!(
+                                "  archived {} items into Postgres ({} already there), {} dead items into jobs_dead; deleted {} Redis keys",
+                                a.enqueued, a.duplicates, a.dead, a.keys_deleted
+                            );
+                        }
+                    }
+                    Ok(())
+                }
+                Err(Refusal::Gate(gate)) => {
+                    if as_json {
+                        output::json(&gate);
+                    } else {
+                        println!("{}: {} → {} refused:", route.name, gate.from, gate.to);
+                        println!("{}", gate.failures());
+                    }
+                    Err(Error::InvalidInput(format!(
+                        "gate {} → {} refused for route {:?} ({} of {} checks failed); wait and retry, or --force --reason",
+                        gate.from,
+                        gate.to,
+                        route.name,
+                        gate.checks.iter().filter(|c| !c.passed).count(),
+                        gate.checks.len()
+                    )))
+                }
+                Err(Refusal::Error(e)) => Err(e),
+            }
+        }
+        CutoverCommand::Rollback(args) => {
+            let route = find(&routes, &args)?;
+            let by = operator(args.by.as_deref());
+            let req = Request {
+                by: &by,
+                reason: args.reason.as_deref(),
+                force: false,
+            };
+            let state = operate::rollback(&db, &route, &req).await?;
+            output::done(
+                as_json,
+                &format!("{}: rolled back to {}", route.name, state.phase),
+            );
+            Ok(())
+        }
+    }
+}
+
+fn find(
+    routes: &crate::redis::routes::Routes,
+    args: &CutoverArgs,
+) -> Result<std::sync::Arc<crate::redis::routes::Route>> {
+    routes.by_name(&args.route).cloned().ok_or_else(|| {
+        Error::InvalidInput(format!("no route named {:?} in the config", args.route))
+    })
+}

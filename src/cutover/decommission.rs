@@ -1,0 +1,151 @@
+//! Decommissioning a route's Redis side: archive what is left into Postgres,
+//! then delete the route's Redis keys.
+//!
+//! Runs after the flag says `decommissioned` and every process had time to
+//! see it (so no qbridge consumer pops the list any more and the proxy no
+//! longer forwards pushes for it). Items left in the list, the processing
+//! lists or the gap list become live Postgres jobs (a key Postgres already
+//! has is a duplicate and is not enqueued again); items in the Redis dead
+//! list go to `qbridge.jobs_dead`, so nothing that was in Redis is lost.
+
+use redis::aio::ConnectionManager;
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::error::{Error, Result};
+use crate::queue::JobCopy;
+use crate::redis::consumer::glob_escape;
+use crate::redis::formats::decode_bytes;
+use crate::redis::mirror::gap_key;
+use crate::redis::routes::Route;
+use crate::redis::store::{self, Item, Stored, Via};
+use crate::shadow::redis_view::scan;
+
+/// What decommissioning archived and deleted.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Archived {
+    /// Items enqueued in Postgres as live jobs.
+    pub enqueued: usize,
+    /// Items whose key Postgres already had.
+    pub duplicates: usize,
+    /// Items of the Redis dead list moved to `qbridge.jobs_dead`.
+    pub dead: usize,
+    /// Redis keys deleted.
+    pub keys_deleted: usize,
+}
+
+fn redis_err(e: redis::RedisError) -> Error {
+    Error::Redis(e.to_string())
+}
+
+async fn all_items(conn: &mut ConnectionManager, list: &str) -> Result<Vec<Vec<u8>>> {
+    redis::cmd("LRANGE")
+        .arg(list)
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .map_err(redis_err)
+}
+
+/// Archives and deletes the route's Redis keys. Postgres is written first;
+/// a key is deleted only after its items are stored, so a failure midway
+/// loses nothing (a second run finds the rest; stored keys are duplicates).
+pub async fn archive_and_delete(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    payload_limit: usize,
+) -> Result<Archived> {
+    let mut report = Archived::default();
+    let name = glob_escape(&route.name);
+    let main = String::from_utf8_lossy(&route.redis_key).into_owned();
+    let mut runnable = vec![main, gap_key(route)];
+    runnable.extend(scan(redis, &format!("qbridge:processing:{name}:*")).await?);
+    // Renamed away first, atomically: a push that still arrives (a producer
+    // not behind qbridge) lands in a new list instead of being deleted
+    // unread; `qbridge cutover status` shows it.
+    for (i, list) in runnable.iter().enumerate() {
+        let moved = format!("qbridge:archiving:{}:{i}", route.name);
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(list)
+            .query_async(redis)
+            .await
+            .map_err(redis_err)?;
+        if exists {
+            redis::cmd("RENAME")
+                .arg(list)
+                .arg(&moved)
+                .query_async::<()>(redis)
+                .await
+                .map_err(redis_err)?;
+        }
+    }
+    // Also what an interrupted earlier run left renamed.
+    let archiving = scan(redis, &format!("qbridge:archiving:{name}:*")).await?;
+    for list in &archiving {
+        let items = all_items(redis, list).await?;
+        if !items.is_empty() {
+            let batch: Vec<Item<'_>> = items
+                .into_iter()
+                .map(|bytes| Item {
+                    route,
+                    decoded: decode_bytes(&route.format, bytes.into()),
+                    copy: JobCopy::Live,
+                    via: Via::Repair,
+                })
+                .collect();
+            let mut tx = db.begin().await?;
+            let stored = store::store(&mut tx, batch, payload_limit).await?;
+            tx.commit().await?;
+            for s in stored {
+                match s {
+                    Stored::New { .. } => report.enqueued += 1,
+                    Stored::Duplicate { .. } => report.duplicates += 1,
+                }
+            }
+        }
+        let n: usize = redis::cmd("DEL")
+            .arg(list)
+            .query_async(redis)
+            .await
+            .map_err(redis_err)?;
+        report.keys_deleted += n;
+    }
+    let dead_list = format!("qbridge:dead:{}", route.name);
+    let dead = all_items(redis, &dead_list).await?;
+    if !dead.is_empty() {
+        let mut tx = db.begin().await?;
+        for bytes in &dead {
+            let decoded = decode_bytes(&route.format, bytes.clone().into());
+            sqlx::query(
+                "INSERT INTO qbridge.jobs_dead \
+                     (id, queue, kind, key, payload, priority, attempts, max_attempts, last_error, \
+                      created_at, copy, original) \
+                 VALUES (nextval(pg_get_serial_sequence('qbridge.jobs', 'id')), $1, $2, $3, $4, 0, \
+                         0, 1, 'archived from the Redis dead list at decommission', now(), 'live', $5)",
+            )
+            .bind(&route.queue)
+            .bind(&decoded.kind)
+            .bind(decoded.key.with_occurrence(0))
+            .bind(&decoded.payload)
+            .bind(&bytes[..])
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        report.dead = dead.len();
+    }
+    let mut doomed = vec![dead_list];
+    doomed.extend(scan(redis, &format!("qbridge:inflight:{name}:*")).await?);
+    doomed.extend(scan(redis, &format!("qbridge:repushed:{name}:*")).await?);
+    for key in doomed {
+        let n: usize = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(redis)
+            .await
+            .map_err(redis_err)?;
+        report.keys_deleted += n;
+    }
+    Ok(report)
+}

@@ -1,0 +1,282 @@
+//! The gates of each advance: the measured numbers a route must show before
+//! `qbridge cutover advance` moves it one phase forward. Each check carries
+//! its value and what it needs, so a refusal prints the failing numbers and
+//! the audit log keeps them.
+//!
+//! - `redis_only → dual_write`: none (nothing is measured before mirroring).
+//! - `dual_write → shadow`: mirror completeness over the window, with at
+//!   least `min_jobs` Redis-side jobs.
+//! - `shadow → postgres_only`: a whole window in `shadow`; ack counts equal
+//!   within tolerance; outcome mismatch rate (above the noise baseline) under
+//!   its threshold over at least `min_jobs` compared jobs; Postgres
+//!   push-to-outcome p99 under its target.
+//! - `postgres_only → decommissioned`: the route's Redis lists empty (list,
+//!   processing lists, gap list), no Redis push owed, no Redis-side outcome
+//!   for `quiet_period`.
+
+use chrono::{DateTime, Utc};
+use redis::aio::ConnectionManager;
+use serde::Serialize;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use crate::cutover::store::RouteState;
+use crate::cutover::Phase;
+use crate::error::Result;
+use crate::redis::routes::Route;
+use crate::shadow::diff::{self, Diff, DiffInput};
+use crate::shadow::redis_view;
+
+/// One measured condition.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Check {
+    pub name: String,
+    pub passed: bool,
+    /// What was measured.
+    pub value: String,
+    /// What the gate needs.
+    pub needs: String,
+}
+
+/// The gate of one advance.
+#[derive(Debug, Clone, Serialize)]
+pub struct Gate {
+    pub route: String,
+    pub from: Phase,
+    pub to: Phase,
+    pub checks: Vec<Check>,
+    /// The diff the checks read, when one was needed.
+    pub diff: Option<Diff>,
+}
+
+impl Gate {
+    /// Every check passed.
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.passed)
+    }
+
+    /// The numbers for the audit log.
+    pub fn numbers(&self) -> Value {
+        json!({
+            "passed": self.passed(),
+            "checks": self.checks,
+            "verdict": self.diff.as_ref().map(|d| d.verdict.clone()),
+        })
+    }
+
+    /// The failing checks, one per line.
+    pub fn failures(&self) -> String {
+        self.checks
+            .iter()
+            .filter(|c| !c.passed)
+            .map(|c| format!("  {}: {} (needs {})", c.name, c.value, c.needs))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+fn check(name: &str, passed: bool, value: String, needs: String) -> Check {
+    Check {
+        name: name.into(),
+        passed,
+        value,
+        needs,
+    }
+}
+
+/// The start of a gate's window: `window` ago, but never before the route
+/// entered its phase (what happened in the phase before does not count).
+fn window_start(route: &Route, state: &RouteState) -> DateTime<Utc> {
+    let window = chrono::Duration::from_std(route.config.cutover.gates.window).unwrap_or_default();
+    (Utc::now() - window).max(state.since)
+}
+
+/// The route's diff since `since` (reads Redis, then Postgres).
+pub async fn diff_since(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    phase: Phase,
+    since: DateTime<Utc>,
+) -> Result<(Diff, redis_view::RedisView)> {
+    let held = redis_view::read(redis, db, route).await?;
+    let diff = diff::compute(
+        db,
+        DiffInput {
+            route,
+            phase: phase.as_str(),
+            since,
+            held: &held,
+        },
+    )
+    .await?;
+    Ok((diff, held))
+}
+
+/// Evaluates the gate of the next advance from `state`. `None` when the
+/// route is at the last phase.
+pub async fn evaluate(
+    db: &PgPool,
+    redis: Option<&mut ConnectionManager>,
+    route: &Route,
+    state: &RouteState,
+) -> Result<Option<Gate>> {
+    let Some(to) = next(state.phase) else {
+        return Ok(None);
+    };
+    let g = &route.config.cutover.gates;
+    let mut gate = Gate {
+        route: route.name.clone(),
+        from: state.phase,
+        to,
+        checks: Vec::new(),
+        diff: None,
+    };
+    let Some(redis) = redis else {
+        if state.phase != Phase::RedisOnly {
+            gate.checks.push(check(
+                "redis reachable",
+                false,
+                "no Redis connection".into(),
+                "redis_url answering".into(),
+            ));
+        }
+        return Ok(Some(gate));
+    };
+    match state.phase {
+        Phase::RedisOnly | Phase::Decommissioned => {}
+        Phase::DualWrite => {
+            let (d, _) =
+                diff_since(db, redis, route, state.phase, window_start(route, state)).await?;
+            gate.checks.push(check(
+                "redis-side jobs in window",
+                d.redis_seen as u64 >= g.min_jobs,
+                d.redis_seen.to_string(),
+                format!(">= {}", g.min_jobs),
+            ));
+            gate.checks.push(check(
+                "mirror completeness",
+                d.mirror_completeness >= g.mirror_completeness,
+                format!("{:.4}%", d.mirror_completeness * 100.0),
+                format!(">= {:.4}%", g.mirror_completeness * 100.0),
+            ));
+            gate.diff = Some(d);
+        }
+        Phase::Shadow => {
+            let since = window_start(route, state);
+            let in_phase = (Utc::now() - state.since).to_std().unwrap_or_default();
+            gate.checks.push(check(
+                "time in shadow",
+                in_phase >= g.window,
+                format!("{}s", in_phase.as_secs()),
+                format!(">= {}s (gates.window)", g.window.as_secs()),
+            ));
+            let (d, _) = diff_since(db, redis, route, state.phase, since).await?;
+            let (r, p) = (d.redis.acks, d.postgres.acks);
+            let ack_gap = (r - p).abs() as f64 / r.max(1) as f64;
+            gate.checks.push(check(
+                "ack counts",
+                r > 0 && ack_gap <= g.ack_tolerance,
+                format!("redis {r}, postgres {p} ({:.3}% apart)", ack_gap * 100.0),
+                format!("<= {:.3}% apart", g.ack_tolerance * 100.0),
+            ));
+            gate.checks.push(check(
+                "jobs compared",
+                d.compared as u64 >= g.min_jobs,
+                d.compared.to_string(),
+                format!(">= {}", g.min_jobs),
+            ));
+            let excess = (d.mismatch_rate - d.noise_rate).max(0.0);
+            gate.checks.push(check(
+                "outcome mismatch rate above noise",
+                excess <= g.max_mismatch_rate,
+                format!(
+                    "{:.3}% ({} of {}; noise {:.3}%)",
+                    excess * 100.0,
+                    d.mismatched,
+                    d.compared,
+                    d.noise_rate * 100.0
+                ),
+                format!("<= {:.3}%", g.max_mismatch_rate * 100.0),
+            ));
+            let lag = d.postgres.lag_p99.unwrap_or(f64::INFINITY);
+            gate.checks.push(check(
+                "postgres push-to-outcome p99",
+                lag <= g.max_postgres_lag.as_secs_f64(),
+                if lag.is_finite() {
+                    format!("{lag:.3}s")
+                } else {
+                    "no Postgres outcomes".into()
+                },
+                format!("<= {:.3}s", g.max_postgres_lag.as_secs_f64()),
+            ));
+            gate.diff = Some(d);
+        }
+        Phase::PostgresOnly => {
+            let held = redis_view::read(redis, db, route).await?;
+            let in_redis = held.waiting.len() + held.processing.len() + held.parked;
+            gate.checks.push(check(
+                "items left in Redis",
+                in_redis == 0 && !held.truncated,
+                format!(
+                    "{} waiting, {} in processing lists, {} parked",
+                    held.waiting.len(),
+                    held.processing.len(),
+                    held.parked
+                ),
+                "all empty".into(),
+            ));
+            let owed: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM qbridge.redis_outbox WHERE queue = $1")
+                    .bind(&route.queue)
+                    .fetch_one(db)
+                    .await?;
+            gate.checks.push(check(
+                "Redis pushes owed",
+                owed == 0,
+                owed.to_string(),
+                "0".into(),
+            ));
+            let last: Option<DateTime<Utc>> = sqlx::query_scalar(
+                "SELECT max(recorded_at) FROM qbridge.outcomes WHERE queue = $1 AND side = 'redis'",
+            )
+            .bind(&route.queue)
+            .fetch_one(db)
+            .await?;
+            let quiet_since = last.map_or(state.since, |t| t.max(state.since));
+            let quiet = (Utc::now() - quiet_since).to_std().unwrap_or_default();
+            gate.checks.push(check(
+                "quiet on Redis",
+                quiet >= g.quiet_period,
+                format!("{}s since the last Redis-side job", quiet.as_secs()),
+                format!(">= {}s (gates.quiet_period)", g.quiet_period.as_secs()),
+            ));
+        }
+    }
+    Ok(Some(gate))
+}
+
+/// The phase after `phase`.
+pub fn next(phase: Phase) -> Option<Phase> {
+    let i = Phase::ALL.iter().position(|p| *p == phase)?;
+    Phase::ALL.get(i + 1).copied()
+}
+
+/// The phase before `phase`.
+pub fn previous(phase: Phase) -> Option<Phase> {
+    let i = Phase::ALL.iter().position(|p| *p == phase)?;
+    i.checked_sub(1).map(|i| Phase::ALL[i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_walk_the_phase_order() {
+        assert_eq!(next(Phase::RedisOnly), Some(Phase::DualWrite));
+        assert_eq!(next(Phase::Decommissioned), None);
+        assert_eq!(previous(Phase::DualWrite), Some(Phase::RedisOnly));
+        assert_eq!(previous(Phase::RedisOnly), None);
+    }
+}

@@ -1,0 +1,159 @@
+//! What `qbridge cutover advance|rollback` do: read the stored phase,
+//! evaluate the gate, change the flag by compare-and-swap with the gate's
+//! numbers in the audit log, and — on the way into `decommissioned` — archive
+//! and delete the route's Redis keys once every process has seen the flip.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::cutover::decommission::{self, Archived};
+use crate::cutover::gates::{self, Gate};
+use crate::cutover::store::{self, Change, PhaseError, RouteState};
+use crate::cutover::{watch, Phase};
+use crate::error::{Error, Result};
+use crate::redis::routes::Route;
+
+/// Who and why.
+#[derive(Debug, Clone)]
+pub struct Request<'a> {
+    pub by: &'a str,
+    pub reason: Option<&'a str>,
+    /// Advance although the gate refuses (needs a reason; audited).
+    pub force: bool,
+}
+
+/// What an advance did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Advanced {
+    pub state: RouteState,
+    pub gate: Gate,
+    pub forced: bool,
+    /// Set on the way into `decommissioned`.
+    pub archived: Option<Archived>,
+}
+
+/// Why an advance did not happen.
+#[derive(Debug)]
+pub enum Refusal {
+    /// The gate failed and `--force` was not given; the gate has the numbers.
+    Gate(Box<Gate>),
+    /// Anything else (no next phase, a conflict, the database).
+    Error(Error),
+}
+
+impl From<Error> for Refusal {
+    fn from(e: Error) -> Self {
+        Refusal::Error(e)
+    }
+}
+
+impl From<PhaseError> for Refusal {
+    fn from(e: PhaseError) -> Self {
+        Refusal::Error(e.into())
+    }
+}
+
+/// The stored state of `route`, registering it from the config if no
+/// process has yet.
+pub async fn state_of(db: &PgPool, route: &Route, by: &str) -> Result<RouteState> {
+    match store::current(db, &route.name).await? {
+        Some(state) => Ok(state),
+        None => Ok(store::register(db, &route.name, route.config.phase, by).await?),
+    }
+}
+
+/// Advances `route` one phase if its gate passes (or `force`).
+pub async fn advance(
+    db: &PgPool,
+    mut redis: Option<&mut ConnectionManager>,
+    route: &Route,
+    req: &Request<'_>,
+    payload_limit: usize,
+) -> std::result::Result<Advanced, Refusal> {
+    let state = state_of(db, route, req.by).await?;
+    let gate = gates::evaluate(db, redis.as_deref_mut(), route, &state)
+        .await?
+        .ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "route {:?} is {}: there is no phase after it",
+                route.name, state.phase
+            ))
+        })?;
+    let forced = !gate.passed();
+    if forced && !req.force {
+        return Err(Refusal::Gate(Box::new(gate)));
+    }
+    let reason = match (req.reason, forced) {
+        (Some(r), _) if !r.trim().is_empty() => r.to_string(),
+        (_, true) => {
+            return Err(Error::InvalidInput(
+                "--force needs --reason: the override is audited with it".into(),
+            )
+            .into())
+        }
+        (_, false) => "gate passed".to_string(),
+    };
+    let new_state = store::transition(
+        db,
+        &Change {
+            route: &route.name,
+            from: state.phase,
+            to: gate.to,
+            changed_by: req.by,
+            reason: &reason,
+            forced,
+            gates: gate.numbers(),
+        },
+    )
+    .await?;
+    let archived = if gate.to == Phase::Decommissioned {
+        let redis = redis.ok_or_else(|| {
+            Error::InvalidInput(
+                "decommissioning archives the route's Redis keys: Redis must be reachable".into(),
+            )
+        })?;
+        // Every process polls the flag every INTERVAL: after a few, none
+        // pops the list or forwards pushes for this route any more.
+        tokio::time::sleep(watch::INTERVAL * 3 + Duration::from_millis(500)).await;
+        Some(decommission::archive_and_delete(db, redis, route, payload_limit).await?)
+    } else {
+        None
+    };
+    Ok(Advanced {
+        state: new_state,
+        gate,
+        forced,
+        archived,
+    })
+}
+
+/// Steps `route` back one phase; no gate, a reason is required.
+pub async fn rollback(db: &PgPool, route: &Route, req: &Request<'_>) -> Result<RouteState> {
+    let state = state_of(db, route, req.by).await?;
+    let to = gates::previous(state.phase).ok_or_else(|| {
+        Error::InvalidInput(format!(
+            "route {:?} is {}: there is no phase before it",
+            route.name, state.phase
+        ))
+    })?;
+    let reason = req
+        .reason
+        .filter(|r| !r.trim().is_empty())
+        .ok_or_else(|| Error::InvalidInput("a rollback needs --reason".into()))?;
+    Ok(store::transition(
+        db,
+        &Change {
+            route: &route.name,
+            from: state.phase,
+            to,
+            changed_by: req.by,
+            reason,
+            forced: false,
+            gates: serde_json::Value::Null,
+        },
+    )
+    .await?)
+}

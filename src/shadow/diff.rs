@@ -1,0 +1,523 @@
+//! The diff of one route over a window: what each side enqueued and ran,
+//! the jobs seen on one side only, the outcome mismatches, the lag of each
+//! side and a noise baseline — the numbers the gates read and operators see.
+//!
+//! Sources (all joined by job key):
+//! - Postgres side: `qbridge.job_keys` (every key the route enqueued in
+//!   Postgres, mirror or live copy) and the Postgres consumer's outcomes;
+//! - Redis side: the outcomes the Redis consumer (or an outside fleet) reports
+//!   and the items still held in Redis ([`super::redis_view`]).
+//!
+//! A mirror copy whose Redis copy was never reported nor is still in Redis
+//! was lost on the Redis side (a restart without persistence): its bytes are
+//! still in `job_keys.original` and `--repair` pushes them back. A Redis-side
+//! job with no Postgres key was never mirrored: `--repair` mirrors those
+//! still waiting in Redis; those already run on Redis ran live once, which is
+//! what matters, and are only counted.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::error::Result;
+use crate::redis::routes::Route;
+use crate::shadow::redis_view::RedisView;
+
+/// Jobs and attempts one side shows in the window.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct SideCounts {
+    /// Distinct job keys.
+    pub jobs: i64,
+    /// Attempts that succeeded.
+    pub acks: i64,
+    /// Attempts that failed (another one followed).
+    pub failures: i64,
+    /// Jobs that failed for good.
+    pub dead: i64,
+    /// Jobs that succeeded more than once (a duplicate push, a lease expiry).
+    pub ran_twice: i64,
+    /// Push to first outcome, seconds: p50 and p99.
+    pub lag_p50: Option<f64>,
+    pub lag_p99: Option<f64>,
+}
+
+/// One job whose two sides disagree.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Mismatch {
+    pub key: String,
+    pub redis: String,
+    pub postgres: String,
+    /// Both answered with a body and the bodies' digests differ.
+    pub digest_differs: bool,
+}
+
+/// The diff of one route.
+#[derive(Debug, Clone, Serialize)]
+pub struct Diff {
+    pub route: String,
+    pub queue: String,
+    pub phase: String,
+    pub since: DateTime<Utc>,
+    pub until: DateTime<Utc>,
+    /// Keys enqueued in Postgres in the window (mirror and live copies).
+    pub postgres_enqueued: i64,
+    pub postgres_mirrors: i64,
+    /// Keys seen on Redis in the window: reported outcomes plus items held now.
+    pub redis_seen: i64,
+    /// Items in Redis now: waiting, in processing lists, parked for the mirror repair.
+    pub redis_waiting: usize,
+    pub redis_processing: usize,
+    pub redis_parked: usize,
+    /// The Redis lists were longer than the diff reads: counts are lower bounds.
+    pub redis_truncated: bool,
+    pub redis: SideCounts,
+    pub postgres: SideCounts,
+    /// Ran on Redis, never mirrored (nothing left to repair).
+    pub only_redis_ran: i64,
+    /// Waiting in Redis, never mirrored (`--repair` mirrors them).
+    pub only_redis_waiting: i64,
+    /// Mirrored, but Redis neither reported nor holds them (`--repair` re-pushes).
+    pub only_postgres: i64,
+    /// Whether the Redis side reported any outcome in the window; without
+    /// reports `only_postgres` cannot be told from "not run yet".
+    pub redis_reports: bool,
+    /// Sampled keys per category.
+    pub sample_only_redis: Vec<String>,
+    pub sample_only_postgres: Vec<String>,
+    pub sample_ran_twice: Vec<String>,
+    /// Jobs with a final outcome on both sides, and how many disagree.
+    pub compared: i64,
+    pub mismatched: i64,
+    pub mismatches: Vec<Mismatch>,
+    /// Second shadow calls compared with the first, and how many disagreed.
+    pub noise_samples: i64,
+    pub noise_disagreed: i64,
+    /// Redis-side jobs with a Postgres copy / Redis-side jobs (1 when none).
+    pub mirror_completeness: f64,
+    pub mismatch_rate: f64,
+    pub noise_rate: f64,
+    /// One line for people and logs.
+    pub verdict: String,
+}
+
+impl Diff {
+    /// Jobs on one side only.
+    pub fn one_sided(&self) -> i64 {
+        self.only_redis_ran + self.only_redis_waiting + self.only_postgres
+    }
+
+    /// Nothing one-sided, nothing mismatched, nothing ran twice.
+    pub fn matches(&self) -> bool {
+        self.one_sided() == 0
+            && self.mismatched == 0
+            && self.redis.ran_twice == 0
+            && self.postgres.ran_twice == 0
+    }
+}
+
+fn ratio(part: i64, whole: i64) -> f64 {
+    if whole <= 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+type SideRow = (String, i64, i64, i64, i64, i64);
+
+const SIDES_SQL: &str = r#"
+SELECT side,
+       count(DISTINCT key),
+       count(*) FILTER (WHERE outcome = 'ok'),
+       count(*) FILTER (WHERE outcome = 'failed'),
+       count(DISTINCT key) FILTER (WHERE outcome = 'dead'),
+       (SELECT count(*) FROM (
+            SELECT 1 FROM qbridge.outcomes d
+             WHERE d.queue = $1 AND d.recorded_at >= $2 AND d.side = o.side
+               AND d.mode <> 'noise' AND d.outcome = 'ok'
+             GROUP BY d.key HAVING count(*) > 1) twice)
+  FROM qbridge.outcomes o
+ WHERE queue = $1 AND recorded_at >= $2 AND mode <> 'noise'
+ GROUP BY side
+"#;
+
+const LAG_SQL: &str = r#"
+WITH first AS (
+    SELECT DISTINCT ON (side, key) side, key, recorded_at
+      FROM qbridge.outcomes
+     WHERE queue = $1 AND recorded_at >= $2 AND mode <> 'noise'
+     ORDER BY side, key, recorded_at, id)
+SELECT f.side,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM f.recorded_at - k.seen_at)),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM f.recorded_at - k.seen_at))
+  FROM first f JOIN qbridge.job_keys k ON k.queue = $1 AND k.key = f.key
+ GROUP BY f.side
+"#;
+
+const RAN_TWICE_SQL: &str = r#"
+SELECT key FROM qbridge.outcomes
+ WHERE queue = $1 AND recorded_at >= $2 AND mode <> 'noise' AND outcome = 'ok'
+ GROUP BY side, key HAVING count(*) > 1
+ ORDER BY key LIMIT $3
+"#;
+
+const ONLY_REDIS_RAN_SQL: &str = r#"
+SELECT o.key FROM (
+    SELECT DISTINCT key FROM qbridge.outcomes
+     WHERE queue = $1 AND side = 'redis' AND recorded_at >= $2 AND recorded_at < $3) o
+ WHERE NOT EXISTS (SELECT 1 FROM qbridge.job_keys k WHERE k.queue = $1 AND k.key = o.key)
+ ORDER BY o.key
+"#;
+
+const UNKNOWN_KEYS_SQL: &str = r#"
+SELECT t.key FROM unnest($2::text[]) AS t(key)
+ WHERE NOT EXISTS (SELECT 1 FROM qbridge.job_keys k WHERE k.queue = $1 AND k.key = t.key)
+"#;
+
+/// Mirror copies whose Redis copy is unaccounted for: no Redis outcome
+/// (which clears `original`) and not held in Redis now.
+pub(crate) const ONLY_POSTGRES_SQL: &str = r#"
+SELECT key FROM qbridge.job_keys
+ WHERE queue = $1 AND copy = 'mirror' AND original IS NOT NULL
+   AND seen_at >= $2 AND seen_at < $3 AND NOT (key = ANY($4::text[]))
+ ORDER BY seen_at, key
+"#;
+
+const MISMATCH_SQL: &str = r#"
+WITH last AS (
+    SELECT DISTINCT ON (key, side) key, side, outcome, digest
+      FROM qbridge.outcomes
+     WHERE queue = $1 AND recorded_at >= $2 AND mode <> 'noise' AND outcome <> 'failed'
+     ORDER BY key, side, recorded_at DESC, id DESC)
+SELECT r.key, r.outcome, p.outcome,
+       (r.digest IS NOT NULL AND p.digest IS NOT NULL AND r.digest <> p.digest)
+  FROM last r JOIN last p ON p.key = r.key AND p.side = 'postgres'
+ WHERE r.side = 'redis'
+"#;
+
+const NOISE_SQL: &str = r#"
+SELECT count(*),
+       count(*) FILTER (WHERE s.outcome <> n.outcome OR s.digest IS DISTINCT FROM n.digest)
+  FROM qbridge.outcomes n
+  JOIN LATERAL (
+        SELECT outcome, digest FROM qbridge.outcomes s
+         WHERE s.queue = n.queue AND s.key = n.key AND s.side = 'postgres'
+           AND s.mode = 'shadow' AND s.attempt IS NOT DISTINCT FROM n.attempt
+         ORDER BY s.id DESC LIMIT 1) s ON true
+ WHERE n.queue = $1 AND n.mode = 'noise' AND n.recorded_at >= $2
+"#;
+
+/// What [`compute`] needs besides the database.
+pub struct DiffInput<'a> {
+    pub route: &'a Route,
+    pub phase: &'a str,
+    pub since: DateTime<Utc>,
+    /// What Redis holds now (read before the Postgres queries, so a mirror
+    /// written in between is seen).
+    pub held: &'a RedisView,
+}
+
+/// Computes the diff of one route.
+pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
+    let route = input.route;
+    let queue = route.queue.as_str();
+    let since = input.since;
+    let until = Utc::now();
+    let settled =
+        until - chrono::Duration::from_std(route.config.cutover.diff.settle).unwrap_or_default();
+    let samples = route.config.cutover.diff.sample_keys;
+    let held_keys = input.held.keys();
+
+    let (enqueued, mirrors): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE copy = 'mirror') \
+           FROM qbridge.job_keys WHERE queue = $1 AND seen_at >= $2",
+    )
+    .bind(queue)
+    .bind(since)
+    .fetch_one(db)
+    .await?;
+
+    let mut redis = SideCounts::default();
+    let mut postgres = SideCounts::default();
+    let rows: Vec<SideRow> = sqlx::query_as(SIDES_SQL)
+        .bind(queue)
+        .bind(since)
+        .fetch_all(db)
+        .await?;
+    for (side, jobs, acks, failures, dead, twice) in rows {
+        let counts = if side == "redis" {
+            &mut redis
+        } else {
+            &mut postgres
+        };
+        *counts = SideCounts {
+            jobs,
+            acks,
+            failures,
+            dead,
+            ran_twice: twice,
+            ..SideCounts::default()
+        };
+    }
+    let lags: Vec<(String, Option<f64>, Option<f64>)> = sqlx::query_as(LAG_SQL)
+        .bind(queue)
+        .bind(since)
+        .fetch_all(db)
+        .await?;
+    for (side, p50, p99) in lags {
+        let counts = if side == "redis" {
+            &mut redis
+        } else {
+            &mut postgres
+        };
+        counts.lag_p50 = p50;
+        counts.lag_p99 = p99;
+    }
+    let sample_ran_twice: Vec<String> = sqlx::query_scalar(RAN_TWICE_SQL)
+        .bind(queue)
+        .bind(since)
+        .bind(samples as i64)
+        .fetch_all(db)
+        .await?;
+
+    let ran_only_redis: Vec<String> = sqlx::query_scalar(ONLY_REDIS_RAN_SQL)
+        .bind(queue)
+        .bind(since)
+        .bind(settled)
+        .fetch_all(db)
+        .await?;
+    let waiting_only_redis: Vec<String> = sqlx::query_scalar(UNKNOWN_KEYS_SQL)
+        .bind(queue)
+        .bind(&held_keys)
+        .fetch_all(db)
+        .await?;
+    let only_postgres: Vec<String> = sqlx::query_scalar(ONLY_POSTGRES_SQL)
+        .bind(queue)
+        .bind(since)
+        .bind(settled)
+        .bind(&held_keys)
+        .fetch_all(db)
+        .await?;
+
+    let compared_rows: Vec<(String, String, String, bool)> = sqlx::query_as(MISMATCH_SQL)
+        .bind(queue)
+        .bind(since)
+        .fetch_all(db)
+        .await?;
+    let compared = compared_rows.len() as i64;
+    let all_mismatches: Vec<Mismatch> = compared_rows
+        .into_iter()
+        .filter(|(_, r, p, digest_differs)| r != p || *digest_differs)
+        .map(|(key, redis, postgres, digest_differs)| Mismatch {
+            key,
+            redis,
+            postgres,
+            digest_differs,
+        })
+        .collect();
+    let (noise_samples, noise_disagreed): (i64, i64) = sqlx::query_as(NOISE_SQL)
+        .bind(queue)
+        .bind(since)
+        .fetch_one(db)
+        .await?;
+
+    // Redis-side jobs: reported ones plus those held now (a key can be both:
+    // a failed attempt waits for its retry).
+    let held_unreported = {
+        let reported: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT key FROM qbridge.outcomes \
+              WHERE queue = $1 AND side = 'redis' AND recorded_at >= $2 AND key = ANY($3::text[])",
+        )
+        .bind(queue)
+        .bind(since)
+        .bind(&held_keys)
+        .fetch_all(db)
+        .await?;
+        held_keys.len() as i64 - reported.len() as i64
+    };
+    let redis_seen = redis.jobs + held_unreported;
+    let only_redis = ran_only_redis.len() as i64 + waiting_only_redis.len() as i64;
+    let mirror_completeness = if redis_seen > 0 {
+        1.0 - ratio(only_redis, redis_seen)
+    } else {
+        1.0
+    };
+    let mismatched = all_mismatches.len() as i64;
+    let mut diff = Diff {
+        route: route.name.clone(),
+        queue: route.queue.clone(),
+        phase: input.phase.to_string(),
+        since,
+        until,
+        postgres_enqueued: enqueued,
+        postgres_mirrors: mirrors,
+        redis_seen,
+        redis_waiting: input.held.waiting.len(),
+        redis_processing: input.held.processing.len(),
+        redis_parked: input.held.parked,
+        redis_truncated: input.held.truncated,
+        redis_reports: redis.jobs > 0,
+        redis,
+        postgres,
+        only_redis_ran: ran_only_redis.len() as i64,
+        only_redis_waiting: waiting_only_redis.len() as i64,
+        only_postgres: only_postgres.len() as i64,
+        sample_only_redis: waiting_only_redis
+            .iter()
+            .chain(&ran_only_redis)
+            .take(samples)
+            .cloned()
+            .collect(),
+        sample_only_postgres: only_postgres.into_iter().take(samples).collect(),
+        sample_ran_twice,
+        compared,
+        mismatched,
+        mismatches: all_mismatches.into_iter().take(samples).collect(),
+        noise_samples,
+        noise_disagreed,
+        mirror_completeness,
+        mismatch_rate: ratio(mismatched, compared),
+        noise_rate: ratio(noise_disagreed, noise_samples),
+        verdict: String::new(),
+    };
+    diff.verdict = verdict(&diff);
+    Ok(diff)
+}
+
+fn percent(r: f64) -> String {
+    format!("{:.2}%", r * 100.0)
+}
+
+/// The one-line summary.
+fn verdict(d: &Diff) -> String {
+    let head = if d.matches() { "MATCH" } else { "DIFFERS" };
+    let mut line = format!(
+        "{}: {head} ({}) — redis {} jobs, postgres {} enqueued; only on redis {} ({} waiting, repairable); only on postgres {}{}; mismatches {}/{} ({}, noise {}); ran twice: redis {}, postgres {}",
+        d.route,
+        d.phase,
+        d.redis_seen,
+        d.postgres_enqueued,
+        d.only_redis_ran + d.only_redis_waiting,
+        d.only_redis_waiting,
+        d.only_postgres,
+        if d.only_postgres > 0 { " (repairable)" } else { "" },
+        d.mismatched,
+        d.compared,
+        percent(d.mismatch_rate),
+        percent(d.noise_rate),
+        d.redis.ran_twice,
+        d.postgres.ran_twice,
+    );
+    if !d.redis_reports && d.postgres_mirrors > 0 {
+        line.push_str(
+            "; the Redis side reported no outcomes, so 'only on postgres' may count jobs Redis ran",
+        );
+    }
+    if d.redis_truncated {
+        line.push_str("; Redis lists longer than the diff reads: counts are lower bounds");
+    }
+    line
+}
+
+/// The diff as a table for people.
+pub fn table(d: &Diff) -> String {
+    let secs = |v: Option<f64>| v.map_or("-".to_string(), |s| format!("{:.3}s", s));
+    let mut out = String::new();
+    out.push_str(&format!(
+        "route {} (queue {}, phase {}), {} → {}\n\n",
+        d.route,
+        d.queue,
+        d.phase,
+        d.since.format("%Y-%m-%d %H:%M:%S"),
+        d.until.format("%H:%M:%S")
+    ));
+    out.push_str(&format!("{:<28} {:>12} {:>12}\n", "", "redis", "postgres"));
+    let rows = [
+        (
+            "jobs",
+            d.redis_seen.to_string(),
+            d.postgres_enqueued.to_string(),
+        ),
+        (
+            "acks",
+            d.redis.acks.to_string(),
+            d.postgres.acks.to_string(),
+        ),
+        (
+            "failed attempts",
+            d.redis.failures.to_string(),
+            d.postgres.failures.to_string(),
+        ),
+        (
+            "dead",
+            d.redis.dead.to_string(),
+            d.postgres.dead.to_string(),
+        ),
+        (
+            "ran more than once",
+            d.redis.ran_twice.to_string(),
+            d.postgres.ran_twice.to_string(),
+        ),
+        (
+            "only on this side",
+            (d.only_redis_ran + d.only_redis_waiting).to_string(),
+            d.only_postgres.to_string(),
+        ),
+        (
+            "push→outcome p50",
+            secs(d.redis.lag_p50),
+            secs(d.postgres.lag_p50),
+        ),
+        (
+            "push→outcome p99",
+            secs(d.redis.lag_p99),
+            secs(d.postgres.lag_p99),
+        ),
+    ];
+    for (name, r, p) in rows {
+        out.push_str(&format!("{name:<28} {r:>12} {p:>12}\n"));
+    }
+    out.push_str(&format!(
+        "\nin Redis now: {} waiting, {} in processing, {} parked for the mirror repair\n",
+        d.redis_waiting, d.redis_processing, d.redis_parked
+    ));
+    out.push_str(&format!(
+        "mirror completeness {:.4}%; outcome mismatches {} of {} compared ({}); noise {} of {} ({})\n",
+        d.mirror_completeness * 100.0,
+        d.mismatched,
+        d.compared,
+        percent(d.mismatch_rate),
+        d.noise_disagreed,
+        d.noise_samples,
+        percent(d.noise_rate)
+    ));
+    let list = |name: &str, keys: &[String], out: &mut String| {
+        if !keys.is_empty() {
+            out.push_str(&format!("{name}: {}\n", keys.join(", ")));
+        }
+    };
+    list("only on redis (sample)", &d.sample_only_redis, &mut out);
+    list(
+        "only on postgres (sample)",
+        &d.sample_only_postgres,
+        &mut out,
+    );
+    list("ran more than once (sample)", &d.sample_ran_twice, &mut out);
+    for m in &d.mismatches {
+        out.push_str(&format!(
+            "mismatch {}: redis {} / postgres {}{}\n",
+            m.key,
+            m.redis,
+            m.postgres,
+            if m.digest_differs {
+                ", responses differ"
+            } else {
+                ""
+            }
+        ));
+    }
+    out.push('\n');
+    out.push_str(&d.verdict);
+    out.push('\n');
+    out
+}

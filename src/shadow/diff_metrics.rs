@@ -1,0 +1,50 @@
+//! The diff as Prometheus gauges, refreshed every minute by every process
+//! that runs the Redis side, for routes between `dual_write` and
+//! `postgres_only` (before and after, one side is empty by design).
+
+use redis::aio::ConnectionManager;
+use sqlx::PgPool;
+
+use crate::cutover::gates::diff_since;
+use crate::cutover::Phase;
+use crate::error::Result;
+use crate::metrics as m;
+use crate::redis::routes::Routes;
+
+/// Computes each compared route's diff over its gate window and sets the gauges.
+pub async fn publish_once(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    routes: &Routes,
+) -> Result<()> {
+    for route in routes.iter() {
+        let phase = routes.phase(route);
+        if matches!(phase, Phase::RedisOnly | Phase::Decommissioned) {
+            continue;
+        }
+        let window =
+            chrono::Duration::from_std(route.config.cutover.gates.window).unwrap_or_default();
+        let (d, _) = diff_since(db, redis, route, phase, chrono::Utc::now() - window).await?;
+        let name = route.name.clone();
+        let gauge = |metric: &'static str, value: f64| {
+            metrics::gauge!(metric, "route" => name.clone()).set(value);
+        };
+        gauge(m::DIFF_MISMATCHES, d.mismatched as f64);
+        gauge(m::DIFF_MISMATCH_RATE, d.mismatch_rate);
+        gauge(m::DIFF_NOISE_RATE, d.noise_rate);
+        gauge(m::DIFF_MIRROR_COMPLETENESS, d.mirror_completeness);
+        for (side, jobs, one_sided) in [
+            (
+                "redis",
+                d.redis_seen,
+                d.only_redis_ran + d.only_redis_waiting,
+            ),
+            ("postgres", d.postgres_enqueued, d.only_postgres),
+        ] {
+            metrics::gauge!(m::DIFF_JOBS, "route" => name.clone(), "side" => side).set(jobs as f64);
+            metrics::gauge!(m::DIFF_ONE_SIDED, "route" => name.clone(), "side" => side)
+                .set(one_sided as f64);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! What a route still holds in Redis, read for the diff: the items waiting
+//! in its list, the items its consumers are working on (processing lists),
+//! and the items parked for a later mirror write (gap list) — each with the
+//! job key it has or will get.
+//!
+//! Keys of items with no id are content hashes numbered in pop order: the
+//! n-th waiting copy of some bytes gets the number the Redis consumer will
+//! give it when it pops it (the pops so far plus its place in line), so the
+//! diff names the same key the push side stored.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use redis::aio::ConnectionManager;
+use sqlx::PgPool;
+
+use crate::config::PushEnd;
+use crate::error::{Error, Result};
+use crate::redis::consumer::glob_escape;
+use crate::redis::formats::{decode_bytes, KeySource};
+use crate::redis::mirror::gap_key;
+use crate::redis::routes::Route;
+
+/// Most items read from one route's lists; past it the view says it is
+/// truncated and the diff counts only what it read.
+pub const MAX_ITEMS: usize = 200_000;
+/// Items per LRANGE.
+const PAGE: isize = 1000;
+
+/// One item found in Redis.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub key: String,
+    pub original: Bytes,
+}
+
+/// A route's items in Redis.
+#[derive(Debug, Default)]
+pub struct RedisView {
+    /// In the route's list, in pop order.
+    pub waiting: Vec<Held>,
+    /// In the consumers' processing lists.
+    pub processing: Vec<Held>,
+    /// Parked in the gap list, waiting for the mirror repair.
+    pub parked: usize,
+    /// More items than [`MAX_ITEMS`]: the counts are lower bounds.
+    pub truncated: bool,
+}
+
+impl RedisView {
+    /// Every key held, waiting or in progress.
+    pub fn keys(&self) -> Vec<String> {
+        self.waiting
+            .iter()
+            .chain(&self.processing)
+            .map(|h| h.key.clone())
+            .collect()
+    }
+}
+
+fn redis_err(e: redis::RedisError) -> Error {
+    Error::Redis(e.to_string())
+}
+
+/// Reads `list` page by page from index 0 (the LPUSH end).
+async fn read_list(
+    conn: &mut ConnectionManager,
+    list: &str,
+    budget: &mut usize,
+    truncated: &mut bool,
+) -> Result<Vec<Bytes>> {
+    let mut out = Vec::new();
+    let mut start: isize = 0;
+    loop {
+        if *budget == 0 {
+            let len: usize = redis::cmd("LLEN")
+                .arg(list)
+                .query_async(conn)
+                .await
+                .map_err(redis_err)?;
+            *truncated |= len > out.len();
+            return Ok(out);
+        }
+        let page = PAGE.min(*budget as isize);
+        let items: Vec<Vec<u8>> = redis::cmd("LRANGE")
+            .arg(list)
+            .arg(start)
+            .arg(start + page - 1)
+            .query_async(conn)
+            .await
+            .map_err(redis_err)?;
+        let got = items.len();
+        *budget -= got;
+        out.extend(items.into_iter().map(Bytes::from));
+        if (got as isize) < page {
+            return Ok(out);
+        }
+        start += page;
+    }
+}
+
+/// Reads the route's lists. `db` numbers content-hash keys.
+pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> Result<RedisView> {
+    let mut view = RedisView::default();
+    let mut budget = MAX_ITEMS;
+    let key = String::from_utf8_lossy(&route.redis_key).into_owned();
+    let mut items = read_list(conn, &key, &mut budget, &mut view.truncated).await?;
+    // Consumers pop the end opposite to the producers' push end.
+    if route.push == PushEnd::Lpush {
+        items.reverse();
+    }
+    let pattern = format!("qbridge:processing:{}:*", glob_escape(&route.name));
+    let lists: Vec<String> = scan(conn, &pattern).await?;
+    let mut processing = Vec::new();
+    for list in lists {
+        let known: Option<String> = redis::cmd("HGET")
+            .arg(list.replacen("qbridge:processing:", "qbridge:inflight:", 1))
+            .arg("key")
+            .query_async(conn)
+            .await
+            .map_err(redis_err)?;
+        for item in read_list(conn, &list, &mut budget, &mut view.truncated).await? {
+            processing.push((known.clone(), item));
+        }
+    }
+    let gap: usize = redis::cmd("LLEN")
+        .arg(gap_key(route))
+        .query_async(conn)
+        .await
+        .map_err(redis_err)?;
+    view.parked = gap;
+
+    // Processing items were numbered when popped (their inflight hash says
+    // so); waiting ones take the numbers after the pops so far.
+    let mut next: HashMap<String, u64> = HashMap::new();
+    for (known, item) in processing {
+        let key = match known {
+            Some(k) => k,
+            None => keyed(db, route, &item, &mut next).await?,
+        };
+        view.processing.push(Held {
+            key,
+            original: item,
+        });
+    }
+    for item in items {
+        let key = keyed(db, route, &item, &mut next).await?;
+        view.waiting.push(Held {
+            key,
+            original: item,
+        });
+    }
+    Ok(view)
+}
+
+/// The key an item has (an id) or will get when popped (a numbered hash).
+async fn keyed(
+    db: &PgPool,
+    route: &Route,
+    item: &Bytes,
+    next: &mut HashMap<String, u64>,
+) -> Result<String> {
+    let decoded = decode_bytes(&route.format, item.clone());
+    let KeySource::ContentHash(hash) = &decoded.key else {
+        return Ok(decoded.key.with_occurrence(0));
+    };
+    let n = match next.get(hash) {
+        Some(n) => *n + 1,
+        None => {
+            let popped: Option<i64> = sqlx::query_scalar(
+                "SELECT n FROM qbridge.key_occurrences WHERE queue = $1 AND side = 'pop' AND hash = $2",
+            )
+            .bind(&route.queue)
+            .bind(hash)
+            .fetch_optional(db)
+            .await?;
+            popped.unwrap_or(0).max(0) as u64 + 1
+        }
+    };
+    next.insert(hash.clone(), n);
+    Ok(decoded.key.with_occurrence(n))
+}
+
+/// Every key matching `pattern` (SCAN, never KEYS: a big keyspace stays served).
+pub(crate) async fn scan(conn: &mut ConnectionManager, pattern: &str) -> Result<Vec<String>> {
+    let mut cursor: u64 = 0;
+    let mut out = Vec::new();
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await
+            .map_err(redis_err)?;
+        out.extend(keys);
+        if next == 0 {
+            out.sort();
+            return Ok(out);
+        }
+        cursor = next;
+    }
+}

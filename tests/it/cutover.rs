@@ -1,0 +1,8 @@
+//! The cutover end to end: planted discrepancies in the diff and the gates,
+//! rollback with jobs in flight, decommissioning, and the phase watch.
+
+mod decommission;
+mod planted;
+mod rig;
+mod rollback;
+mod watch;

@@ -1,0 +1,116 @@
+//! postgres_only → decommissioned: the gate waits for Redis to be empty and
+//! quiet; a forced decommission archives what is left (runnable items as
+//! live Postgres jobs, the Redis dead list into jobs_dead) and deletes the
+//! route's Redis keys; a decommissioned route's Redis consumer stops.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use qbridge::cutover::operate::Refusal;
+use qbridge::cutover::Phase;
+
+use super::rig::{Options, Rig};
+use crate::support;
+
+async fn llen(rig: &Rig, key: &str) -> i64 {
+    let mut conn = rig.redis().await;
+    redis::cmd("LLEN")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn decommission_waits_for_an_empty_quiet_redis_then_archives_and_deletes(pool: PgPool) {
+    let rig = Rig::new(
+        &pool,
+        Options {
+            phase: Phase::PostgresOnly,
+            ..Options::default()
+        },
+    )
+    .await;
+    // Left in Redis (no consumer runs yet): two items and a dead one.
+    rig.push_behind_qbridge(r#"{"id":"left1"}"#).await;
+    rig.push_behind_qbridge(r#"{"id":"left2"}"#).await;
+    let dead_list = format!("qbridge:dead:{}", rig.name);
+    {
+        let mut conn = rig.redis().await;
+        let _: i64 = redis::cmd("LPUSH")
+            .arg(&dead_list)
+            .arg(r#"{"id":"gone"}"#)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    match rig.advance(false).await {
+        Err(Refusal::Gate(gate)) => {
+            let failed = gate.failures();
+            assert!(
+                failed.contains("items left in Redis: 2 waiting"),
+                "{failed}"
+            );
+        }
+        other => panic!("the gate must refuse: {:?}", other.map(|a| a.state)),
+    }
+    // Forced (audited): the leftovers are archived, not lost.
+    let done = rig.advance(true).await.map_err(|_| "advance").unwrap();
+    assert!(done.forced);
+    let archived = done.archived.expect("archived");
+    assert_eq!((archived.enqueued, archived.dead), (2, 1));
+    assert_eq!(llen(&rig, &rig.list).await, 0);
+    assert_eq!(llen(&rig, &dead_list).await, 0);
+    let live: i64 = support::count(
+        &pool,
+        "SELECT count(*) FROM qbridge.jobs WHERE copy = 'live' AND key IN ('left1', 'left2')",
+    )
+    .await;
+    assert_eq!(live, 2);
+    assert_eq!(
+        support::count(
+            &pool,
+            "SELECT count(*) FROM qbridge.jobs_dead WHERE key = 'gone'"
+        )
+        .await,
+        1
+    );
+    let audit: (bool, serde_json::Value) = sqlx::query_as(
+        "SELECT forced, gates FROM qbridge.phase_audit WHERE route = $1 AND to_phase = 'decommissioned'",
+    )
+    .bind(&rig.name)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(audit.0, "the override is audited");
+    assert_eq!(audit.1["passed"], serde_json::json!(false));
+
+    // Rolled back to postgres_only, the Redis consumer drains a new push; once
+    // Redis is empty and quiet for quiet_period the gate passes on its own.
+    assert_eq!(rig.rollback().await, Phase::PostgresOnly);
+    let mut rig = rig;
+    rig.start().await;
+    rig.push_behind_qbridge(r#"{"id":"late"}"#).await;
+    support::wait_for_count(
+        &pool,
+        "late ran on Redis",
+        "SELECT count(*) FROM qbridge.outcomes WHERE side = 'redis' AND key = 'late'",
+        1,
+    )
+    .await;
+    support::wait_for_count(
+        &pool,
+        "archived jobs ran",
+        "SELECT count(*) FROM qbridge.jobs",
+        0,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let done = rig.advance(false).await.map_err(|_| "advance").unwrap();
+    assert!(!done.forced, "{:?}", done.gate.failures());
+    assert_eq!(done.state.phase, Phase::Decommissioned);
+    assert_eq!(rig.calls.live("left1"), 1);
+    assert_eq!(rig.calls.live("late"), 1);
+    rig.finish().await;
+}

@@ -1,0 +1,188 @@
+//! Planted discrepancies — a dropped mirror, an item Redis lost, a duplicate
+//! push, a flipped outcome — each show up in the diff; the gate refuses with
+//! the numbers; `--repair` fills the gaps, and a second repair does nothing.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use qbridge::cutover::gates::diff_since;
+use qbridge::cutover::operate::Refusal;
+use qbridge::cutover::Phase;
+use qbridge::shadow::diff::Diff;
+use qbridge::shadow::repair;
+
+use super::rig::{Options, Rig};
+use crate::support;
+
+async fn diff(rig: &Rig) -> (Diff, qbridge::shadow::redis_view::RedisView) {
+    let mut conn = rig.redis().await;
+    let since = chrono::Utc::now() - chrono::Duration::minutes(5);
+    let route = rig.route();
+    let phase = rig.routes.phase(&route);
+    diff_since(&rig.pool, &mut conn, &route, phase, since)
+        .await
+        .expect("diff")
+}
+
+async fn repair(rig: &Rig) -> repair::RepairReport {
+    let (_, held) = diff(rig).await;
+    let mut conn = rig.redis().await;
+    let route = rig.route();
+    let since = chrono::Utc::now() - chrono::Duration::minutes(5);
+    repair::repair(
+        &rig.pool,
+        &mut conn,
+        &route,
+        rig.routes.phase(&route),
+        since,
+        &held,
+        1 << 20,
+    )
+    .await
+    .expect("repair")
+}
+
+fn keys(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn planted_discrepancies_show_up_block_the_gate_and_repair_fills_them(pool: PgPool) {
+    let mut rig = Rig::new(&pool, Options::default()).await;
+
+    // dual_write, consumers not running yet: 10 jobs on both sides, and one
+    // pushed behind qbridge's back (its mirror is "dropped").
+    rig.produce(&keys("a", 10)).await;
+    rig.push_behind_qbridge(r#"{"id":"dropped"}"#).await;
+    let (d, _) = diff(&rig).await;
+    assert_eq!(d.only_redis_waiting, 1, "{}", d.verdict);
+    assert_eq!(d.sample_only_redis, vec!["dropped".to_string()]);
+    assert!(
+        !d.matches() && d.verdict.contains("DIFFERS"),
+        "{}",
+        d.verdict
+    );
+
+    // The gate dual_write → shadow refuses and says why, with the numbers.
+    match rig.advance(false).await {
+        Err(Refusal::Gate(gate)) => {
+            let failed = gate.failures();
+            assert!(failed.contains("mirror completeness"), "{failed}");
+            assert!(failed.contains("90.9091%"), "10 of 11 mirrored: {failed}");
+        }
+        other => panic!("the gate must refuse: {:?}", other.map(|a| a.state)),
+    }
+
+    // --repair mirrors the waiting item; a second repair adds nothing.
+    assert_eq!(repair(&rig).await.mirrored, 1);
+    assert_eq!(repair(&rig).await.mirrored, 0);
+    let (d, _) = diff(&rig).await;
+    assert_eq!(d.one_sided(), 0, "{}", d.verdict);
+
+    // Run everything on Redis (live) and drain the mirrors in Postgres.
+    rig.start().await;
+    support::wait_for_count(
+        &pool,
+        "11 Redis-side outcomes",
+        "SELECT count(DISTINCT key) FROM qbridge.outcomes WHERE side = 'redis'",
+        11,
+    )
+    .await;
+    support::wait_for_count(
+        &pool,
+        "mirrors drained",
+        "SELECT 11 - count(*) FROM qbridge.jobs",
+        11,
+    )
+    .await;
+    let advanced = rig.advance(false).await.expect("the gate passes now");
+    assert_eq!(advanced.state.phase, Phase::Shadow);
+    rig.until_phase(Phase::Shadow).await;
+
+    // A job Redis lost: mirrored, but its Redis push never happened (as
+    // after a Redis restart without persistence).
+    let route = rig.route();
+    let mut tx = pool.begin().await.unwrap();
+    let pending = rig
+        .producer
+        .enqueue_in(&mut tx, &route.name, vec![r#"{"id":"lost"}"#.into()])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    drop(pending);
+    sqlx::query("DELETE FROM qbridge.redis_outbox")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // A duplicate push: the same id pushed twice to Redis (Postgres dedups).
+    rig.produce(&["twice".to_string()]).await;
+    rig.push_behind_qbridge(r#"{"id":"twice"}"#).await;
+    // A flipped outcome: the handler fails it in shadow mode only.
+    rig.produce(&["flip1".to_string()]).await;
+    rig.produce(&keys("b", 5)).await;
+
+    // Redis: 11 earlier keys + twice, flip1, b0..b4; twice ran twice.
+    support::wait_for_count(
+        &pool,
+        "every Redis copy ran",
+        "SELECT count(*) FROM qbridge.outcomes WHERE side = 'redis'",
+        19,
+    )
+    .await;
+    // Postgres shadow calls: twice, flip1, b0..b4 and lost (its mirror copy exists).
+    support::wait_for_count(
+        &pool,
+        "every mirror copy was shadowed",
+        "SELECT count(DISTINCT key) FROM qbridge.outcomes WHERE side = 'postgres' AND mode = 'shadow'",
+        8,
+    )
+    .await;
+    // Past the settle time, "lost" counts as only in Postgres.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (d, _) = diff(&rig).await;
+    assert_eq!(d.only_postgres, 1, "{}", d.verdict);
+    assert_eq!(d.sample_only_postgres, vec!["lost".to_string()]);
+    assert_eq!(d.redis.ran_twice, 1, "{}", d.verdict);
+    assert!(d.sample_ran_twice.contains(&"twice".to_string()));
+    assert_eq!(d.mismatched, 1, "{}", d.verdict);
+    assert_eq!(d.mismatches[0].key, "flip1");
+    assert_eq!(
+        (
+            d.mismatches[0].redis.as_str(),
+            d.mismatches[0].postgres.as_str()
+        ),
+        ("ok", "dead")
+    );
+    // Compared: b0..b4, twice, flip1. The ignored /at field differs on
+    // every call, yet only flip1 mismatched.
+    assert_eq!(d.compared, 7, "{}", d.verdict);
+
+    // shadow → postgres_only refuses: too short in shadow, and the mismatch.
+    match rig.advance(false).await {
+        Err(Refusal::Gate(gate)) => {
+            let failed = gate.failures();
+            assert!(failed.contains("time in shadow"), "{failed}");
+            assert!(failed.contains("outcome mismatch rate"), "{failed}");
+        }
+        other => panic!("the gate must refuse: {:?}", other.map(|a| a.state)),
+    }
+
+    // --repair pushes "lost" back to Redis, once; Redis then runs it live.
+    let first = repair(&rig).await;
+    assert_eq!(first.repushed, 1, "{first:?}");
+    support::wait_for_count(
+        &pool,
+        "lost ran on Redis",
+        "SELECT count(*) FROM qbridge.outcomes WHERE side = 'redis' AND key = 'lost'",
+        1,
+    )
+    .await;
+    let second = repair(&rig).await;
+    assert_eq!((second.repushed, second.mirrored), (0, 0), "{second:?}");
+    let (d, _) = diff(&rig).await;
+    assert_eq!(d.only_postgres, 0, "{}", d.verdict);
+    assert_eq!(rig.calls.live("lost"), 1);
+    assert_eq!(rig.calls.shadow("b0"), 1, "shadow calls happen in shadow");
+    rig.finish().await;
+}
