@@ -182,6 +182,27 @@ pub enum CutoverCommand {
     Advance(CutoverArgs),
     /// Move a route one phase back (no gate; a reason is required).
     Rollback(CutoverArgs),
+    /// In postgres_only: change the share of job keys produced Postgres-only
+    /// (the gradual flip; sticky by a hash of the job key).
+    #[command(
+        after_help = "Example:\n  qbridge cutover percent emails 10 --reason '1% clean for an hour'"
+    )]
+    Percent(PercentArgs),
+}
+
+/// Arguments of `cutover percent`.
+#[derive(Debug, Args)]
+pub struct PercentArgs {
+    /// Route name.
+    pub route: String,
+    /// Share of job keys flipped, 0 to 100.
+    pub percent: u8,
+    /// Why; stored in the audit log.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Who is changing it (default: $USER@host).
+    #[arg(long, env = "QBRIDGE_OPERATOR")]
+    pub by: Option<String>,
 }
 
 /// Arguments of `cutover advance` and `cutover rollback`.
@@ -195,6 +216,10 @@ pub struct CutoverArgs {
     /// Advance although the gate refuses (audited with the failing numbers).
     #[arg(long)]
     pub force: bool,
+    /// Into postgres_only: flip only this share of job keys at first (e.g. 1),
+    /// then raise it with `qbridge cutover percent`.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub percent: Option<u8>,
     /// Who is changing it (default: $USER@host).
     #[arg(long, env = "QBRIDGE_OPERATOR")]
     pub by: Option<String>,

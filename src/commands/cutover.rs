@@ -43,6 +43,7 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
                 let gate = gates::evaluate(&db, redis.as_mut().ok(), route, &state).await?;
                 let gate_text = match &gate {
                     None => "-".to_string(),
+                    Some(g) if g.from == g.to && g.passed() => "archived; Redis empty".to_string(),
                     Some(g) if g.passed() => format!("{} → {}: passes", g.from, g.to),
                     Some(g) => format!(
                         "{} → {}: refuses ({})",
@@ -56,9 +57,15 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
                             .join("; ")
                     ),
                 };
+                let phase = match (state.phase, state.percent) {
+                    (crate::cutover::Phase::PostgresOnly, p) if p < 100 => {
+                        format!("postgres_only ({p}% of keys)")
+                    }
+                    (phase, _) => phase.to_string(),
+                };
                 rows.push(vec![
                     state.route.clone(),
-                    state.phase.to_string(),
+                    phase,
                     state.since.format("%Y-%m-%d %H:%M:%S").to_string(),
                     state.changed_by.clone(),
                     gate_text,
@@ -82,6 +89,7 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
                 by: &by,
                 reason: args.reason.as_deref(),
                 force: args.force,
+                percent: args.percent,
             };
             let redis = redis.as_mut().ok();
             match operate::advance(&db, redis, &route, &req, config.payload_limit).await {
@@ -137,6 +145,27 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
                 Err(Refusal::Error(e)) => Err(e),
             }
         }
+        CutoverCommand::Percent(args) => {
+            let route = routes.by_name(&args.route).cloned().ok_or_else(|| {
+                Error::InvalidInput(format!("no route named {:?} in the config", args.route))
+            })?;
+            let by = operator(args.by.as_deref());
+            let req = Request {
+                by: &by,
+                reason: args.reason.as_deref(),
+                force: false,
+                percent: None,
+            };
+            let state = operate::ramp(&db, &route, args.percent, &req).await?;
+            output::done(
+                as_json,
+                &format!(
+                    "{}: {}% of job keys now go Postgres-only (the rest as in shadow)",
+                    route.name, state.percent
+                ),
+            );
+            Ok(())
+        }
         CutoverCommand::Rollback(args) => {
             let route = find(&routes, &args)?;
             let by = operator(args.by.as_deref());
@@ -144,6 +173,7 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
                 by: &by,
                 reason: args.reason.as_deref(),
                 force: false,
+                percent: None,
             };
             let state = operate::rollback(&db, &route, &req).await?;
             output::done(

@@ -62,11 +62,17 @@ pub async fn archive_and_delete(
     let main = String::from_utf8_lossy(&route.redis_key).into_owned();
     let mut runnable = vec![main, gap_key(route)];
     runnable.extend(scan(redis, &format!("qbridge:processing:{name}:*")).await?);
-    // Renamed away first, atomically: a push that still arrives (a producer
-    // not behind qbridge) lands in a new list instead of being deleted
-    // unread; `qbridge cutover status` shows it.
-    for (i, list) in runnable.iter().enumerate() {
-        let moved = format!("qbridge:archiving:{}:{i}", route.name);
+    // Renamed away first, atomically, under a fresh name (never over a list
+    // an interrupted run left): a push that still arrives (a producer not
+    // behind qbridge) lands in a new list instead of being deleted unread;
+    // `qbridge cutover status` counts it and running `qbridge cutover
+    // advance` on the decommissioned route archives it.
+    for list in &runnable {
+        let moved = format!(
+            "qbridge:archiving:{}:{}",
+            route.name,
+            uuid::Uuid::new_v4().simple()
+        );
         let exists: bool = redis::cmd("EXISTS")
             .arg(list)
             .query_async(redis)

@@ -86,7 +86,7 @@ fn check(name: &str, passed: bool, value: String, needs: String) -> Check {
 
 /// The start of a gate's window: `window` ago, but never before the route
 /// entered its phase (what happened in the phase before does not count).
-fn window_start(route: &Route, state: &RouteState) -> DateTime<Utc> {
+pub fn window_start(route: &Route, state: &RouteState) -> DateTime<Utc> {
     let window = chrono::Duration::from_std(route.config.cutover.gates.window).unwrap_or_default();
     (Utc::now() - window).max(state.since)
 }
@@ -113,17 +113,17 @@ pub async fn diff_since(
     Ok((diff, held))
 }
 
-/// Evaluates the gate of the next advance from `state`. `None` when the
-/// route is at the last phase.
+/// Evaluates the gate of the next advance from `state` (for a
+/// decommissioned route: whether Redis is still empty).
 pub async fn evaluate(
     db: &PgPool,
     redis: Option<&mut ConnectionManager>,
     route: &Route,
     state: &RouteState,
 ) -> Result<Option<Gate>> {
-    let Some(to) = next(state.phase) else {
-        return Ok(None);
-    };
+    // A decommissioned route has no next phase; its "gate" only says
+    // whether anything landed in Redis since (advance archives it).
+    let to = next(state.phase).unwrap_or(state.phase);
     let g = &route.config.cutover.gates;
     let mut gate = Gate {
         route: route.name.clone(),
@@ -144,7 +144,17 @@ pub async fn evaluate(
         return Ok(Some(gate));
     };
     match state.phase {
-        Phase::RedisOnly | Phase::Decommissioned => {}
+        Phase::RedisOnly => {}
+        Phase::Decommissioned => {
+            let held = redis_view::read(redis, db, route).await?;
+            let left = held.waiting.len() + held.processing.len() + held.parked;
+            gate.checks.push(check(
+                "nothing in Redis since",
+                left == 0,
+                format!("{left} items (run `qbridge cutover advance` again to archive them)"),
+                "0".into(),
+            ));
+        }
         Phase::DualWrite => {
             let (d, _) =
                 diff_since(db, redis, route, state.phase, window_start(route, state)).await?;
@@ -213,6 +223,12 @@ pub async fn evaluate(
             gate.diff = Some(d);
         }
         Phase::PostgresOnly => {
+            gate.checks.push(check(
+                "keys flipped to Postgres",
+                state.percent == 100,
+                format!("{}%", state.percent),
+                "100% (qbridge cutover percent R 100)".into(),
+            ));
             let held = redis_view::read(redis, db, route).await?;
             let in_redis = held.waiting.len() + held.processing.len() + held.parked;
             gate.checks.push(check(

@@ -21,4 +21,4 @@ mod phase;
 pub mod store;
 pub mod watch;
 
-pub use phase::{Phase, PhaseView};
+pub use phase::{bucket, Phase, PhaseView};

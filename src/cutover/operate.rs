@@ -23,6 +23,8 @@ pub struct Request<'a> {
     pub reason: Option<&'a str>,
     /// Advance although the gate refuses (needs a reason; audited).
     pub force: bool,
+    /// Into `postgres_only`: flip only this share of job keys at first.
+    pub percent: Option<u8>,
 }
 
 /// What an advance did.
@@ -76,12 +78,24 @@ pub async fn advance(
     let state = state_of(db, route, req.by).await?;
     let gate = gates::evaluate(db, redis.as_deref_mut(), route, &state)
         .await?
-        .ok_or_else(|| {
-            Error::InvalidInput(format!(
-                "route {:?} is {}: there is no phase after it",
-                route.name, state.phase
-            ))
-        })?;
+        .ok_or_else(|| Error::InvalidInput(format!("route {:?}: no gate", route.name)))?;
+    if state.phase == Phase::Decommissioned {
+        // Nothing after it: archive what reached Redis since (a producer not
+        // behind qbridge, or a run interrupted midway). Idempotent.
+        let redis = redis.ok_or_else(no_redis)?;
+        let archived = decommission::archive_and_delete(db, redis, route, payload_limit).await?;
+        return Ok(Advanced {
+            state,
+            gate,
+            forced: false,
+            archived: Some(archived),
+        });
+    }
+    if gate.to == Phase::Decommissioned && redis.is_none() {
+        // Checked before the flip: decommissioning without archiving would
+        // leave the Redis items behind.
+        return Err(no_redis().into());
+    }
     let forced = !gate.passed();
     if forced && !req.force {
         return Err(Refusal::Gate(Box::new(gate)));
@@ -96,7 +110,14 @@ pub async fn advance(
         }
         (_, false) => "gate passed".to_string(),
     };
-    let new_state = store::transition(
+    if req.percent.is_some() && gate.to != Phase::PostgresOnly {
+        return Err(Error::InvalidInput(format!(
+            "--percent applies to the step into postgres_only, not {} → {}",
+            gate.from, gate.to
+        ))
+        .into());
+    }
+    let new_state = store::transition_at(
         db,
         &Change {
             route: &route.name,
@@ -107,14 +128,11 @@ pub async fn advance(
             forced,
             gates: gate.numbers(),
         },
+        req.percent.unwrap_or(100),
     )
     .await?;
     let archived = if gate.to == Phase::Decommissioned {
-        let redis = redis.ok_or_else(|| {
-            Error::InvalidInput(
-                "decommissioning archives the route's Redis keys: Redis must be reachable".into(),
-            )
-        })?;
+        let redis = redis.ok_or_else(no_redis)?;
         // Every process polls the flag every INTERVAL: after a few, none
         // pops the list or forwards pushes for this route any more.
         tokio::time::sleep(watch::INTERVAL * 3 + Duration::from_millis(500)).await;
@@ -128,6 +146,13 @@ pub async fn advance(
         forced,
         archived,
     })
+}
+
+fn no_redis() -> Error {
+    Error::InvalidInput(
+        "decommissioning archives the route's Redis keys: Redis must be reachable (check --redis-url)"
+            .into(),
+    )
 }
 
 /// Steps `route` back one phase; no gate, a reason is required.
@@ -156,4 +181,24 @@ pub async fn rollback(db: &PgPool, route: &Route, req: &Request<'_>) -> Result<R
         },
     )
     .await?)
+}
+
+/// Changes the share of job keys flipped in `postgres_only` (1 → 10 → 100).
+pub async fn ramp(
+    db: &PgPool,
+    route: &Route,
+    percent: u8,
+    req: &Request<'_>,
+) -> Result<RouteState> {
+    if percent > 100 {
+        return Err(Error::InvalidInput(format!(
+            "percent must be 0 to 100, got {percent}"
+        )));
+    }
+    let state = state_of(db, route, req.by).await?;
+    let reason = req
+        .reason
+        .filter(|r| !r.trim().is_empty())
+        .ok_or_else(|| Error::InvalidInput("changing the flipped share needs --reason".into()))?;
+    Ok(store::set_percent(db, &route.name, state.percent, percent, req.by, reason).await?)
 }

@@ -82,36 +82,79 @@ impl FromStr for Phase {
     }
 }
 
-/// The phase of every route, shared by all tasks of a process. Reads are a
-/// read lock and a hash lookup, cheap enough for every proxied push.
+/// The bucket (0..100) of a job key for the gradual flip: a stable hash
+/// (FNV-1a), so a key falls in the same bucket in every process and on every
+/// re-push, and a ramp from 1% to 10% only adds keys.
+pub fn bucket(key: &str) -> u8 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key.as_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (hash % 100) as u8
+}
+
+/// The phase of every route (and, in `postgres_only`, the share of keys
+/// already flipped), shared by all tasks of a process. Reads are a read lock
+/// and a hash lookup, cheap enough for every proxied push.
 ///
 /// A route the view does not know reads as [`Phase::RedisOnly`]: qbridge then
 /// only forwards, which is what it did before the route existed.
 #[derive(Debug, Clone, Default)]
 pub struct PhaseView {
-    phases: Arc<RwLock<HashMap<String, Phase>>>,
+    phases: Arc<RwLock<HashMap<String, (Phase, u8)>>>,
 }
 
 impl PhaseView {
-    /// A view holding these route → phase pairs.
+    /// A view holding these route → phase pairs (all keys flipped).
     pub fn new(initial: impl IntoIterator<Item = (String, Phase)>) -> Self {
         PhaseView {
-            phases: Arc::new(RwLock::new(initial.into_iter().collect())),
+            phases: Arc::new(RwLock::new(
+                initial.into_iter().map(|(r, p)| (r, (p, 100))).collect(),
+            )),
         }
+    }
+
+    fn read(&self, route: &str) -> (Phase, u8) {
+        // A poisoned lock only means a writer panicked mid-insert of a Copy
+        // value: the map itself is intact, so keep serving it.
+        let phases = self.phases.read().unwrap_or_else(|e| e.into_inner());
+        phases
+            .get(route)
+            .copied()
+            .unwrap_or((Phase::RedisOnly, 100))
     }
 
     /// The route's current phase.
     pub fn get(&self, route: &str) -> Phase {
-        // A poisoned lock only means a writer panicked mid-insert of a Copy
-        // value: the map itself is intact, so keep serving it.
-        let phases = self.phases.read().unwrap_or_else(|e| e.into_inner());
-        phases.get(route).copied().unwrap_or(Phase::RedisOnly)
+        self.read(route).0
     }
 
-    /// Sets the route's phase; every clone of this view sees it at once.
+    /// The share of keys (percent) that go Postgres-only in `postgres_only`.
+    pub fn percent(&self, route: &str) -> u8 {
+        self.read(route).1
+    }
+
+    /// The phase a job with this key base (an id, or a content hash) is
+    /// produced in: in a partial `postgres_only`, keys outside the flipped
+    /// share are produced as in `shadow` (written to both sides, run live on
+    /// Redis). Every other phase applies to every key.
+    pub fn for_key(&self, route: &str, key: &str) -> Phase {
+        match self.read(route) {
+            (Phase::PostgresOnly, pct) if pct < 100 && bucket(key) >= pct => Phase::Shadow,
+            (phase, _) => phase,
+        }
+    }
+
+    /// Sets the route's phase with every key flipped; every clone sees it at once.
     pub fn set(&self, route: &str, phase: Phase) {
+        self.set_with_percent(route, phase, 100);
+    }
+
+    /// Sets the route's phase and flipped share.
+    pub fn set_with_percent(&self, route: &str, phase: Phase, percent: u8) {
         let mut phases = self.phases.write().unwrap_or_else(|e| e.into_inner());
-        phases.insert(route.to_string(), phase);
+        phases.insert(route.to_string(), (phase, percent.min(100)));
     }
 }
 
@@ -143,5 +186,28 @@ mod tests {
         other.set("a", Phase::PostgresOnly);
         assert_eq!(view.get("a"), Phase::PostgresOnly);
         assert_eq!(view.get("nope"), Phase::RedisOnly);
+    }
+
+    #[test]
+    fn a_partial_flip_is_sticky_by_key_and_grows_monotonically() {
+        let view = PhaseView::default();
+        view.set_with_percent("r", Phase::PostgresOnly, 10);
+        let keys: Vec<String> = (0..2000).map(|i| format!("jid-{i}")).collect();
+        let flipped = |v: &PhaseView| -> Vec<bool> {
+            keys.iter()
+                .map(|k| v.for_key("r", k) == Phase::PostgresOnly)
+                .collect()
+        };
+        let at10 = flipped(&view);
+        let share = at10.iter().filter(|f| **f).count();
+        assert!((120..=280).contains(&share), "about 10% of 2000: {share}");
+        assert_eq!(flipped(&view), at10, "sticky");
+        view.set_with_percent("r", Phase::PostgresOnly, 50);
+        let at50 = flipped(&view);
+        assert!(at10.iter().zip(&at50).all(|(a, b)| !a || *b), "10% ⊂ 50%");
+        view.set("r", Phase::PostgresOnly);
+        assert!(flipped(&view).iter().all(|f| *f));
+        view.set_with_percent("r", Phase::Shadow, 10);
+        assert_eq!(view.for_key("r", "jid-1"), Phase::Shadow);
     }
 }

@@ -29,6 +29,9 @@ pub struct RouteState {
     pub since: DateTime<Utc>,
     pub changed_by: String,
     pub reason: String,
+    /// In `postgres_only`, the share of job keys (percent) already produced
+    /// Postgres-only (the gradual flip); 100 in every other phase.
+    pub percent: u8,
 }
 
 /// One requested change.
@@ -67,6 +70,12 @@ pub enum PhaseError {
         expected: Phase,
         actual: Phase,
     },
+    #[error("route {route:?} has {actual}% of its keys flipped, not {expected}%: someone changed it first; look at `qbridge cutover status` and decide again")]
+    PercentConflict {
+        route: String,
+        expected: u8,
+        actual: u8,
+    },
     #[error("a phase change needs a reason")]
     NoReason,
     #[error(transparent)]
@@ -94,10 +103,10 @@ pub fn is_legal(from: Phase, to: Phase) -> bool {
     index(from).abs_diff(index(to)) == 1
 }
 
-type Row = (String, String, DateTime<Utc>, String, String);
+type Row = (String, String, DateTime<Utc>, String, String, i16);
 
 fn state(row: Row) -> Result<RouteState, PhaseError> {
-    let (route, phase, since, changed_by, reason) = row;
+    let (route, phase, since, changed_by, reason, percent) = row;
     let phase = phase
         .parse()
         .map_err(|e: String| PhaseError::Db(Error::InvalidInput(e)))?;
@@ -107,6 +116,7 @@ fn state(row: Row) -> Result<RouteState, PhaseError> {
         since,
         changed_by,
         reason,
+        percent: percent.clamp(0, 100) as u8,
     })
 }
 
@@ -123,7 +133,7 @@ pub async fn register(
         "INSERT INTO qbridge.route_phases (route, phase, changed_by, reason) \
          VALUES ($1, $2, $3, 'registered from the config') \
          ON CONFLICT (route) DO NOTHING \
-         RETURNING route, phase, since, changed_by, reason",
+         RETURNING route, phase, since, changed_by, reason, percent",
     )
     .bind(route)
     .bind(initial.as_str())
@@ -150,7 +160,7 @@ pub async fn register(
 /// The stored state of one route.
 pub async fn current(pool: &PgPool, route: &str) -> Result<Option<RouteState>, PhaseError> {
     let row: Option<Row> = sqlx::query_as(
-        "SELECT route, phase, since, changed_by, reason FROM qbridge.route_phases WHERE route = $1",
+        "SELECT route, phase, since, changed_by, reason, percent FROM qbridge.route_phases WHERE route = $1",
     )
     .bind(route)
     .fetch_optional(pool)
@@ -161,7 +171,7 @@ pub async fn current(pool: &PgPool, route: &str) -> Result<Option<RouteState>, P
 /// Every stored route, by name.
 pub async fn all(pool: &PgPool) -> Result<Vec<RouteState>, PhaseError> {
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT route, phase, since, changed_by, reason FROM qbridge.route_phases ORDER BY route",
+        "SELECT route, phase, since, changed_by, reason, percent FROM qbridge.route_phases ORDER BY route",
     )
     .fetch_all(pool)
     .await?;
@@ -169,7 +179,23 @@ pub async fn all(pool: &PgPool) -> Result<Vec<RouteState>, PhaseError> {
 }
 
 /// Applies one change by compare-and-swap, with its audit row and NOTIFY.
+/// Every key goes the new phase's way (percent 100).
 pub async fn transition(pool: &PgPool, change: &Change<'_>) -> Result<RouteState, PhaseError> {
+    transition_at(pool, change, 100).await
+}
+
+/// [`transition`] into `postgres_only` with only `percent` of the job keys
+/// flipped at first (the gradual flip); other targets ignore `percent`.
+pub async fn transition_at(
+    pool: &PgPool,
+    change: &Change<'_>,
+    percent: u8,
+) -> Result<RouteState, PhaseError> {
+    let percent = if change.to == Phase::PostgresOnly {
+        percent.min(100)
+    } else {
+        100
+    };
     if change.reason.trim().is_empty() {
         return Err(PhaseError::NoReason);
     }
@@ -183,15 +209,16 @@ pub async fn transition(pool: &PgPool, change: &Change<'_>) -> Result<RouteState
     let mut tx = pool.begin().await?;
     let updated: Option<Row> = sqlx::query_as(
         "UPDATE qbridge.route_phases \
-            SET phase = $3, since = now(), changed_by = $4, reason = $5 \
+            SET phase = $3, since = now(), changed_by = $4, reason = $5, percent = $6 \
           WHERE route = $1 AND phase = $2 \
-         RETURNING route, phase, since, changed_by, reason",
+         RETURNING route, phase, since, changed_by, reason, percent",
     )
     .bind(change.route)
     .bind(change.from.as_str())
     .bind(change.to.as_str())
     .bind(change.changed_by)
     .bind(change.reason)
+    .bind(i16::from(percent))
     .fetch_optional(&mut *tx)
     .await?;
     let Some(row) = updated else {
@@ -207,8 +234,8 @@ pub async fn transition(pool: &PgPool, change: &Change<'_>) -> Result<RouteState
     };
     sqlx::query(
         "INSERT INTO qbridge.phase_audit \
-             (route, from_phase, to_phase, changed_by, reason, forced, gates) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+             (route, from_phase, to_phase, changed_by, reason, forced, gates, percent) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(change.route)
     .bind(change.from.as_str())
@@ -217,11 +244,75 @@ pub async fn transition(pool: &PgPool, change: &Change<'_>) -> Result<RouteState
     .bind(change.reason)
     .bind(change.forced)
     .bind(&change.gates)
+    .bind(i16::from(percent))
     .execute(&mut *tx)
     .await?;
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(CHANNEL)
         .bind(change.route)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    state(row)
+}
+
+/// Changes the flipped share of a route in `postgres_only` by
+/// compare-and-swap on the share the operator saw, audited and announced
+/// like a phase change.
+pub async fn set_percent(
+    pool: &PgPool,
+    route: &str,
+    expected: u8,
+    percent: u8,
+    by: &str,
+    reason: &str,
+) -> Result<RouteState, PhaseError> {
+    if reason.trim().is_empty() {
+        return Err(PhaseError::NoReason);
+    }
+    let percent = percent.min(100);
+    let mut tx = pool.begin().await?;
+    let updated: Option<Row> = sqlx::query_as(
+        "UPDATE qbridge.route_phases SET percent = $3, changed_by = $4, reason = $5 \
+          WHERE route = $1 AND phase = 'postgres_only' AND percent = $2 \
+         RETURNING route, phase, since, changed_by, reason, percent",
+    )
+    .bind(route)
+    .bind(i16::from(expected))
+    .bind(i16::from(percent))
+    .bind(by)
+    .bind(reason)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = updated else {
+        tx.rollback().await?;
+        return Err(match current(pool, route).await? {
+            None => PhaseError::UnknownRoute(route.to_string()),
+            Some(now) if now.phase != Phase::PostgresOnly => PhaseError::Illegal {
+                route: route.to_string(),
+                from: now.phase,
+                to: Phase::PostgresOnly,
+            },
+            Some(now) => PhaseError::PercentConflict {
+                route: route.to_string(),
+                expected,
+                actual: now.percent,
+            },
+        });
+    };
+    sqlx::query(
+        "INSERT INTO qbridge.phase_audit (route, from_phase, to_phase, changed_by, reason, percent) \
+         VALUES ($1, 'postgres_only', 'postgres_only', $2, $3, $4)",
+    )
+    .bind(route)
+    .bind(by)
+    .bind(reason)
+    .bind(i16::from(percent))
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(route)
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;

@@ -45,7 +45,7 @@ pub async fn attach(
             tracing::info!(route = %route.name, stored = %state.phase, config = %route.phase,
                 "the stored phase wins over the config's");
         }
-        view.set(&route.name, state.phase);
+        view.set_with_percent(&route.name, state.phase, state.percent);
     }
     publish(&view, routes.iter().map(|r| r.name.as_str()));
     let names: Vec<String> = routes.iter().map(|r| r.name.clone()).collect();
@@ -64,11 +64,11 @@ pub async fn attach(
 pub async fn run_once(pool: &PgPool, view: &PhaseView) -> Result<usize, PhaseError> {
     let mut changed = 0;
     for state in store::all(pool).await? {
-        let before = view.get(&state.route);
-        if before != state.phase {
-            tracing::info!(route = %state.route, from = %before, to = %state.phase,
-                by = %state.changed_by, "route phase changed");
-            view.set(&state.route, state.phase);
+        let before = (view.get(&state.route), view.percent(&state.route));
+        if before != (state.phase, state.percent) {
+            tracing::info!(route = %state.route, from = %before.0, to = %state.phase,
+                percent = state.percent, by = %state.changed_by, "route phase changed");
+            view.set_with_percent(&state.route, state.phase, state.percent);
             changed += 1;
         }
     }
@@ -149,6 +149,8 @@ async fn listen(pool: &PgPool) -> Option<PgListener> {
 /// once): a route no process registered yet reads as its config phase.
 pub async fn stored_view(pool: &PgPool, routes: &[RouteConfig]) -> Result<PhaseView, PhaseError> {
     let view = PhaseView::new(routes.iter().map(|r| (r.name.clone(), r.phase)));
-    run_once(pool, &view).await?;
+    for state in store::all(pool).await? {
+        view.set_with_percent(&state.route, state.phase, state.percent);
+    }
     Ok(view)
 }

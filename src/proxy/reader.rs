@@ -246,7 +246,7 @@ impl Reader {
         else {
             return Ok(Routing::NotRouted);
         };
-        let phase = self.shared.routes.phase(&route);
+        let phase = self.shared.routes.push_phase(&route, args.get(2));
         let items: Vec<Bytes> = args[2..].to_vec();
         metrics::counter!(m::ROUTE_PUSHES, "route" => route.name.clone(), "phase" => phase.as_str(), "via" => "proxy")
             .increment(items.len() as u64);

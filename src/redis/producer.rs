@@ -170,32 +170,39 @@ impl Producer {
                 owed: Vec::new(),
             });
         }
-        let copy = if phase.postgres_is_live() {
-            JobCopy::Live
-        } else {
-            JobCopy::Mirror
-        };
+        // Per item: in a partial postgres_only (the gradual flip) keys
+        // outside the flipped share stay mirror copies with a Redis push.
         let decoded: Vec<Item<'_>> = items
             .iter()
-            .map(|bytes| Item {
-                route: &route,
-                decoded: decode_bytes(&route.format, bytes.clone()),
-                copy,
-                via: self.via,
+            .map(|bytes| {
+                let decoded = decode_bytes(&route.format, bytes.clone());
+                let copy = match self.routes.item_phase(&route, &decoded).postgres_is_live() {
+                    true => JobCopy::Live,
+                    false => JobCopy::Mirror,
+                };
+                Item {
+                    route: &route,
+                    decoded,
+                    copy,
+                    via: self.via,
+                }
             })
             .collect();
+        let copies: Vec<JobCopy> = decoded.iter().map(|i| i.copy).collect();
         let stored = store::store(conn, decoded, self.payload_limit).await?;
-        let mut owed = Vec::new();
-        if phase.writes_redis() {
-            // Only new jobs: a known key was pushed (or owed) the first time.
-            let new: Vec<(&str, &Bytes)> = stored
-                .iter()
-                .zip(&items)
-                .filter(|(s, _)| matches!(s, Stored::New { .. }))
-                .map(|(s, b)| (s.key(), b))
-                .collect();
-            owed = outbox::owe(conn, &route.queue, &new).await?;
-        }
+        // Only new mirror copies: a known key was pushed (or owed) the first time.
+        let new: Vec<(&str, &Bytes)> = stored
+            .iter()
+            .zip(&items)
+            .zip(&copies)
+            .filter(|((s, _), copy)| matches!(s, Stored::New { .. }) && **copy == JobCopy::Mirror)
+            .map(|((s, b), _)| (s.key(), b))
+            .collect();
+        let owed = if new.is_empty() {
+            Vec::new()
+        } else {
+            outbox::owe(conn, &route.queue, &new).await?
+        };
         Ok(Pending {
             route,
             phase,
@@ -208,7 +215,7 @@ impl Producer {
     fn redis_conn(&self, route: &Route) -> Result<ConnectionManager> {
         self.redis.clone().ok_or_else(|| {
             Error::Config(format!(
-                "route {:?} writes Redis in its phase, but no Redis URL was given",
+                "route {:?} writes Redis in its phase, but this producer has no Redis connection (no Redis URL given, or the process started while every route was decommissioned: restart it after a rollback)",
                 route.name
             ))
         })

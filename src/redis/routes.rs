@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use crate::config::{PushEnd, RouteConfig};
 use crate::cutover::{Phase, PhaseView};
-use crate::redis::formats::Format;
+use crate::redis::formats::{decode_bytes, Decoded, Format, KeySource};
 use crate::shadow::Digester;
 
 /// One route, as the producer paths and consumers use it.
@@ -107,6 +107,32 @@ impl Routes {
     /// The route's phase right now.
     pub fn phase(&self, route: &Route) -> Phase {
         self.phases.get(&route.name)
+    }
+
+    /// The phase a job is produced in: the route's phase, except in a
+    /// partial `postgres_only` (the gradual flip), where a key outside the
+    /// flipped share is produced as in `shadow`.
+    pub fn item_phase(&self, route: &Route, decoded: &Decoded) -> Phase {
+        let base = match &decoded.key {
+            KeySource::Id(id) => id.as_str(),
+            KeySource::ContentHash(hash) => hash.as_str(),
+        };
+        self.phases.for_key(&route.name, base)
+    }
+
+    /// The phase of a push command, decided by its first item: only a
+    /// partial `postgres_only` needs the item decoded (a multi-item push goes
+    /// one way as a whole, so the proxy can forward or answer it as one).
+    pub fn push_phase(&self, route: &Route, first: Option<&Bytes>) -> Phase {
+        let phase = self.phase(route);
+        match first {
+            Some(item)
+                if phase == Phase::PostgresOnly && self.phases.percent(&route.name) < 100 =>
+            {
+                self.item_phase(route, &decode_bytes(&route.format, item.clone()))
+            }
+            _ => phase,
+        }
     }
 
     /// The shared phase view (the cutover watch updates it).

@@ -91,7 +91,13 @@ RETURNING queue, hash, n
 
 const KEYS_SQL: &str = r#"
 INSERT INTO qbridge.job_keys (queue, key, copy, via, flagged, original)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[])
+SELECT t.queue, t.key, t.copy, t.via, t.flagged,
+       -- No bytes to keep when the Redis side already reported the job.
+       CASE WHEN t.original IS NOT NULL AND NOT EXISTS (
+                SELECT 1 FROM qbridge.outcomes o
+                 WHERE o.queue = t.queue AND o.key = t.key AND o.side = 'redis')
+            THEN t.original END
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[])
        AS t(queue, key, copy, via, flagged, original)
  ORDER BY t.queue, t.key
 ON CONFLICT (queue, key) DO NOTHING

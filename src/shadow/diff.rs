@@ -175,12 +175,17 @@ SELECT t.key FROM unnest($2::text[]) AS t(key)
 "#;
 
 /// Mirror copies whose Redis copy is unaccounted for: no Redis outcome
-/// (which clears `original`) and not held in Redis now.
+/// ever and not held in Redis now. `original IS NOT NULL` narrows the scan
+/// (a Redis outcome clears it), but the outcome check itself is what counts:
+/// the Redis consumer can finish a job before its mirror row commits, and
+/// then nothing cleared that row's bytes.
 pub(crate) const ONLY_POSTGRES_SQL: &str = r#"
-SELECT key FROM qbridge.job_keys
- WHERE queue = $1 AND copy = 'mirror' AND original IS NOT NULL
-   AND seen_at >= $2 AND seen_at < $3 AND NOT (key = ANY($4::text[]))
- ORDER BY seen_at, key
+SELECT k.key FROM qbridge.job_keys k
+ WHERE k.queue = $1 AND k.copy = 'mirror' AND k.original IS NOT NULL
+   AND k.seen_at >= $2 AND k.seen_at < $3 AND NOT (k.key = ANY($4::text[]))
+   AND NOT EXISTS (SELECT 1 FROM qbridge.outcomes o
+                    WHERE o.queue = k.queue AND o.key = k.key AND o.side = 'redis')
+ ORDER BY k.seen_at, k.key
 "#;
 
 const MISMATCH_SQL: &str = r#"

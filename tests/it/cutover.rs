@@ -2,6 +2,7 @@
 //! rollback with jobs in flight, decommissioning, and the phase watch.
 
 mod decommission;
+mod gradual;
 mod planted;
 mod rig;
 mod rollback;

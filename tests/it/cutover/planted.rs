@@ -186,3 +186,57 @@ async fn planted_discrepancies_show_up_block_the_gate_and_repair_fills_them(pool
     assert_eq!(rig.calls.shadow("b0"), 1, "shadow calls happen in shadow");
     rig.finish().await;
 }
+
+/// The Redis consumer can finish a job (and report it) before the job's
+/// mirror row commits: such a job is not "only in Postgres", and a repair
+/// must not push it again.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_job_reported_by_redis_before_its_mirror_committed_is_not_repushed(pool: PgPool) {
+    let rig = Rig::new(&pool, Options::default()).await;
+    // The Redis side reported "early" before the mirror row exists.
+    qbridge::shadow::record(
+        &pool,
+        &[qbridge::shadow::Outcome {
+            queue: rig.name.clone(),
+            key: "early".into(),
+            side: qbridge::shadow::Side::Redis,
+            mode: qbridge::shadow::Mode::Live,
+            outcome: qbridge::shadow::OutcomeKind::Ok,
+            error_class: None,
+            digest: None,
+            attempt: Some(1),
+        }],
+    )
+    .await
+    .unwrap();
+    let route = rig.route();
+    let mut tx = pool.begin().await.unwrap();
+    let pending = rig
+        .producer
+        .enqueue_in(&mut tx, &route.name, vec![r#"{"id":"early"}"#.into()])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    drop(pending);
+    sqlx::query("DELETE FROM qbridge.redis_outbox")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let kept: Option<Vec<u8>> =
+        sqlx::query_scalar("SELECT original FROM qbridge.job_keys WHERE key = 'early'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(kept.is_none(), "no bytes kept for a job Redis already ran");
+    // Even if both had committed at once (bytes kept), the outcome decides.
+    sqlx::query("UPDATE qbridge.job_keys SET original = 'x' WHERE key = 'early'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (d, _) = diff(&rig).await;
+    assert_eq!(d.only_postgres, 0, "{}", d.verdict);
+    let r = repair(&rig).await;
+    assert_eq!(r.repushed, 0, "{r:?}");
+    rig.finish().await;
+}

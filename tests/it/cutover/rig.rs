@@ -248,6 +248,7 @@ gates = {{ window = "{window}", min_jobs = {min_jobs}, quiet_period = "{quiet}",
             by: "test@ops",
             reason: Some(reason),
             force,
+            percent: None,
         }
     }
 
