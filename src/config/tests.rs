@@ -252,3 +252,213 @@ fn redis_url_passwords_are_redacted_in_errors() {
         .to_string();
     assert!(!err.contains("hunter2"), "{err}");
 }
+
+/// The test route with a handler and `tables` appended (TOML sub-tables of
+/// the last `[[routes]]` entry, e.g. `[routes.gates]`).
+fn cutover_route(tables: &str) -> String {
+    format!("{ROUTE}handler = {{ type = \"noop\" }}\n{tables}")
+}
+
+#[test]
+fn cutover_tables_default_when_absent() {
+    let cfg = load(&cutover_route("")).unwrap();
+    let c = &cfg.routes[0].cutover;
+    assert_eq!(*c, CutoverConfig::default());
+    assert_eq!(c.shadow.dual_write, DualWriteMirrors::Skip);
+    assert_eq!(c.shadow.handler, None);
+    assert_eq!(c.shadow.noise_sample, 0.01);
+    assert!(c.diff.ignore_fields.is_empty() && c.diff.ignore_patterns.is_empty());
+    assert_eq!(c.diff.settle, Duration::from_secs(30));
+    assert_eq!(c.diff.sample_keys, 10);
+    assert_eq!(c.gates.window, Duration::from_secs(600));
+    assert_eq!(c.gates.min_jobs, 100);
+    assert_eq!(c.gates.mirror_completeness, 0.9999);
+    assert_eq!(c.gates.ack_tolerance, 0.001);
+    assert_eq!(c.gates.max_mismatch_rate, 0.001);
+    assert_eq!(c.gates.max_postgres_lag, Duration::from_secs(5));
+    assert_eq!(c.gates.quiet_period, Duration::from_secs(600));
+    // Empty tables are the same as none.
+    let cfg = load(&cutover_route(
+        "[routes.shadow]\n[routes.diff]\n[routes.gates]\n",
+    ))
+    .unwrap();
+    assert_eq!(cfg.routes[0].cutover, CutoverConfig::default());
+}
+
+#[test]
+fn cutover_tables_are_read() {
+    let cfg = load(&cutover_route(
+        "[routes.shadow]\ndual_write = \"shadow\"\nnoise_sample = 0.5\n\
+         handler = { type = \"http\", url = \"http://127.0.0.1:8081/shadow\", timeout = \"2s\" }\n\
+         [routes.diff]\nignore_fields = [\"/at\", \"/items/*/id\"]\nignore_patterns = [\"[0-9a-f]{32}\"]\n\
+         settle = \"5s\"\nsample_keys = 3\n\
+         [routes.gates]\nwindow = \"1m\"\nmin_jobs = 5\nmirror_completeness = 1\nack_tolerance = 0.01\n\
+         max_mismatch_rate = 0\nmax_postgres_lag = \"250ms\"\nquiet_period = \"1s\"\n",
+    ))
+    .unwrap();
+    let c = &cfg.routes[0].cutover;
+    assert_eq!(c.shadow.dual_write, DualWriteMirrors::Shadow);
+    assert_eq!(c.shadow.noise_sample, 0.5);
+    match &c.shadow.handler {
+        Some(HandlerConfig::Http { url, timeout, .. }) => {
+            assert_eq!(url, "http://127.0.0.1:8081/shadow");
+            assert_eq!(timeout.0, Duration::from_secs(2));
+        }
+        other => panic!("shadow handler: {other:?}"),
+    }
+    assert_eq!(c.diff.ignore_fields, ["/at", "/items/*/id"]);
+    assert_eq!(c.diff.ignore_patterns, ["[0-9a-f]{32}"]);
+    assert_eq!(
+        (c.diff.settle, c.diff.sample_keys),
+        (Duration::from_secs(5), 3)
+    );
+    assert_eq!(
+        c.gates,
+        GatesConfig {
+            window: Duration::from_secs(60),
+            min_jobs: 5,
+            mirror_completeness: 1.0,
+            ack_tolerance: 0.01,
+            max_mismatch_rate: 0.0,
+            max_postgres_lag: Duration::from_millis(250),
+            quiet_period: Duration::from_secs(1),
+        }
+    );
+    // A shadow command handler and the inline-table form are accepted too,
+    // and the route's own handler stays the live one.
+    let cfg = load(&cutover_route(
+        "shadow = { dual_write = \"skip\", handler = { type = \"command\", program = \"/bin/cat\", args = [\"-\"] } }\n",
+    ))
+    .unwrap();
+    let route = &cfg.routes[0];
+    assert_eq!(route.cutover.shadow.dual_write, DualWriteMirrors::Skip);
+    assert!(matches!(
+        route.cutover.shadow.handler,
+        Some(HandlerConfig::Command { ref program, .. }) if program == "/bin/cat"
+    ));
+    assert_eq!(route.handler, Some(HandlerConfig::Noop {}));
+    // The cutover tables need no handler on the route (an outside fleet
+    // may run the jobs and report outcomes).
+    let cfg = load(&format!(
+        "{ROUTE}[routes.gates]\nmin_jobs = 1\n[routes.shadow]\ndual_write = \"shadow\"\n"
+    ))
+    .unwrap();
+    assert_eq!(cfg.routes[0].cutover.gates.min_jobs, 1);
+}
+
+#[test]
+fn unknown_keys_in_cutover_tables_are_refused_by_name() {
+    for (table, key) in [
+        ("shadow", "dual_writes"),
+        ("diff", "ignore_field"),
+        ("gates", "min_job"),
+        ("gates", "mirror_completness"),
+    ] {
+        let msg = err(&cutover_route(&format!("[routes.{table}]\n{key} = 1\n")));
+        assert!(msg.contains(key), "[routes.{table}] {key}: {msg}");
+    }
+    // Inside the shadow handler table too.
+    let msg = err(&cutover_route(
+        "[routes.shadow]\nhandler = { type = \"noop\", url = \"http://x/\" }\n",
+    ));
+    assert!(msg.contains("url"), "{msg}");
+}
+
+#[test]
+fn bad_cutover_values_are_refused_naming_the_key() {
+    let cases = [
+        (
+            "[routes.gates]\nmirror_completeness = 2\n",
+            "gates.mirror_completeness",
+        ),
+        (
+            "[routes.gates]\nmirror_completeness = -0.1\n",
+            "gates.mirror_completeness",
+        ),
+        (
+            "[routes.gates]\nmirror_completeness = nan\n",
+            "gates.mirror_completeness",
+        ),
+        (
+            "[routes.gates]\nack_tolerance = 1.5\n",
+            "gates.ack_tolerance",
+        ),
+        (
+            "[routes.gates]\nmax_mismatch_rate = 7\n",
+            "gates.max_mismatch_rate",
+        ),
+        ("[routes.gates]\nwindow = \"500ms\"\n", "gates.window"),
+        ("[routes.gates]\nmin_jobs = -1\n", "min_jobs"),
+        ("[routes.gates]\nmin_jobs = \"lots\"\n", "min_jobs"),
+        ("[routes.gates]\nquiet_period = \"soon\"\n", "quiet_period"),
+        (
+            "[routes.shadow]\nnoise_sample = 1.01\n",
+            "shadow.noise_sample",
+        ),
+        ("[routes.shadow]\ndual_write = \"sometimes\"\n", "sometimes"),
+        ("[routes.diff]\nsample_keys = 5000\n", "diff.sample_keys"),
+        ("[routes.diff]\nsettle = \"10x\"\n", "settle"),
+        ("[routes.diff]\nignore_fields = \"/at\"\n", "ignore_fields"),
+    ];
+    for (tables, expected) in cases {
+        let msg = err(&cutover_route(tables));
+        assert!(
+            msg.contains(expected),
+            "{tables:?} gave {msg:?}, expected {expected:?}"
+        );
+    }
+    // The route is named, so an operator with many routes finds it.
+    let msg = err(&cutover_route("[routes.gates]\nmirror_completeness = 2\n"));
+    assert!(msg.contains("route \"mail\""), "{msg}");
+    assert!(msg.contains('2'), "the bad value is shown: {msg}");
+}
+
+#[test]
+fn bad_ignore_rules_are_refused_on_one_line() {
+    // `err` checks the message is one line: the regex error draws a caret
+    // over several.
+    let msg = err(&cutover_route("[routes.diff]\nignore_patterns = [\"(\"]\n"));
+    assert!(msg.contains("diff.ignore_patterns"), "{msg}");
+    assert!(msg.contains("\"(\""), "the pattern is named: {msg}");
+    let msg = err(&cutover_route(
+        "[routes.diff]\nignore_patterns = [\"ok\", \"[a-\"]\n",
+    ));
+    assert!(msg.contains("\"[a-\""), "{msg}");
+
+    let msg = err(&cutover_route("[routes.diff]\nignore_fields = [\"at\"]\n"));
+    assert!(
+        msg.contains("diff.ignore_fields")
+            && msg.contains("\"at\"")
+            && msg.contains("JSON pointer"),
+        "{msg}"
+    );
+    let msg = err(&cutover_route(
+        "[routes.diff]\nignore_fields = [\"/ok\", \"\"]\n",
+    ));
+    assert!(msg.contains("JSON pointer"), "{msg}");
+}
+
+/// A shadow handler is checked like a pool's handler: a URL that is not
+/// http(s), a header HTTP cannot carry or an empty program fails at load,
+/// not on the first shadow call (or at `qbridge run` start-up).
+#[test]
+#[ignore = "bug: config::cutover::validate does not check [routes.shadow] handler (see the cutover-tests report)"]
+fn a_bad_shadow_handler_is_refused_at_load() {
+    for (handler, expected) in [
+        ("{ type = \"http\", url = \"ftp://x/\" }", "ftp://x/"),
+        ("{ type = \"http\", url = \"not a url\" }", "not a url"),
+        (
+            "{ type = \"http\", url = \"http://x/\", headers = { \"bad name\" = \"v\" } }",
+            "bad name",
+        ),
+        ("{ type = \"command\", program = \"\" }", "program"),
+    ] {
+        let msg = err(&cutover_route(&format!(
+            "[routes.shadow]\nhandler = {handler}\n"
+        )));
+        assert!(
+            msg.contains("shadow") && msg.contains(expected),
+            "{handler}: {msg}"
+        );
+    }
+}

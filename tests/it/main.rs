@@ -6,6 +6,8 @@ mod bad_input;
 mod claim;
 mod cli;
 mod cutover;
+mod cutover_cli;
+mod cutover_proxy;
 mod cutover_store;
 mod dlq;
 mod enqueue;
