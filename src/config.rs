@@ -414,20 +414,7 @@ pub(crate) fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
             Some(TenantCap { path, cap: t.cap })
         }
     };
-    match &p.handler {
-        HandlerConfig::Http { url, headers, .. } => {
-            let parsed =
-                url::Url::parse(url).map_err(|e| ctx(format!("handler url {url:?}: {e}")))?;
-            if !matches!(parsed.scheme(), "http" | "https") {
-                return Err(ctx(format!("handler url {url:?} must be http or https")));
-            }
-            header_map(headers).map_err(ctx)?;
-        }
-        HandlerConfig::Command { program, .. } if program.is_empty() => {
-            return Err(ctx("handler program is empty".into()));
-        }
-        _ => {}
-    }
+    check_handler(&p.handler).map_err(ctx)?;
     Ok(PoolConfig {
         name,
         queues: p.queues,
@@ -517,3 +504,22 @@ fn validate_schedule(s: ScheduleFile, payload_limit: usize) -> Result<Schedule> 
 
 #[cfg(test)]
 mod tests;
+
+/// A handler's URL scheme, headers and program, checked at load (a bad one
+/// is a config error, never a failure of every job).
+pub(crate) fn check_handler(handler: &HandlerConfig) -> std::result::Result<(), String> {
+    match handler {
+        HandlerConfig::Http { url, headers, .. } => {
+            let parsed = url::Url::parse(url).map_err(|e| format!("handler url {url:?}: {e}"))?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(format!("handler url {url:?} must be http or https"));
+            }
+            header_map(headers)?;
+        }
+        HandlerConfig::Command { program, .. } if program.is_empty() => {
+            return Err("handler program is empty".into());
+        }
+        _ => {}
+    }
+    Ok(())
+}

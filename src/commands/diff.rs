@@ -18,7 +18,7 @@ pub fn parse_since(text: &str) -> Result<DateTime<Utc>> {
     }
     let back = crate::config::parse_duration(text).map_err(|_| {
         Error::InvalidInput(format!(
-            "--since {text:?}: use a duration back from now (10m, 1h) or an RFC 3339 time"
+            "since {text:?}: use a duration back from now (10m, 1h) or an RFC 3339 time"
         ))
     })?;
     Ok(Utc::now() - chrono::Duration::from_std(back).unwrap_or_default())

@@ -160,6 +160,9 @@ pub(super) fn validate(
         regex::Regex::new(pattern)
             .map_err(|e| format!("diff.ignore_patterns: {pattern:?}: {}", one_line(&e)))?;
     }
+    if let Some(handler) = &shadow.handler {
+        super::check_handler(handler).map_err(|e| format!("shadow.{e}"))?;
+    }
     let sample_keys = diff.sample_keys.unwrap_or(10);
     if sample_keys > 1000 {
         return Err("diff.sample_keys must be at most 1000".into());

@@ -442,7 +442,6 @@ fn bad_ignore_rules_are_refused_on_one_line() {
 /// http(s), a header HTTP cannot carry or an empty program fails at load,
 /// not on the first shadow call (or at `qbridge run` start-up).
 #[test]
-#[ignore = "bug: config::cutover::validate does not check [routes.shadow] handler (see the cutover-tests report)"]
 fn a_bad_shadow_handler_is_refused_at_load() {
     for (handler, expected) in [
         ("{ type = \"http\", url = \"ftp://x/\" }", "ftp://x/"),

@@ -14,6 +14,10 @@ pub const SCHEDULER: i64 = 0x7162_7200_0002;
 /// Advisory lock key of the history partition pass.
 pub const HISTORY: i64 = 0x7162_7200_0003;
 
+/// Advisory lock key of the diff gauges (a session lock, see
+/// `shadow::diff_metrics`: the pass runs on other connections).
+pub const DIFF_GAUGES: i64 = 0x7162_7200_0004;
+
 /// Tries to become this pass's leader inside the caller's open transaction.
 pub async fn try_lead(tx: &mut PgConnection, key: i64) -> Result<bool> {
     Ok(sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")

@@ -123,35 +123,27 @@ fn ratio(part: i64, whole: i64) -> f64 {
     }
 }
 
-type SideRow = (String, i64, i64, i64, i64, i64);
+type SideRow = (String, i64, i64, i64, i64, i64, Option<f64>, Option<f64>);
 
+/// Per side in one pass: jobs, acks, failed attempts, dead jobs, jobs that
+/// succeeded more than once, and push-to-first-outcome percentiles (hash
+/// aggregation per key, no sort of the window).
 const SIDES_SQL: &str = r#"
-SELECT side,
-       count(DISTINCT key),
-       count(*) FILTER (WHERE outcome = 'ok'),
-       count(*) FILTER (WHERE outcome = 'failed'),
-       count(DISTINCT key) FILTER (WHERE outcome = 'dead'),
-       (SELECT count(*) FROM (
-            SELECT 1 FROM qbridge.outcomes d
-             WHERE d.queue = $1 AND d.recorded_at >= $2 AND d.side = o.side
-               AND d.mode <> 'noise' AND d.outcome = 'ok'
-             GROUP BY d.key HAVING count(*) > 1) twice)
-  FROM qbridge.outcomes o
- WHERE queue = $1 AND recorded_at >= $2 AND mode <> 'noise'
- GROUP BY side
-"#;
-
-const LAG_SQL: &str = r#"
-WITH first AS (
-    SELECT DISTINCT ON (side, key) side, key, recorded_at
+WITH per_key AS (
+    SELECT side, key,
+           count(*) FILTER (WHERE outcome = 'ok') AS oks,
+           count(*) FILTER (WHERE outcome = 'failed') AS fails,
+           bool_or(outcome = 'dead') AS dead,
+           min(recorded_at) AS first_at
       FROM qbridge.outcomes
      WHERE queue = $1 AND recorded_at >= $2 AND mode <> 'noise'
-     ORDER BY side, key, recorded_at, id)
-SELECT f.side,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM f.recorded_at - k.seen_at)),
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM f.recorded_at - k.seen_at))
-  FROM first f JOIN qbridge.job_keys k ON k.queue = $1 AND k.key = f.key
- GROUP BY f.side
+     GROUP BY side, key)
+SELECT p.side, count(*), sum(p.oks)::int8, sum(p.fails)::int8,
+       count(*) FILTER (WHERE p.dead), count(*) FILTER (WHERE p.oks > 1),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM p.first_at - k.seen_at)),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM p.first_at - k.seen_at))
+  FROM per_key p LEFT JOIN qbridge.job_keys k ON k.queue = $1 AND k.key = p.key
+ GROUP BY p.side
 "#;
 
 const RAN_TWICE_SQL: &str = r#"
@@ -162,16 +154,17 @@ SELECT key FROM qbridge.outcomes
 "#;
 
 const ONLY_REDIS_RAN_SQL: &str = r#"
-SELECT o.key FROM (
+SELECT count(*) OVER (), o.key FROM (
     SELECT DISTINCT key FROM qbridge.outcomes
      WHERE queue = $1 AND side = 'redis' AND recorded_at >= $2 AND recorded_at < $3) o
  WHERE NOT EXISTS (SELECT 1 FROM qbridge.job_keys k WHERE k.queue = $1 AND k.key = o.key)
- ORDER BY o.key
+ ORDER BY o.key LIMIT $4
 "#;
 
 const UNKNOWN_KEYS_SQL: &str = r#"
-SELECT t.key FROM unnest($2::text[]) AS t(key)
+SELECT count(*) OVER (), t.key FROM unnest($2::text[]) AS t(key)
  WHERE NOT EXISTS (SELECT 1 FROM qbridge.job_keys k WHERE k.queue = $1 AND k.key = t.key)
+ LIMIT $3
 "#;
 
 /// Mirror copies whose Redis copy is unaccounted for: no Redis outcome
@@ -188,17 +181,34 @@ SELECT k.key FROM qbridge.job_keys k
  ORDER BY k.seen_at, k.key
 "#;
 
+/// Compared jobs and mismatches counted in SQL; only a sample of the
+/// mismatched rows (plus one row carrying the counts) comes back.
 const MISMATCH_SQL: &str = r#"
 WITH last AS (
     SELECT DISTINCT ON (key, side) key, side, outcome, digest
       FROM qbridge.outcomes
      WHERE queue = $1 AND recorded_at >= $2 AND mode <> 'noise' AND outcome <> 'failed'
-     ORDER BY key, side, recorded_at DESC, id DESC)
-SELECT r.key, r.outcome, p.outcome,
-       (r.digest IS NOT NULL AND p.digest IS NOT NULL AND r.digest <> p.digest)
-  FROM last r JOIN last p ON p.key = r.key AND p.side = 'postgres'
- WHERE r.side = 'redis'
+     ORDER BY key, side, recorded_at DESC, id DESC),
+pairs AS (
+    SELECT r.key, r.outcome AS redis, p.outcome AS postgres,
+           (r.digest IS NOT NULL AND p.digest IS NOT NULL AND r.digest <> p.digest) AS digest_differs
+      FROM last r JOIN last p ON p.key = r.key AND p.side = 'postgres'
+     WHERE r.side = 'redis'),
+ranked AS (
+    SELECT *, (redis <> postgres OR digest_differs) AS bad,
+           count(*) OVER () AS compared,
+           count(*) FILTER (WHERE redis <> postgres OR digest_differs) OVER () AS mismatched,
+           row_number() OVER (PARTITION BY (redis <> postgres OR digest_differs) ORDER BY key) AS n
+      FROM pairs)
+SELECT key, redis, postgres, digest_differs, bad, compared, mismatched
+  FROM ranked WHERE n <= $3 AND (bad OR n = 1)
 "#;
+
+/// Count and sample of a key query: `SELECT count(*) OVER (), key … LIMIT`.
+fn count_and_sample(rows: Vec<(i64, String)>) -> (i64, Vec<String>) {
+    let total = rows.first().map_or(0, |r| r.0);
+    (total, rows.into_iter().map(|r| r.1).collect())
+}
 
 const NOISE_SQL: &str = r#"
 SELECT count(*),
@@ -249,71 +259,76 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
         .bind(since)
         .fetch_all(db)
         .await?;
-    for (side, jobs, acks, failures, dead, twice) in rows {
-        let counts = if side == "redis" {
-            &mut redis
-        } else {
-            &mut postgres
-        };
-        *counts = SideCounts {
+    for (side, jobs, acks, failures, dead, twice, lag_p50, lag_p99) in rows {
+        let counts = SideCounts {
             jobs,
             acks,
             failures,
             dead,
             ran_twice: twice,
-            ..SideCounts::default()
+            lag_p50,
+            lag_p99,
         };
+        match side.as_str() {
+            "redis" => redis = counts,
+            _ => postgres = counts,
+        }
     }
-    let lags: Vec<(String, Option<f64>, Option<f64>)> = sqlx::query_as(LAG_SQL)
-        .bind(queue)
-        .bind(since)
-        .fetch_all(db)
-        .await?;
-    for (side, p50, p99) in lags {
-        let counts = if side == "redis" {
-            &mut redis
-        } else {
-            &mut postgres
-        };
-        counts.lag_p50 = p50;
-        counts.lag_p99 = p99;
-    }
-    let sample_ran_twice: Vec<String> = sqlx::query_scalar(RAN_TWICE_SQL)
-        .bind(queue)
-        .bind(since)
-        .bind(samples as i64)
-        .fetch_all(db)
-        .await?;
+    let sample_ran_twice: Vec<String> = if redis.ran_twice + postgres.ran_twice > 0 {
+        sqlx::query_scalar(RAN_TWICE_SQL)
+            .bind(queue)
+            .bind(since)
+            .bind(samples as i64)
+            .fetch_all(db)
+            .await?
+    } else {
+        Vec::new()
+    };
 
-    let ran_only_redis: Vec<String> = sqlx::query_scalar(ONLY_REDIS_RAN_SQL)
+    let limit = samples as i64;
+    let (only_redis_ran, ran_sample) = count_and_sample(
+        sqlx::query_as(ONLY_REDIS_RAN_SQL)
+            .bind(queue)
+            .bind(since)
+            .bind(settled)
+            .bind(limit)
+            .fetch_all(db)
+            .await?,
+    );
+    let (only_redis_waiting, waiting_sample) = count_and_sample(
+        sqlx::query_as(UNKNOWN_KEYS_SQL)
+            .bind(queue)
+            .bind(&held_keys)
+            .bind(limit)
+            .fetch_all(db)
+            .await?,
+    );
+    let (only_postgres, postgres_sample) = count_and_sample(
+        sqlx::query_as(&format!(
+            "SELECT count(*) OVER (), key FROM ({ONLY_POSTGRES_SQL}) one_sided LIMIT $5"
+        ))
         .bind(queue)
         .bind(since)
         .bind(settled)
-        .fetch_all(db)
-        .await?;
-    let waiting_only_redis: Vec<String> = sqlx::query_scalar(UNKNOWN_KEYS_SQL)
-        .bind(queue)
         .bind(&held_keys)
+        .bind(limit)
         .fetch_all(db)
-        .await?;
-    let only_postgres: Vec<String> = sqlx::query_scalar(ONLY_POSTGRES_SQL)
-        .bind(queue)
-        .bind(since)
-        .bind(settled)
-        .bind(&held_keys)
-        .fetch_all(db)
-        .await?;
+        .await?,
+    );
 
-    let compared_rows: Vec<(String, String, String, bool)> = sqlx::query_as(MISMATCH_SQL)
+    type PairRow = (String, String, String, bool, bool, i64, i64);
+    let pair_rows: Vec<PairRow> = sqlx::query_as(MISMATCH_SQL)
         .bind(queue)
         .bind(since)
+        .bind(limit.max(1))
         .fetch_all(db)
         .await?;
-    let compared = compared_rows.len() as i64;
-    let all_mismatches: Vec<Mismatch> = compared_rows
+    let (compared, mismatched) = pair_rows.first().map_or((0, 0), |r| (r.5, r.6));
+    let mismatches: Vec<Mismatch> = pair_rows
         .into_iter()
-        .filter(|(_, r, p, digest_differs)| r != p || *digest_differs)
-        .map(|(key, redis, postgres, digest_differs)| Mismatch {
+        .filter(|r| r.4)
+        .take(samples)
+        .map(|(key, redis, postgres, digest_differs, ..)| Mismatch {
             key,
             redis,
             postgres,
@@ -328,26 +343,23 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
 
     // Redis-side jobs: reported ones plus those held now (a key can be both:
     // a failed attempt waits for its retry).
-    let held_unreported = {
-        let reported: Vec<String> = sqlx::query_scalar(
-            "SELECT DISTINCT key FROM qbridge.outcomes \
-              WHERE queue = $1 AND side = 'redis' AND recorded_at >= $2 AND key = ANY($3::text[])",
-        )
-        .bind(queue)
-        .bind(since)
-        .bind(&held_keys)
-        .fetch_all(db)
-        .await?;
-        held_keys.len() as i64 - reported.len() as i64
-    };
+    let reported_held: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT key) FROM qbridge.outcomes \
+          WHERE queue = $1 AND side = 'redis' AND recorded_at >= $2 AND key = ANY($3::text[])",
+    )
+    .bind(queue)
+    .bind(since)
+    .bind(&held_keys)
+    .fetch_one(db)
+    .await?;
+    let held_unreported = held_keys.len() as i64 - reported_held;
     let redis_seen = redis.jobs + held_unreported;
-    let only_redis = ran_only_redis.len() as i64 + waiting_only_redis.len() as i64;
+    let only_redis = only_redis_ran + only_redis_waiting;
     let mirror_completeness = if redis_seen > 0 {
         1.0 - ratio(only_redis, redis_seen)
     } else {
         1.0
     };
-    let mismatched = all_mismatches.len() as i64;
     let mut diff = Diff {
         route: route.name.clone(),
         queue: route.queue.clone(),
@@ -364,20 +376,19 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
         redis_reports: redis.jobs > 0,
         redis,
         postgres,
-        only_redis_ran: ran_only_redis.len() as i64,
-        only_redis_waiting: waiting_only_redis.len() as i64,
-        only_postgres: only_postgres.len() as i64,
-        sample_only_redis: waiting_only_redis
-            .iter()
-            .chain(&ran_only_redis)
+        only_redis_ran,
+        only_redis_waiting,
+        only_postgres,
+        sample_only_redis: waiting_sample
+            .into_iter()
+            .chain(ran_sample)
             .take(samples)
-            .cloned()
             .collect(),
-        sample_only_postgres: only_postgres.into_iter().take(samples).collect(),
+        sample_only_postgres: postgres_sample,
         sample_ran_twice,
         compared,
         mismatched,
-        mismatches: all_mismatches.into_iter().take(samples).collect(),
+        mismatches,
         noise_samples,
         noise_disagreed,
         mirror_completeness,

@@ -1,6 +1,8 @@
-//! The diff as Prometheus gauges, refreshed every minute by every process
-//! that runs the Redis side, for routes between `dual_write` and
-//! `postgres_only` (before and after, one side is empty by design).
+//! The diff as Prometheus gauges, refreshed every minute for routes between
+//! `dual_write` and `postgres_only` (before and after, one side is empty by
+//! design). A diff reads the whole gate window, so only one process per
+//! database computes it (a session advisory lock, released right after; no
+//! transaction stays open meanwhile): scrape that one, or sum with `max`.
 
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
@@ -9,14 +11,33 @@ use crate::cutover::gates::diff_since;
 use crate::cutover::Phase;
 use crate::error::Result;
 use crate::metrics as m;
+use crate::queue::leader;
 use crate::redis::routes::Routes;
 
-/// Computes each compared route's diff over its gate window and sets the gauges.
+/// Computes each compared route's diff over its gate window and sets the
+/// gauges, if no other process is doing it; says whether it did.
 pub async fn publish_once(
     db: &PgPool,
     redis: &mut ConnectionManager,
     routes: &Routes,
-) -> Result<()> {
+) -> Result<bool> {
+    let mut lock = db.acquire().await?;
+    let led: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        .bind(leader::DIFF_GAUGES)
+        .fetch_one(&mut *lock)
+        .await?;
+    if !led {
+        return Ok(false);
+    }
+    let result = publish_routes(db, redis, routes).await;
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(leader::DIFF_GAUGES)
+        .execute(&mut *lock)
+        .await?;
+    result.map(|()| true)
+}
+
+async fn publish_routes(db: &PgPool, redis: &mut ConnectionManager, routes: &Routes) -> Result<()> {
     for route in routes.iter() {
         let phase = routes.phase(route);
         if matches!(phase, Phase::RedisOnly | Phase::Decommissioned) {

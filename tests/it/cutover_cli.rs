@@ -294,13 +294,19 @@ async fn status_lists_each_route_with_its_phase_and_next_step(pool: PgPool) {
     let out = s.run(&["--json", "cutover", "status"]).await;
     let v = json_stdout(&out);
     assert_eq!(v["routes"][0]["state"]["phase"], "decommissioned", "{v}");
-    assert_eq!(v["routes"][0]["gate"], Value::Null, "{v}");
+    // A decommissioned route's "gate" only says whether Redis is still empty.
+    assert_eq!(v["routes"][0]["gate"]["to"], "decommissioned", "{v}");
+    assert_eq!(
+        v["routes"][0]["gate"]["checks"][0]["passed"],
+        Value::Bool(true),
+        "{v}"
+    );
     let out = s.run(&["cutover", "status"]).await;
     assert!(out.status.success(), "{out:?}");
     let text = stdout(&out);
     let row = text.lines().find(|l| l.starts_with(&s.name)).unwrap();
     assert!(
-        row.contains("decommissioned") && row.trim_end().ends_with('-'),
+        row.contains("decommissioned") && row.trim_end().ends_with("archived; Redis empty"),
         "{row}"
     );
     s.cleanup().await;
@@ -566,7 +572,7 @@ async fn diff_prints_a_verdict_and_bad_arguments_are_one_line_errors(pool: PgPoo
         .await;
     let line = error_line(&out);
     assert!(
-        line.contains("--since \"garbage\"") && line.contains("RFC 3339"),
+        line.contains("since \"garbage\"") && line.contains("RFC 3339"),
         "{line}"
     );
     assert!(out.stdout.is_empty(), "{}", stdout(&out));
