@@ -279,7 +279,8 @@ async fn known_keys(
 }
 
 /// The flag of an item whose payload is over `payload_limit`.
-const OVERSIZED: &str = "payload over payload_limit; the item is kept in jobs.original";
+const OVERSIZED: &str =
+    "payload over payload_limit; the item is kept in jobs.original (a mirror copy's in job_keys.original)";
 
 const PROMOTE_KEYS_SQL: &str = r#"
 UPDATE qbridge.job_keys k SET copy = 'live', seen_at = now(), original = NULL
@@ -344,7 +345,10 @@ async fn promote_mirror_keys(
 
 /// The job of one item. A payload over the limit is not refused (Redis has
 /// already taken the item): it is stored flagged, with its bytes kept in
-/// `original`, so nothing is lost and `stats` shows it.
+/// `original`, so nothing is lost and `stats` shows it. A mirror copy keeps
+/// its bytes in `job_keys.original` instead (until the Redis side reports
+/// the job): its own row is drained within moments, and writing the bytes
+/// twice on the mirror's hot path cost the proxy its mirror lag target.
 fn new_job(item: &Item<'_>, key: &str, oversize: bool) -> NewJob {
     let decoded = &item.decoded;
     let payload = if oversize {
@@ -354,7 +358,10 @@ fn new_job(item: &Item<'_>, key: &str, oversize: bool) -> NewJob {
     };
     let mut job = NewJob::new(item.route.queue.clone(), payload)
         .with_key(key)
-        .with_copy(item.copy, Some(decoded.original.clone()));
+        .with_copy(
+            item.copy,
+            (item.copy == JobCopy::Live).then(|| decoded.original.clone()),
+        );
     job.kind = decoded.kind.clone();
     job.max_attempts = item.route.max_attempts;
     job

@@ -89,7 +89,7 @@ async fn dual_write_stores_mirror_copies_and_pushes_after_commit(pool: PgPool) {
     }
 
     let rows: Vec<(String, String, Vec<u8>)> =
-        sqlx::query_as("SELECT key, copy, original FROM qbridge.jobs ORDER BY id")
+        sqlx::query_as("SELECT j.key, j.copy, coalesce(j.original, k.original) FROM qbridge.jobs j LEFT JOIN qbridge.job_keys k ON k.queue = j.queue AND k.key = j.key ORDER BY j.id")
             .fetch_all(&pool)
             .await
             .unwrap();
@@ -191,7 +191,7 @@ async fn raw_items_round_trip_and_identical_bytes_stay_two_jobs(pool: PgPool) {
         .await
         .unwrap();
     let rows: Vec<(String, Vec<u8>)> =
-        sqlx::query_as("SELECT key, original FROM qbridge.jobs ORDER BY id")
+        sqlx::query_as("SELECT j.key, coalesce(j.original, k.original) FROM qbridge.jobs j LEFT JOIN qbridge.job_keys k ON k.queue = j.queue AND k.key = j.key ORDER BY j.id")
             .fetch_all(&pool)
             .await
             .unwrap();
@@ -224,7 +224,7 @@ async fn an_item_in_the_wrong_format_is_kept_raw_and_flagged(pool: PgPool) {
         .await,
         1
     );
-    let original: Vec<u8> = sqlx::query_scalar("SELECT original FROM qbridge.jobs")
+    let original: Vec<u8> = sqlx::query_scalar("SELECT coalesce(j.original, k.original) FROM qbridge.jobs j LEFT JOIN qbridge.job_keys k ON k.queue = j.queue AND k.key = j.key")
         .fetch_one(&pool)
         .await
         .unwrap();

@@ -249,14 +249,20 @@ pub async fn client_list() -> String {
     String::from_utf8_lossy(&direct.call(&["CLIENT", "LIST"]).await).to_string()
 }
 
-/// `(key, copy, original)` of every job of `queue`, by key.
+/// `(key, copy, original)` of every job of `queue`, by key. A mirror copy
+/// keeps its bytes in `job_keys.original`, a live copy in `jobs.original`.
 pub async fn jobs(pool: &PgPool, queue: &str) -> Vec<(String, String, Vec<u8>)> {
-    sqlx::query_as("SELECT key, copy, original FROM qbridge.jobs WHERE queue = $1 ORDER BY key")
+    sqlx::query_as(ORIGINALS_SQL)
         .bind(queue)
         .fetch_all(pool)
         .await
         .expect("jobs query")
 }
+
+/// Jobs of a queue with the bytes each copy keeps.
+pub const ORIGINALS_SQL: &str = "SELECT j.key, j.copy, coalesce(j.original, k.original) \
+     FROM qbridge.jobs j LEFT JOIN qbridge.job_keys k ON k.queue = j.queue AND k.key = j.key \
+     WHERE j.queue = $1 ORDER BY j.key";
 
 /// Waits until `queue` has `n` jobs.
 pub async fn wait_for_jobs(pool: &PgPool, queue: &str, n: i64) {
