@@ -109,6 +109,14 @@ pub enum Command {
     )]
     Diff(DiffArgs),
 
+    /// The migration drill: one route through every phase on real Postgres and Redis.
+    #[command(after_help = "Examples:\n  qbridge demo\n  qbridge demo --json\n  \
+        qbridge demo --database-url postgres://me@db/app --redis-url redis://cache:6379\n\n\
+        Without URLs it uses what answers on 127.0.0.1:5432 and :6379, else starts throwaway\n\
+        servers from the binaries on PATH. It works in its own new database (dropped at the end)\n\
+        and its own Redis keys. Exits non-zero if a job was lost or run live twice.")]
+    Demo(DemoArgs),
+
     /// Benchmarks: burn-down, steady state, pickup latency, claim latency.
     #[command(
         after_help = "Examples:\n  qbridge bench burndown --jobs 50000 --workers 2\n  \
@@ -223,6 +231,14 @@ pub struct CutoverArgs {
     /// Who is changing it (default: $USER@host).
     #[arg(long, env = "QBRIDGE_OPERATOR")]
     pub by: Option<String>,
+}
+
+/// `qbridge demo`
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// How long each phase holds (also the gate window).
+    #[arg(long, default_value = "5s", value_parser = crate::config::parse_duration)]
+    pub step: std::time::Duration,
 }
 
 /// `qbridge diff`

@@ -21,6 +21,7 @@ pub mod commands;
 pub mod config;
 pub mod cutover;
 pub mod db;
+pub mod demo;
 pub mod error;
 pub mod http;
 pub mod metrics;

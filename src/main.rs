@@ -6,9 +6,9 @@ use clap::Parser;
 async fn main() -> std::process::ExitCode {
     let cli = qbridge::cli::Cli::parse();
     let as_json = cli.json;
-    // Benchmarks print their own report; per-runtime info lines would drown it.
+    // Benchmarks and the demo print their own report; per-runtime info lines would drown it.
     let level = match cli.command {
-        qbridge::cli::Command::Bench(_) => "warn",
+        qbridge::cli::Command::Bench(_) | qbridge::cli::Command::Demo(_) => "warn",
         _ => "info,sqlx=warn",
     };
     qbridge::telemetry::init_logging(cli.log_format, level);

@@ -25,6 +25,26 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
             _ => None,
         },
     };
+    if let Command::Demo(args) = &cli.command {
+        // The demo picks its servers itself: only URLs the user chose count.
+        let loaded = match &cli.config {
+            Some(path) => Some(Config::load(Some(path), &overrides)?),
+            None => None,
+        };
+        return crate::demo::run(crate::demo::DemoInput {
+            database_url: cli
+                .database_url
+                .clone()
+                .or_else(|| loaded.as_ref().map(|c| c.database_url.clone())),
+            redis_url: cli
+                .redis_url
+                .clone()
+                .or_else(|| loaded.as_ref().map(|c| c.redis_url.clone())),
+            step: args.step,
+            as_json: cli.json,
+        })
+        .await;
+    }
     let config = Config::load(cli.config.as_deref(), &overrides)?;
     match cli.command {
         Command::Migrate => {
@@ -41,6 +61,7 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
         Command::Cutover(cmd) => cutover::run(&config, cmd, cli.json).await,
         Command::Diff(args) => diff::run(&config, &args, cli.json).await,
         Command::Bench(args) => crate::bench::run(&config, args, cli.json).await,
+        Command::Demo(_) => unreachable!("handled above"),
     }
 }
 

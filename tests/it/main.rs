@@ -9,6 +9,7 @@ mod cutover;
 mod cutover_cli;
 mod cutover_proxy;
 mod cutover_store;
+mod demo;
 mod dlq;
 mod enqueue;
 mod fence;

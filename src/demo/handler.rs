@@ -1,0 +1,71 @@
+//! The demo's job handler: an in-process HTTP endpoint that counts live and
+//! shadow calls per job key (the demo's ledger of "ran live exactly once")
+//! and answers like a real service would, with a volatile `processed_at`
+//! field the route's ignore rules leave out of the comparison.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::http::HeaderMap;
+
+/// Calls per job key: (live, shadow).
+#[derive(Clone, Default)]
+pub struct Ledger(Arc<Mutex<HashMap<String, (u32, u32)>>>);
+
+impl Ledger {
+    fn record(&self, key: &str, shadow: bool) {
+        let mut calls = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = calls.entry(key.to_string()).or_default();
+        if shadow {
+            entry.1 += 1;
+        } else {
+            entry.0 += 1;
+        }
+    }
+
+    /// (keys run live at least once, live calls, shadow calls, keys run live more than once)
+    pub fn totals(&self) -> (usize, u64, u64, usize) {
+        let calls = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let live_keys = calls.values().filter(|c| c.0 > 0).count();
+        let live: u64 = calls.values().map(|c| u64::from(c.0)).sum();
+        let shadow: u64 = calls.values().map(|c| u64::from(c.1)).sum();
+        let twice = calls.values().filter(|c| c.0 > 1).count();
+        (live_keys, live, shadow, twice)
+    }
+
+    /// Live calls of one key.
+    pub fn live(&self, key: &str) -> u32 {
+        let calls = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        calls.get(key).map_or(0, |c| c.0)
+    }
+}
+
+/// Serves the handler on a free local port; returns its URL.
+pub async fn serve(ledger: Ledger) -> std::io::Result<String> {
+    let app = axum::Router::new().route(
+        "/jobs",
+        axum::routing::post(move |headers: HeaderMap| {
+            let ledger = ledger.clone();
+            async move {
+                let header = |name: &str| {
+                    headers
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string()
+                };
+                let key = header("qbridge-job-key");
+                // Shadow mode: compute the same answer, cause no side effect.
+                ledger.record(&key, header("qbridge-mode") == "shadow");
+                let at = chrono::Utc::now().to_rfc3339();
+                format!(r#"{{"ok":true,"key":"{key}","processed_at":"{at}"}}"#)
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(format!("http://{addr}/jobs"))
+}

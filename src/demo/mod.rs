@@ -1,0 +1,230 @@
+//! `qbridge demo`: the whole product on real Postgres and Redis in about a
+//! minute — one route walked through every phase with its gates, the diff
+//! at each step, a planted discrepancy caught and repaired, a rollback and a
+//! re-advance, the decommission — ending with a summary (produced, run live,
+//! run in shadow, duplicates, lost) that must show 0 lost and 0 duplicates.
+//!
+//! Servers: the URLs given (flags, environment, config file); else whatever
+//! answers on 127.0.0.1:5432 and :6379; else throwaway servers started from
+//! the binaries on PATH ([`servers`]) and removed afterwards. On an existing
+//! Postgres the demo creates its own database and drops it at the end, so
+//! it never touches application data.
+
+mod drill;
+mod handler;
+pub mod servers;
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::redact::redact_url;
+
+pub use drill::Summary;
+
+/// What the command line gave.
+pub struct DemoInput {
+    /// A Postgres URL the user chose, if any.
+    pub database_url: Option<String>,
+    /// A Redis URL the user chose, if any.
+    pub redis_url: Option<String>,
+    pub step: Duration,
+    pub as_json: bool,
+}
+
+/// The default URLs, as the README's quickstart and docker-compose use them.
+const DEFAULT_PG: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";
+const DEFAULT_REDIS: &str = "redis://127.0.0.1:6379";
+
+fn answers(port: u16) -> bool {
+    std::net::TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(300),
+    )
+    .is_ok()
+}
+
+/// Where the demo runs, and the throwaway servers it must stop.
+struct Servers {
+    database_url: String,
+    redis_url: String,
+    _pg: Option<servers::ThrowawayPostgres>,
+    _redis: Option<servers::ThrowawayRedis>,
+    started: Vec<&'static str>,
+}
+
+fn choose_servers(input: &DemoInput) -> Result<Servers> {
+    let need_pg = input.database_url.is_none() && !answers(5432);
+    let need_redis = input.redis_url.is_none() && !answers(6379);
+    let missing: Vec<&str> = [
+        (need_pg && !servers::have_postgres_server(), "PostgreSQL"),
+        (need_redis && !servers::have_redis_server(), "redis-server"),
+    ]
+    .into_iter()
+    .filter(|(m, _)| *m)
+    .map(|(_, n)| n)
+    .collect();
+    if !missing.is_empty() {
+        return Err(Error::InvalidInput(format!(
+            "nothing answers on 127.0.0.1:5432/6379 and {} is not installed; install it with: {}",
+            missing.join(" and "),
+            servers::install_hint()
+        )));
+    }
+    let mut out = Servers {
+        database_url: input.database_url.clone().unwrap_or(DEFAULT_PG.into()),
+        redis_url: input.redis_url.clone().unwrap_or(DEFAULT_REDIS.into()),
+        _pg: None,
+        _redis: None,
+        started: Vec::new(),
+    };
+    if need_pg {
+        let pg = servers::ThrowawayPostgres::try_start().map_err(Error::InvalidInput)?;
+        out.database_url = pg.url();
+        out._pg = Some(pg);
+        out.started.push("Postgres");
+    }
+    if need_redis {
+        let redis = servers::ThrowawayRedis::try_start().map_err(Error::InvalidInput)?;
+        out.redis_url = redis.url();
+        out._redis = Some(redis);
+        out.started.push("Redis");
+    }
+    Ok(out)
+}
+
+/// `url` with its database replaced by `db`.
+fn with_database(url: &str, db: &str) -> Result<String> {
+    let mut parsed = url::Url::parse(url)
+        .map_err(|e| Error::InvalidInput(format!("{}: {e}", redact_url(url))))?;
+    parsed.set_path(&format!("/{db}"));
+    Ok(parsed.to_string())
+}
+
+/// The demo's own database on the chosen server, created fresh.
+async fn create_database(url: &str) -> Result<(String, String)> {
+    let name = format!(
+        "qbridge_demo_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let admin = crate::db::connect(url, 1).await?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&admin)
+        .await
+        .map_err(|e| {
+            Error::InvalidInput(format!(
+                "cannot create the demo database on {}: {e} (the demo needs CREATEDB; or give --database-url of a user that has it)",
+                redact_url(url)
+            ))
+        })?;
+    admin.close().await;
+    Ok((name.clone(), with_database(url, &name)?))
+}
+
+async fn drop_database(url: &str, name: &str) {
+    if let Ok(admin) = crate::db::connect(url, 1).await {
+        let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .execute(&admin)
+            .await;
+        admin.close().await;
+    }
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    ok: bool,
+    servers: String,
+    summary: &'a Summary,
+}
+
+/// Runs the demo; an error (or lost/duplicated jobs) exits non-zero.
+pub async fn run(input: DemoInput) -> Result<()> {
+    let servers = tokio::task::block_in_place(|| choose_servers(&input))?;
+    let where_ = if servers.started.is_empty() {
+        format!(
+            "Postgres {} and Redis {}",
+            redact_url(&servers.database_url),
+            redact_url(&servers.redis_url)
+        )
+    } else {
+        format!(
+            "throwaway {} started for the demo (removed afterwards)",
+            servers.started.join(" and ")
+        )
+    };
+    let say = |line: &str| match input.as_json {
+        true => eprintln!("{line}"),
+        false => println!("{line}"),
+    };
+    say(&format!("qbridge demo on {where_}"));
+    let (db_name, db_url) = create_database(&servers.database_url).await?;
+    let result = drill::run(
+        &db_url,
+        &servers.redis_url,
+        drill::DrillOptions {
+            step: input.step,
+            as_json: input.as_json,
+        },
+    )
+    .await;
+    drop_database(&servers.database_url, &db_name).await;
+    let summary = result?;
+    let ok = summary.lost == 0 && summary.duplicates == 0;
+    if input.as_json {
+        crate::commands::output::json(&Report {
+            ok,
+            servers: where_,
+            summary: &summary,
+        });
+    } else {
+        print_summary(&summary);
+    }
+    drop(servers);
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(format!(
+            "the drill lost {} and ran {} jobs live twice",
+            summary.lost, summary.duplicates
+        )))
+    }
+}
+
+fn print_summary(s: &Summary) {
+    println!();
+    println!(
+        "produced {} jobs ({} through the RESP proxy, {} through the producer API, 1 planted)",
+        s.produced, s.produced_via_proxy, s.produced_via_producer_api
+    );
+    println!(
+        "run live: {} jobs ({} live calls); run in shadow: {} calls",
+        s.run_live, s.live_calls, s.shadow_calls
+    );
+    println!("duplicates (run live twice): {}", s.duplicates);
+    println!("lost: {}", s.lost);
+    println!(
+        "planted discrepancy: {}, {}",
+        if s.planted_caught {
+            "caught by the diff"
+        } else {
+            "NOT caught"
+        },
+        if s.planted_repaired {
+            "repaired (ran live once)"
+        } else {
+            "NOT repaired"
+        }
+    );
+    println!(
+        "advances forced past a gate: {}; rollbacks: {}",
+        s.forced_advances, s.rollbacks
+    );
+    let phases: Vec<String> = s
+        .phases
+        .iter()
+        .map(|p| format!("{} {:.1}s", p.phase, p.seconds))
+        .collect();
+    println!("time per phase: {}", phases.join(", "));
+    println!("total: {:.1}s", s.seconds);
+}
