@@ -12,6 +12,7 @@ mod cutover_store;
 mod demo;
 mod dlq;
 mod enqueue;
+mod examples;
 mod fence;
 mod http_enqueue;
 mod lock_key;
