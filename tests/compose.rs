@@ -541,9 +541,8 @@ fn the_sample_services_run_scripts_from_the_mounted_examples() {
     }
 }
 
-/// Un-ignore once examples/python/{producer,handler}.py are on this branch.
+/// The sample producer and handler the compose file runs exist.
 #[test]
-#[ignore = "examples/python/*.py are written on another branch"]
 fn the_sample_scripts_exist() {
     for script in ["examples/python/producer.py", "examples/python/handler.py"] {
         assert!(repo().join(script).is_file(), "{script} is missing");

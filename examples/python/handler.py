@@ -11,8 +11,8 @@ every call, so list it in [routes.diff] ignore_fields.
 
     LEDGER=./ledger.txt PORT=8080 python3 examples/python/handler.py
 
-Environment: PORT (default 8080; 0 picks a free port), LEDGER (default
-./ledger.txt). Standard library only. Payloads are never logged.
+Environment: HOST (default 127.0.0.1), PORT (default 8080; 0 picks a free
+port), LEDGER (default ./ledger.txt). Standard library only. Payloads are never logged.
 """
 
 import json
@@ -24,6 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LEDGER = os.environ.get("LEDGER", "./ledger.txt")
 PORT = int(os.environ.get("PORT", "8080"))
+# 127.0.0.1 by default; a container sets HOST=0.0.0.0 (docker-compose.yml).
+HOST = os.environ.get("HOST", "127.0.0.1")
 
 # One writer at a time, so two concurrent jobs never interleave their lines.
 ledger_lock = threading.Lock()
@@ -71,7 +73,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main():
-    server = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
+    server = ThreadingHTTPServer((HOST, PORT), Handler)
     server.daemon_threads = True
     host, port = server.server_address[:2]
     print(f"handler listening on http://{host}:{port}/ (ledger: {LEDGER})", flush=True)
