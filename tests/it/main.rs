@@ -24,6 +24,7 @@ mod producer;
 mod proxy;
 mod redis_consumer;
 mod retry;
+mod roles;
 mod route_pool;
 mod schedule;
 mod schema_check;

@@ -1,0 +1,165 @@
+//! The least-privilege setup of `sql/roles.sql`: the migration role creates
+//! the schema; the runtime role enqueues, runs and inspects jobs (and a
+//! route's phase flag) through the real binary, and can create or drop
+//! nothing. Roles are cluster-wide, so this test names its own and drops
+//! them with its own database.
+
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+const ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+async fn qbridge(args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+        .args(args)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("qbridge runs")
+}
+
+async fn pool(url: &str) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(2)
+        .connect(url)
+        .await
+        .expect("connects")
+}
+
+#[tokio::test]
+async fn the_runtime_role_runs_jobs_and_can_change_no_schema() {
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
+    let (db, migrator, runtime) = (
+        format!("qb_roles_{id}"),
+        format!("qbridge_migrator_{id}"),
+        format!("qbridge_runtime_{id}"),
+    );
+    let admin = pool(ADMIN).await;
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let on_db = pool(&format!("postgres://postgres@127.0.0.1:5432/{db}")).await;
+    let script = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sql/roles.sql"))
+        .unwrap()
+        .replace("qbridge_migrator", &migrator)
+        .replace("qbridge_runtime", &runtime);
+    sqlx::raw_sql(&script)
+        .execute(&on_db)
+        .await
+        .expect("roles.sql");
+    let as_migrator = format!("postgres://{migrator}@127.0.0.1:5432/{db}");
+    let as_runtime = format!("postgres://{runtime}@127.0.0.1:5432/{db}");
+
+    let out = qbridge(&["migrate", "--database-url", &as_migrator]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = qbridge(&[
+        "enqueue",
+        "--database-url",
+        &as_runtime,
+        "--queue",
+        "q",
+        r#"{"a":1}"#,
+        r#"{"a":2}"#,
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // `qbridge run` as the runtime: a pool, and a route (its phase flag is
+    // registered, read and watched).
+    let cfg = tempfile::NamedTempFile::new().unwrap();
+    let port = crate::servers::free_port();
+    std::fs::write(
+        cfg.path(),
+        format!(
+            "[http]\nlisten = \"127.0.0.1:{port}\"\n[[pools]]\nqueues = [\"q\"]\nhandler = {{ type = \"noop\" }}\npoll_interval = \"100ms\"\n\
+             [[routes]]\nname = \"r{id}\"\nredis_key = \"qbt:{id}:roles\"\nqueue = \"r{id}\"\nformat = \"raw\"\nphase = \"postgres_only\"\n"
+        ),
+    )
+    .unwrap();
+    let mut run = tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+        .args(["run", "--database-url", &as_runtime, "--config"])
+        .arg(cfg.path())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM qbridge.jobs")
+            .fetch_one(&on_db)
+            .await
+            .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "jobs ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = tokio::process::Command::new("kill")
+        .args(["-TERM", &run.id().unwrap().to_string()])
+        .status()
+        .await;
+    let status = tokio::time::timeout(Duration::from_secs(20), run.wait())
+        .await
+        .expect("stops on SIGTERM")
+        .unwrap();
+    assert!(status.success(), "qbridge run as the runtime role");
+    for args in [
+        vec!["stats"],
+        vec!["dlq", "list"],
+        vec!["cutover", "status"],
+    ] {
+        let mut full = args.clone();
+        full.extend(["--database-url", &as_runtime, "--config"]);
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+            .args(&full)
+            .arg(cfg.path())
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // No DDL for the runtime.
+    let rt = pool(&as_runtime).await;
+    for ddl in [
+        "CREATE TABLE qbridge.intruder (i int)",
+        "DROP TABLE qbridge.jobs",
+        "ALTER TABLE qbridge.jobs ADD COLUMN x int",
+        "TRUNCATE qbridge.jobs_dead",
+    ] {
+        let err = sqlx::query(ddl).execute(&rt).await.unwrap_err();
+        assert!(
+            err.to_string().contains("permission denied")
+                || err.to_string().contains("must be owner"),
+            "{ddl}: {err}"
+        );
+    }
+    rt.close().await;
+    on_db.close().await;
+    sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    for role in [&runtime, &migrator] {
+        sqlx::query(&format!("DROP ROLE {role}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+    admin.close().await;
+}
