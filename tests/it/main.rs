@@ -22,6 +22,7 @@ mod outage;
 mod outcomes;
 mod producer;
 mod proxy;
+mod redaction;
 mod redis_consumer;
 mod retry;
 mod roles;
