@@ -60,5 +60,11 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
+impl From<redis::RedisError> for Error {
+    fn from(e: redis::RedisError) -> Self {
+        Error::Redis(e.to_string())
+    }
+}
+
 /// Shorthand used across the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

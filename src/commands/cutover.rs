@@ -2,7 +2,7 @@
 //! phase flag. Advances are gated (the failing numbers are printed and the
 //! exit code is non-zero); `--force --reason` overrides and is audited.
 
-use crate::cli::{CutoverArgs, CutoverCommand};
+use crate::cli::CutoverCommand;
 use crate::commands::diff::stored_routes;
 use crate::commands::output;
 use crate::config::Config;
@@ -83,7 +83,7 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
             Ok(())
         }
         CutoverCommand::Advance(args) => {
-            let route = find(&routes, &args)?;
+            let route = find(&routes, &args.route)?;
             let by = operator(args.by.as_deref());
             let req = Request {
                 by: &by,
@@ -146,9 +146,7 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
             }
         }
         CutoverCommand::Percent(args) => {
-            let route = routes.by_name(&args.route).cloned().ok_or_else(|| {
-                Error::InvalidInput(format!("no route named {:?} in the config", args.route))
-            })?;
+            let route = find(&routes, &args.route)?;
             let by = operator(args.by.as_deref());
             let req = Request {
                 by: &by,
@@ -167,7 +165,7 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
             Ok(())
         }
         CutoverCommand::Rollback(args) => {
-            let route = find(&routes, &args)?;
+            let route = find(&routes, &args.route)?;
             let by = operator(args.by.as_deref());
             let req = Request {
                 by: &by,
@@ -187,9 +185,10 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
 
 fn find(
     routes: &crate::redis::routes::Routes,
-    args: &CutoverArgs,
+    name: &str,
 ) -> Result<std::sync::Arc<crate::redis::routes::Route>> {
-    routes.by_name(&args.route).cloned().ok_or_else(|| {
-        Error::InvalidInput(format!("no route named {:?} in the config", args.route))
-    })
+    routes
+        .by_name(name)
+        .cloned()
+        .ok_or_else(|| Error::InvalidInput(format!("no route named {name:?} in the config")))
 }

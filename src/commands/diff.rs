@@ -40,18 +40,9 @@ pub async fn run(config: &Config, args: &DiffArgs, as_json: bool) -> Result<()> 
             Error::InvalidInput(format!("no route named {:?} in the config", args.route))
         })?
         .clone();
-    // Default: the gate window, never before the route entered its phase
-    // (the previous phase's jobs are one-sided by design).
     let since = match &args.since {
         Some(text) => parse_since(text)?,
-        None => match crate::cutover::store::current(&db, &route.name).await? {
-            Some(state) => crate::cutover::gates::window_start(&route, &state),
-            None => {
-                Utc::now()
-                    - chrono::Duration::from_std(route.config.cutover.gates.window)
-                        .unwrap_or_default()
-            }
-        },
+        None => crate::cutover::gates::default_since(&db, &route).await?,
     };
     let phase = routes.phase(&route);
     let mut redis = connect_redis(&config.redis_url).await?;

@@ -12,7 +12,7 @@ use redis::aio::ConnectionManager;
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::queue::JobCopy;
 use crate::redis::consumer::glob_escape;
 use crate::redis::formats::decode_bytes;
@@ -34,18 +34,13 @@ pub struct Archived {
     pub keys_deleted: usize,
 }
 
-fn redis_err(e: redis::RedisError) -> Error {
-    Error::Redis(e.to_string())
-}
-
 async fn all_items(conn: &mut ConnectionManager, list: &str) -> Result<Vec<Vec<u8>>> {
-    redis::cmd("LRANGE")
+    Ok(redis::cmd("LRANGE")
         .arg(list)
         .arg(0)
         .arg(-1)
         .query_async(conn)
-        .await
-        .map_err(redis_err)
+        .await?)
 }
 
 /// Archives and deletes the route's Redis keys. Postgres is written first;
@@ -73,18 +68,13 @@ pub async fn archive_and_delete(
             route.name,
             uuid::Uuid::new_v4().simple()
         );
-        let exists: bool = redis::cmd("EXISTS")
-            .arg(list)
-            .query_async(redis)
-            .await
-            .map_err(redis_err)?;
+        let exists: bool = redis::cmd("EXISTS").arg(list).query_async(redis).await?;
         if exists {
             redis::cmd("RENAME")
                 .arg(list)
                 .arg(&moved)
                 .query_async::<()>(redis)
-                .await
-                .map_err(redis_err)?;
+                .await?;
         }
     }
     // Also what an interrupted earlier run left renamed.
@@ -111,11 +101,7 @@ pub async fn archive_and_delete(
                 }
             }
         }
-        let n: usize = redis::cmd("DEL")
-            .arg(list)
-            .query_async(redis)
-            .await
-            .map_err(redis_err)?;
+        let n: usize = redis::cmd("DEL").arg(list).query_async(redis).await?;
         report.keys_deleted += n;
     }
     let dead_list = format!("qbridge:dead:{}", route.name);
@@ -146,11 +132,7 @@ pub async fn archive_and_delete(
     doomed.extend(scan(redis, &format!("qbridge:inflight:{name}:*")).await?);
     doomed.extend(scan(redis, &format!("qbridge:repushed:{name}:*")).await?);
     for key in doomed {
-        let n: usize = redis::cmd("DEL")
-            .arg(&key)
-            .query_async(redis)
-            .await
-            .map_err(redis_err)?;
+        let n: usize = redis::cmd("DEL").arg(&key).query_async(redis).await?;
         report.keys_deleted += n;
     }
     Ok(report)

@@ -91,6 +91,22 @@ pub fn window_start(route: &Route, state: &RouteState) -> DateTime<Utc> {
     (Utc::now() - window).max(state.since)
 }
 
+/// Where a diff with no `--since` starts: the gate window, never before the
+/// route entered its phase (the previous phase's jobs are one-sided by
+/// design). A route no process registered yet: just the window.
+pub async fn default_since(db: &PgPool, route: &Route) -> Result<DateTime<Utc>> {
+    Ok(
+        match crate::cutover::store::current(db, &route.name).await? {
+            Some(state) => window_start(route, &state),
+            None => {
+                Utc::now()
+                    - chrono::Duration::from_std(route.config.cutover.gates.window)
+                        .unwrap_or_default()
+            }
+        },
+    )
+}
+
 /// The route's diff since `since` (reads Redis, then Postgres).
 pub async fn diff_since(
     db: &PgPool,

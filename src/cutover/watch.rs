@@ -100,18 +100,22 @@ pub async fn run(
     let mut last_listen_try: Option<Instant> = None;
     loop {
         match run_once(&pool, &view).await {
-            Ok(_) if failing => {
-                tracing::info!("phase store answers again");
-                failing = false;
+            Ok(changed) => {
+                if failing {
+                    tracing::info!("phase store answers again");
+                    failing = false;
+                }
+                // Gauges keep their values: set them again only on a change.
+                if changed > 0 {
+                    publish(&view, routes.iter().map(String::as_str));
+                }
             }
-            Ok(_) => {}
             Err(e) if !failing => {
                 tracing::warn!(error = %e, "cannot read route phases; keeping the last known ones");
                 failing = true;
             }
             Err(_) => {}
         }
-        publish(&view, routes.iter().map(String::as_str));
         if listener.is_none()
             && !failing
             && last_listen_try.is_none_or(|t| t.elapsed() >= RELISTEN_EVERY)

@@ -34,19 +34,13 @@ pub(super) async fn get_diff(
         ));
     };
     let since = match &q.since {
-        Some(text) => crate::commands::diff::parse_since(text)
-            .map_err(|e| error_reply(StatusCode::BAD_REQUEST, &e.to_string()))?,
-        // The gate window, never before the route entered its phase.
-        None => match crate::cutover::store::current(&state.db, &route.name).await {
-            Ok(Some(stored)) => crate::cutover::gates::window_start(&route, &stored),
-            Ok(None) => {
-                chrono::Utc::now()
-                    - chrono::Duration::from_std(route.config.cutover.gates.window)
-                        .unwrap_or_default()
-            }
-            Err(e) => return Err(error_reply(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())),
-        },
-    };
+        Some(text) => crate::commands::diff::parse_since(text),
+        None => crate::cutover::gates::default_since(&state.db, &route).await,
+    }
+    .map_err(|e| match q.since {
+        Some(_) => error_reply(StatusCode::BAD_REQUEST, &e.to_string()),
+        None => error_reply(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    })?;
     let Some(redis) = producer.redis() else {
         return Err(error_reply(
             StatusCode::CONFLICT,

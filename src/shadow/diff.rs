@@ -161,10 +161,10 @@ SELECT count(*) OVER (), o.key FROM (
  ORDER BY o.key LIMIT $4
 "#;
 
-const UNKNOWN_KEYS_SQL: &str = r#"
-SELECT count(*) OVER (), t.key FROM unnest($2::text[]) AS t(key)
+/// Keys held in Redis that Postgres never got (`--repair` mirrors them).
+pub(crate) const UNKNOWN_KEYS_SQL: &str = r#"
+SELECT t.key FROM unnest($2::text[]) AS t(key)
  WHERE NOT EXISTS (SELECT 1 FROM qbridge.job_keys k WHERE k.queue = $1 AND k.key = t.key)
- LIMIT $3
 "#;
 
 /// Mirror copies whose Redis copy is unaccounted for: no Redis outcome
@@ -296,12 +296,14 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
             .await?,
     );
     let (only_redis_waiting, waiting_sample) = count_and_sample(
-        sqlx::query_as(UNKNOWN_KEYS_SQL)
-            .bind(queue)
-            .bind(&held_keys)
-            .bind(limit)
-            .fetch_all(db)
-            .await?,
+        sqlx::query_as(&format!(
+            "SELECT count(*) OVER (), key FROM ({UNKNOWN_KEYS_SQL}) unknown LIMIT $3"
+        ))
+        .bind(queue)
+        .bind(&held_keys)
+        .bind(limit)
+        .fetch_all(db)
+        .await?,
     );
     let (only_postgres, postgres_sample) = count_and_sample(
         sqlx::query_as(&format!(

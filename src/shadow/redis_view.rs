@@ -15,7 +15,7 @@ use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 
 use crate::config::PushEnd;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::redis::consumer::glob_escape;
 use crate::redis::formats::{decode_bytes, KeySource};
 use crate::redis::mirror::gap_key;
@@ -58,10 +58,6 @@ impl RedisView {
     }
 }
 
-fn redis_err(e: redis::RedisError) -> Error {
-    Error::Redis(e.to_string())
-}
-
 /// Reads `list` page by page from index 0 (the LPUSH end).
 async fn read_list(
     conn: &mut ConnectionManager,
@@ -73,11 +69,7 @@ async fn read_list(
     let mut start: isize = 0;
     loop {
         if *budget == 0 {
-            let len: usize = redis::cmd("LLEN")
-                .arg(list)
-                .query_async(conn)
-                .await
-                .map_err(redis_err)?;
+            let len: usize = redis::cmd("LLEN").arg(list).query_async(conn).await?;
             *truncated |= len > out.len();
             return Ok(out);
         }
@@ -87,8 +79,7 @@ async fn read_list(
             .arg(start)
             .arg(start + page - 1)
             .query_async(conn)
-            .await
-            .map_err(redis_err)?;
+            .await?;
         let got = items.len();
         *budget -= got;
         out.extend(items.into_iter().map(Bytes::from));
@@ -117,8 +108,7 @@ pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> R
             .arg(list.replacen("qbridge:processing:", "qbridge:inflight:", 1))
             .arg("key")
             .query_async(conn)
-            .await
-            .map_err(redis_err)?;
+            .await?;
         for item in read_list(conn, &list, &mut budget, &mut view.truncated).await? {
             processing.push((known.clone(), item));
         }
@@ -126,8 +116,7 @@ pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> R
     let gap: usize = redis::cmd("LLEN")
         .arg(gap_key(route))
         .query_async(conn)
-        .await
-        .map_err(redis_err)?;
+        .await?;
     view.parked = gap;
 
     // Processing items were numbered when popped (their inflight hash says
@@ -193,8 +182,7 @@ pub(crate) async fn scan(conn: &mut ConnectionManager, pattern: &str) -> Result<
             .arg("COUNT")
             .arg(1000)
             .query_async(conn)
-            .await
-            .map_err(redis_err)?;
+            .await?;
         out.extend(keys);
         if next == 0 {
             out.sort();

@@ -21,12 +21,12 @@ use sqlx::PgPool;
 
 use crate::config::PushEnd;
 use crate::cutover::Phase;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::queue::JobCopy;
 use crate::redis::formats::decode_bytes;
 use crate::redis::routes::Route;
 use crate::redis::store::{self, Item, Stored, Via};
-use crate::shadow::diff::ONLY_POSTGRES_SQL;
+use crate::shadow::diff::{ONLY_POSTGRES_SQL, UNKNOWN_KEYS_SQL};
 use crate::shadow::redis_view::RedisView;
 
 /// How long a re-push marker lives: longer than any sane Redis backlog, so
@@ -131,8 +131,7 @@ pub async fn repair(
             .arg(MARKER_TTL.as_secs())
             .arg(push)
             .invoke_async(redis)
-            .await
-            .map_err(|e| Error::Redis(e.to_string()))?;
+            .await?;
         if pushed == 1 {
             report.repushed += 1;
         } else {
@@ -159,14 +158,11 @@ async fn mirror_waiting(
         return Ok(0);
     }
     let keys = held.keys();
-    let unknown: Vec<String> = sqlx::query_scalar(
-        "SELECT t.key FROM unnest($2::text[]) AS t(key) WHERE NOT EXISTS \
-           (SELECT 1 FROM qbridge.job_keys k WHERE k.queue = $1 AND k.key = t.key)",
-    )
-    .bind(&route.queue)
-    .bind(&keys)
-    .fetch_all(db)
-    .await?;
+    let unknown: Vec<String> = sqlx::query_scalar(UNKNOWN_KEYS_SQL)
+        .bind(&route.queue)
+        .bind(&keys)
+        .fetch_all(db)
+        .await?;
     if unknown.is_empty() {
         return Ok(0);
     }

@@ -60,8 +60,9 @@ pub struct RouteRuns {
 
 /// What one claimed job gets.
 enum Plan {
-    /// A live run (recorded when the job is keyed and on a route).
-    Live { recorded: bool },
+    /// A live run; recorded (with the route's digest rules) when the job is
+    /// keyed and on a route.
+    Live { recorded: Option<Arc<Route>> },
     /// A shadow call of a mirror copy, recorded with mode `shadow`.
     Shadow {
         route: Arc<Route>,
@@ -225,14 +226,14 @@ impl AttemptCtx {
     fn plan(&self, job: &ClaimedJob) -> Plan {
         let Some(runs) = &self.routes else {
             return match job.copy {
-                JobCopy::Live => Plan::Live { recorded: false },
+                JobCopy::Live => Plan::Live { recorded: None },
                 JobCopy::Mirror => Plan::Drain,
             };
         };
         let route = runs.routes.by_queue(&job.queue);
         if job.copy == JobCopy::Live {
             return Plan::Live {
-                recorded: job.key.is_some() && route.is_some(),
+                recorded: route.filter(|_| job.key.is_some()).cloned(),
             };
         }
         let Some(route) = route.filter(|_| job.key.is_some()) else {
@@ -328,16 +329,14 @@ impl AttemptCtx {
                         error_class: None,
                     }
                 }
-                Plan::Live { recorded: true } => {
-                    let digester = self
-                        .routes
-                        .as_ref()
-                        .and_then(|r| r.routes.by_queue(&job.queue))
-                        .map(|r| r.digester.clone())
-                        .unwrap_or_default();
-                    self.handler.run_recorded(&job, Mode::Live, &digester).await
+                Plan::Live {
+                    recorded: Some(route),
+                } => {
+                    self.handler
+                        .run_recorded(&job, Mode::Live, &route.digester)
+                        .await
                 }
-                Plan::Live { recorded: false } => HandlerRun {
+                Plan::Live { recorded: None } => HandlerRun {
                     result: self.handler.run(&job).await,
                     digest: None,
                     error_class: None,
@@ -374,9 +373,9 @@ impl AttemptCtx {
         };
         let outcome = self.outcome(&job, run.result.clone());
         match plan {
-            Plan::Live { recorded: true } => self.record(&job, Mode::Live, &outcome, &run),
+            Plan::Live { recorded: Some(_) } => self.record(&job, Mode::Live, &outcome, &run),
             Plan::Shadow { .. } => self.record(&job, Mode::Shadow, &outcome, &run),
-            Plan::Live { recorded: false } | Plan::Drain => {}
+            Plan::Live { recorded: None } | Plan::Drain => {}
         }
         // Ids and queue only: error texts can echo payload data, so they go
         // to the database (last_error), never to the log.
