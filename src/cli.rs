@@ -117,12 +117,44 @@ pub enum Command {
         and its own Redis keys. Exits non-zero if a job was lost or run live twice.")]
     Demo(DemoArgs),
 
+    /// The fault suite: each scenario injects a fault under load on throwaway
+    /// servers and checks that no acknowledged job was lost or run twice.
+    #[command(
+        after_help = "Examples:\n  qbridge chaos\n  qbridge chaos --scenario worker-kill --span 60s\n  \
+        qbridge chaos --json\n\n\
+        Each scenario starts its own Postgres (initdb into a temp dir) and redis-server on free\n\
+        ports, and runs qbridge's proxy and two workers from this binary. Exits non-zero if any\n\
+        scenario lost a job or broke the promise."
+    )]
+    Chaos(ChaosArgs),
+
     /// Benchmarks: burn-down, steady state, pickup latency, claim latency.
     #[command(
         after_help = "Examples:\n  qbridge bench burndown --jobs 50000 --workers 2\n  \
         qbridge bench latency --samples 200\n  qbridge bench steady --duration 20s"
     )]
     Bench(crate::bench::BenchArgs),
+}
+
+/// `qbridge chaos`
+#[derive(Debug, Args)]
+pub struct ChaosArgs {
+    /// Run only these scenarios (repeatable); default: all nine.
+    #[arg(long, value_enum)]
+    pub scenario: Vec<crate::chaos::Scenario>,
+    /// Jobs per second produced during a scenario.
+    #[arg(long, default_value_t = 200)]
+    pub rate: u32,
+    /// How long each fault phase lasts (e.g. 60s).
+    #[arg(long, default_value = "60s")]
+    pub span: String,
+    /// How long recovery may take before a scenario fails.
+    #[arg(long, default_value = "120s")]
+    pub patience: String,
+    /// Megabytes of notifications for notify-queue-full (4,500 passes the
+    /// default skip threshold of half of Postgres's 8 GB queue).
+    #[arg(long, default_value_t = 4500)]
+    pub notify_fill_mb: u64,
 }
 
 /// `qbridge run`

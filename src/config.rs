@@ -9,7 +9,7 @@ mod routes;
 mod units;
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -20,6 +20,7 @@ use crate::queue::backoff::Backoff;
 use crate::queue::claim::TenantCap;
 use crate::queue::schedule::{Cadence, Schedule};
 use crate::queue::{validate, NewJob};
+use crate::secret::Secret;
 
 pub use cutover::{CutoverConfig, DiffConfig, DualWriteMirrors, GatesConfig, ShadowConfig};
 pub use routes::{check_redis_url, ProxyConfig, PushEnd, RedisConsumerConfig, RouteConfig};
@@ -39,6 +40,14 @@ pub struct HttpConfig {
     /// Largest request body (enqueue batches).
     #[serde(default = "default_max_body")]
     pub max_body: Bytes,
+    /// A file holding the admin API's bearer token (`QBRIDGE_ADMIN_TOKEN`
+    /// wins over it). Without either, the admin endpoints answer 403.
+    #[serde(default)]
+    pub admin_token_file: Option<PathBuf>,
+    /// Also require the admin token for enqueue and outcomes (open by
+    /// default: producers and worker fleets post there).
+    #[serde(default)]
+    pub enqueue_requires_token: bool,
 }
 
 fn default_max_body() -> Bytes {
@@ -50,6 +59,8 @@ impl Default for HttpConfig {
         HttpConfig {
             listen: default_listen(),
             max_body: default_max_body(),
+            admin_token_file: None,
+            enqueue_requires_token: false,
         }
     }
 }
@@ -200,6 +211,8 @@ struct FileConfig {
     #[serde(default)]
     redis_url: Option<String>,
     #[serde(default)]
+    redis_ca_file: Option<std::path::PathBuf>,
+    #[serde(default)]
     routes: Vec<routes::RouteFile>,
     #[serde(default)]
     proxy: Option<routes::ProxyFile>,
@@ -219,11 +232,16 @@ pub struct Config {
     pub completer_batch: usize,
     pub completer_tick: Duration,
     pub http: HttpConfig,
+    /// The admin API's bearer token (`QBRIDGE_ADMIN_TOKEN`, else
+    /// `[http] admin_token_file`); `None` disables the admin API.
+    pub admin_token: Option<Secret>,
     pub history: HistoryConfig,
     pub pools: Vec<PoolConfig>,
     pub schedules: Vec<Schedule>,
     /// The Redis of the routes (consumers, producer API, repair).
     pub redis_url: String,
+    /// Which CA `rediss://` connections to `redis_url` trust.
+    pub redis_tls: crate::redis::tls::RedisTls,
     /// Redis lists migrating to Postgres queues.
     pub routes: Vec<RouteConfig>,
     /// The RESP proxy.
@@ -236,6 +254,21 @@ pub struct Overrides {
     pub database_url: Option<String>,
     pub http_listen: Option<String>,
     pub redis_url: Option<String>,
+    /// `QBRIDGE_ADMIN_TOKEN`: wins over `[http] admin_token_file`.
+    pub admin_token: Option<Secret>,
+    /// `QBRIDGE_PROXY_PASSWORD`: wins over `[proxy] password_file`.
+    pub proxy_password: Option<Secret>,
+}
+
+impl Overrides {
+    /// The secrets of the environment (`QBRIDGE_ADMIN_TOKEN`,
+    /// `QBRIDGE_PROXY_PASSWORD`). Environment only, never flags: a flag's
+    /// value shows in `ps` to every user of the machine.
+    pub fn with_env_secrets(mut self) -> Result<Overrides> {
+        self.admin_token = Secret::from_env("QBRIDGE_ADMIN_TOKEN")?;
+        self.proxy_password = Secret::from_env("QBRIDGE_PROXY_PASSWORD")?;
+        Ok(self)
+    }
 }
 
 impl Config {
@@ -310,7 +343,24 @@ fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<Config> {
         .or(file.redis_url)
         .unwrap_or_else(routes::default_redis_url);
     check_redis_url(&redis_url).map_err(|e| Error::Config(format!("redis_url: {e}")))?;
-    let proxy = routes::validate_proxy(file.proxy, &redis_url)?;
+    let admin_token = match (&overrides.admin_token, &http.admin_token_file) {
+        (Some(token), _) => Some(token.clone()),
+        (None, Some(path)) => Some(Secret::from_file("http.admin_token_file", path)?),
+        (None, None) => None,
+    };
+    if http.enqueue_requires_token && admin_token.is_none() {
+        return Err(Error::Config(
+            "http.enqueue_requires_token needs an admin token: set QBRIDGE_ADMIN_TOKEN or [http] admin_token_file".into(),
+        ));
+    }
+    let redis_tls = routes::redis_tls(file.redis_ca_file.as_deref(), &redis_url)
+        .map_err(|e| Error::Config(format!("redis_ca_file: {e}")))?;
+    let proxy = routes::validate_proxy(
+        file.proxy,
+        &redis_url,
+        &redis_tls,
+        overrides.proxy_password.clone(),
+    )?;
     let redis_db =
         routes::redis_url_db(&redis_url).map_err(|e| Error::Config(format!("redis_url: {e}")))?;
     let (routes, route_pools) = routes::validate_routes(file.routes, redis_db)?;
@@ -346,10 +396,12 @@ fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<Config> {
             .map(|d| d.0)
             .unwrap_or(Duration::from_millis(2)),
         http,
+        admin_token,
         history: file.history,
         pools,
         schedules,
         redis_url,
+        redis_tls,
         routes,
         proxy,
     })
@@ -504,6 +556,11 @@ fn validate_schedule(s: ScheduleFile, payload_limit: usize) -> Result<Schedule> 
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;
+
+#[cfg(test)]
+mod access_tests;
 
 /// A handler's URL scheme, headers and program, checked at load (a bad one
 /// is a config error, never a failure of every job).

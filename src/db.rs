@@ -29,7 +29,11 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
     // out", while the connection says why (refused, bad password, no database).
     match tokio::time::timeout(Duration::from_secs(5), options.connect()).await {
         Err(_) => return Err(unreachable("no answer within 5s".into())),
-        Ok(Err(e)) => return Err(unreachable(first_line(&e.to_string()))),
+        Ok(Err(e)) => {
+            let reason = first_line(&e.to_string());
+            let hint = tls_hint(&reason);
+            return Err(unreachable(format!("{reason}{hint}")));
+        }
         Ok(Ok(conn)) => {
             use sqlx::Connection;
             let _ = conn.close().await;
@@ -80,6 +84,19 @@ pub async fn check_schema(pool: &PgPool) -> Result<()> {
         Ok(())
     } else {
         Err(Error::SchemaNotCurrent)
+    }
+}
+
+/// What to change when the failure is about TLS (sslmode/sslrootcert in the
+/// URL), where "is it running?" would send the operator the wrong way.
+fn tls_hint(reason: &str) -> &'static str {
+    let lower = reason.to_ascii_lowercase();
+    if lower.contains("certificate") || lower.contains("unknownissuer") {
+        " (check sslrootcert in the URL: it must hold the CA that signed the server's certificate; verify-full also needs the host in it)"
+    } else if lower.contains("does not support tls") {
+        " (the server has ssl = off: turn it on, or lower sslmode)"
+    } else {
+        ""
     }
 }
 

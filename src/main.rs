@@ -8,7 +8,9 @@ async fn main() -> std::process::ExitCode {
     let as_json = cli.json;
     // Benchmarks and the demo print their own report; per-runtime info lines would drown it.
     let level = match cli.command {
-        qbridge::cli::Command::Bench(_) | qbridge::cli::Command::Demo(_) => "warn",
+        qbridge::cli::Command::Bench(_)
+        | qbridge::cli::Command::Demo(_)
+        | qbridge::cli::Command::Chaos(_) => "warn",
         _ => "info,sqlx=warn",
     };
     qbridge::telemetry::init_logging(cli.log_format, level);

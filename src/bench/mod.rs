@@ -1,7 +1,7 @@
 //! `qbridge bench`: measured, never asserted. Burn-down (enqueue N no-op jobs,
 //! then drain), steady state (producers and workers at once), idle pickup
 //! latency (with and without NOTIFY) and claim latency over a large dead-letter
-//! history; LPUSH direct to Redis vs through the RESP proxy with mirroring.
+//! history; a long soak with a verdict per sampled column; LPUSH direct to Redis vs through the RESP proxy with mirroring.
 //! Run it on a scratch database: it only touches its own queue, but it loads
 //! the server (and `proxy --slow-postgres` locks `qbridge.job_keys`).
 
@@ -10,6 +10,7 @@ mod claim_latency;
 mod harness;
 mod latency;
 mod proxy;
+mod soak;
 mod steady;
 
 use std::time::Duration;
@@ -91,6 +92,11 @@ pub enum BenchMode {
         qbridge bench proxy --slow-postgres 5s"
     )]
     Proxy(proxy::ProxyArgs),
+    /// Steady state held for a long time, sampled every minute: RSS, jobs/s,
+    /// queue lag, table size, dead tuples, then a verdict per column.
+    #[command(after_help = "Examples:\n  qbridge bench soak --minutes 30\n  \
+        qbridge bench soak --minutes 2 --sample-every 10s --rate 500")]
+    Soak(soak::SoakArgs),
 }
 
 /// Worker settings shared by burn-down and steady state.
@@ -195,6 +201,11 @@ pub async fn run(config: &Config, args: BenchArgs, as_json: bool) -> Result<()> 
         } => claim_latency::run(config, dead_history, samples, batch).await?,
         BenchMode::Proxy(p) => {
             let run = proxy::run(config, &p).await?;
+            human = Some(run.table());
+            run.report()
+        }
+        BenchMode::Soak(s) => {
+            let run = soak::run(config, &s, as_json || args.peer_result).await?;
             human = Some(run.table());
             run.report()
         }

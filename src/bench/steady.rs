@@ -1,10 +1,14 @@
 //! Steady state: producers enqueue at a target rate while W workers drain, for
 //! a fixed duration. Reports achieved enqueue and completion rates and the
-//! enqueue-to-start latency of every job.
+//! enqueue-to-start latency of every job. Its producers also drive the soak.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::bench::harness::{self, Workers};
 use crate::bench::{BenchReport, WorkerArgs, BENCH_QUEUE};
@@ -25,46 +29,17 @@ pub async fn run(
     let cfg = harness::worker_config(config, w, Duration::from_millis(100));
     let probe = Arc::new(Probe::default());
     let workers = Workers::start(&cfg, w.workers, probe.clone(), true).await?;
-    let rss_stop = tokio_util::sync::CancellationToken::new();
+    let rss_stop = CancellationToken::new();
     let rss = harness::sample_rss(rss_stop.clone());
 
     let produced = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
+    let stop = CancellationToken::new();
+    let tasks = spawn_producers(&db, rate, producers, producer_batch, &produced, &stop);
     let producers = producers.max(1);
     let batch = producer_batch.max(1);
-    let mut tasks = Vec::new();
-    for p in 0..producers {
-        let (db, produced) = (db.clone(), produced.clone());
-        tasks.push(tokio::spawn(async move {
-            // Each producer sends `batch` jobs every `period` to hit its share of the rate.
-            let share = rate as f64 / producers as f64;
-            let period = if rate == 0 {
-                Duration::ZERO
-            } else {
-                Duration::from_secs_f64(batch as f64 / share)
-            };
-            let mut next = Instant::now();
-            let mut i = 0u64;
-            while started.elapsed() < duration {
-                let jobs: Vec<NewJob> = (0..batch)
-                    .map(|k| {
-                        NewJob::new(
-                            BENCH_QUEUE,
-                            serde_json::json!({ "p": p, "i": i + k as u64 }),
-                        )
-                    })
-                    .collect();
-                i += batch as u64;
-                if enqueue::enqueue_many(&db, &jobs, usize::MAX).await.is_ok() {
-                    produced.fetch_add(batch as u64, Ordering::Relaxed);
-                }
-                next += period;
-                if let Some(wait) = next.checked_duration_since(Instant::now()) {
-                    tokio::time::sleep(wait).await;
-                }
-            }
-        }));
-    }
+    tokio::time::sleep(duration).await;
+    stop.cancel();
     for t in tasks {
         let _ = t.await;
     }
@@ -114,4 +89,56 @@ pub async fn run(
         ok,
         notes: Vec::new(),
     })
+}
+
+/// Starts `producers` tasks that together enqueue about `rate` no-op jobs a
+/// second (0 = as fast as they can) in inserts of `batch`, adding what they
+/// stored to `produced`, until `stop` is cancelled. Steady state and soak share it.
+pub fn spawn_producers(
+    db: &PgPool,
+    rate: u64,
+    producers: usize,
+    batch: usize,
+    produced: &Arc<AtomicU64>,
+    stop: &CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    let producers = producers.max(1);
+    let batch = batch.max(1);
+    (0..producers)
+        .map(|p| {
+            let (db, produced, stop) = (db.clone(), produced.clone(), stop.clone());
+            tokio::spawn(async move {
+                // Each producer sends `batch` jobs every `period` to hit its share of the rate.
+                let share = rate as f64 / producers as f64;
+                let period = if rate == 0 {
+                    Duration::ZERO
+                } else {
+                    Duration::from_secs_f64(batch as f64 / share)
+                };
+                let mut next = Instant::now();
+                let mut i = 0u64;
+                while !stop.is_cancelled() {
+                    let jobs: Vec<NewJob> = (0..batch)
+                        .map(|k| {
+                            NewJob::new(
+                                BENCH_QUEUE,
+                                serde_json::json!({ "p": p, "i": i + k as u64 }),
+                            )
+                        })
+                        .collect();
+                    i += batch as u64;
+                    if enqueue::enqueue_many(&db, &jobs, usize::MAX).await.is_ok() {
+                        produced.fetch_add(batch as u64, Ordering::Relaxed);
+                    }
+                    next += period;
+                    if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                        tokio::select! {
+                            _ = tokio::time::sleep(wait) => {}
+                            _ = stop.cancelled() => {}
+                        }
+                    }
+                }
+            })
+        })
+        .collect()
 }

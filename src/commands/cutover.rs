@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::cutover::gates;
 use crate::cutover::operate::{self, Refusal, Request};
 use crate::error::{Error, Result};
-use crate::redis::producer::connect_redis;
+use crate::redis::producer::connect_redis_with;
 
 /// `$USER@host`, the default `changed_by`.
 fn operator(args_by: Option<&str>) -> String {
@@ -33,7 +33,7 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
     }
     let routes = stored_routes(&db, config).await?;
     // Gates and decommissioning read Redis; status still works without it.
-    let mut redis = connect_redis(&config.redis_url).await;
+    let mut redis = connect_redis_with(&config.redis_url, &config.redis_tls).await;
     match cmd {
         CutoverCommand::Status => {
             let mut rows = Vec::new();

@@ -7,7 +7,7 @@ use crate::cli::DiffArgs;
 use crate::commands::output;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::redis::producer::connect_redis;
+use crate::redis::producer::connect_redis_with;
 use crate::redis::routes::Routes;
 use crate::shadow::{diff, repair};
 
@@ -45,7 +45,7 @@ pub async fn run(config: &Config, args: &DiffArgs, as_json: bool) -> Result<()> 
         None => crate::cutover::gates::default_since(&db, &route).await?,
     };
     let phase = routes.phase(&route);
-    let mut redis = connect_redis(&config.redis_url).await?;
+    let mut redis = connect_redis_with(&config.redis_url, &config.redis_tls).await?;
     let (d, held) =
         crate::cutover::gates::diff_since(&db, &mut redis, &route, phase, since).await?;
     let repaired = if args.repair {

@@ -2,7 +2,7 @@
 //! validated before anything is written, and all jobs go in one transaction:
 //! a bad line means nothing is enqueued.
 
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 use std::path::Path;
 
 use chrono::{DateTime, Utc};
@@ -145,19 +145,48 @@ fn read_lines(path: &Path, limit: usize) -> Result<Vec<serde_json::Value>> {
             .map_err(|e| Error::InvalidInput(format!("cannot open {}: {e}", path.display())))?;
         Box::new(std::io::BufReader::new(file))
     };
+    parse_jsonl(reader, &path.display().to_string(), limit)
+}
+
+/// Reads JSON lines (blank lines skipped), each a payload of at most `limit`
+/// bytes. A line is never read past `limit` plus its line ending, so a file
+/// with no line breaks costs `limit` bytes of memory, not its size. The first
+/// bad line is the error, named by file and line number.
+pub(crate) fn parse_jsonl(
+    mut reader: impl BufRead,
+    name: &str,
+    limit: usize,
+) -> Result<Vec<serde_json::Value>> {
+    let refuse = |n: usize, what: String| {
+        Error::InvalidInput(format!("{name} line {n}: {what}; nothing was enqueued"))
+    };
     let mut out = Vec::new();
-    for (i, line) in reader.lines().enumerate() {
-        let line = line.map_err(|e| Error::InvalidInput(format!("line {}: {e}", i + 1)))?;
+    let mut raw = Vec::new();
+    // A payload of `limit` bytes, "\r\n", and one byte more to see it is over.
+    let cap = limit.saturating_add(3) as u64;
+    for n in 1.. {
+        raw.clear();
+        let read = (&mut reader)
+            .take(cap)
+            .read_until(b'\n', &mut raw)
+            .map_err(|e| refuse(n, format!("cannot read: {e}")))?;
+        if read == 0 {
+            break;
+        }
+        if read as u64 == cap && raw.last() != Some(&b'\n') {
+            return Err(refuse(
+                n,
+                format!("longer than the payload limit of {limit} bytes"),
+            ));
+        }
+        let line = std::str::from_utf8(&raw).map_err(|_| refuse(n, "not UTF-8".into()))?;
+        // The line ending is not part of the payload (nor of its size).
+        let line = line.strip_suffix('\n').unwrap_or(line);
+        let line = line.strip_suffix('\r').unwrap_or(line);
         if line.trim().is_empty() {
             continue;
         }
-        let value = validate::payload_text(&line, limit).map_err(|e| {
-            Error::InvalidInput(format!(
-                "{} line {}: {e}; nothing was enqueued",
-                path.display(),
-                i + 1
-            ))
-        })?;
+        let value = validate::payload_text(line, limit).map_err(|e| refuse(n, e.to_string()))?;
         out.push(value);
     }
     Ok(out)
@@ -170,3 +199,6 @@ fn key_at(payload: &serde_json::Value, pointer: &str) -> Option<String> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,7 @@
 //! Subcommand implementations. Each returns a crate `Result`; `main` turns an
 //! error into one line on stderr and a non-zero exit code.
 
+mod chaos;
 mod cutover;
 pub(crate) mod diff;
 mod dlq;
@@ -24,7 +25,9 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
             Command::Proxy(args) => args.http_listen.clone(),
             _ => None,
         },
-    };
+        ..Overrides::default()
+    }
+    .with_env_secrets()?;
     if let Command::Demo(args) = &cli.command {
         // The demo picks its servers itself: only URLs the user chose count.
         let loaded = match &cli.config {
@@ -62,6 +65,7 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
         Command::Diff(args) => diff::run(&config, &args, cli.json).await,
         Command::Bench(args) => crate::bench::run(&config, args, cli.json).await,
         Command::Demo(_) => unreachable!("handled above"),
+        Command::Chaos(args) => chaos::run(&args, cli.json).await,
     }
 }
 

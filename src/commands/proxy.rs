@@ -24,6 +24,8 @@ pub async fn run(config: Config, listen: Option<&str>) -> Result<()> {
     state.producer = side.producer.clone().map(|p| p.with_via(Via::Http));
     state.payload_limit = config.payload_limit;
     state.max_body = config.http.max_body.0;
+    state.admin_token = config.admin_token.clone();
+    state.enqueue_requires_token = config.http.enqueue_requires_token;
     let http = crate::http::serve(&config.http.listen, state, maintenance.clone()).await?;
     tracing::info!(listen = %addr, routes = config.routes.len(), "proxy running");
     stop.cancelled().await;

@@ -4,7 +4,7 @@ use crate::commands::output;
 use crate::config::Config;
 use crate::error::Result;
 use crate::queue::stats;
-use crate::redis::producer::connect_redis;
+use crate::redis::producer::connect_redis_with;
 use crate::redis::route_stats;
 
 pub async fn run(config: &Config, as_json: bool) -> Result<()> {
@@ -17,7 +17,9 @@ pub async fn run(config: &Config, as_json: bool) -> Result<()> {
         Vec::new()
     } else {
         // Redis lengths are a bonus: stats must work while Redis is down.
-        let redis = connect_redis(&config.redis_url).await.ok();
+        let redis = connect_redis_with(&config.redis_url, &config.redis_tls)
+            .await
+            .ok();
         route_stats::collect(&db, &routes, redis).await?
     };
     if as_json {

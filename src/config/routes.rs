@@ -15,6 +15,7 @@ use crate::cutover::Phase;
 use crate::error::{Error, Result};
 use crate::queue::validate;
 use crate::redis::formats::Format;
+use crate::redis::tls::{is_tls_url, RedisTls};
 
 /// Which end of the list a producer pushes to (Redis consumers pop the other).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -151,6 +152,8 @@ pub(super) struct ProxyFile {
     #[serde(default)]
     upstream: Option<String>,
     #[serde(default)]
+    upstream_ca_file: Option<std::path::PathBuf>,
+    #[serde(default)]
     max_bulk_len: Option<Bytes>,
     #[serde(default)]
     max_elements: Option<usize>,
@@ -162,6 +165,8 @@ pub(super) struct ProxyFile {
     mirror_batch: Option<usize>,
     #[serde(default)]
     mirror_writers: Option<usize>,
+    #[serde(default)]
+    password_file: Option<std::path::PathBuf>,
 }
 
 /// The RESP proxy, validated.
@@ -173,6 +178,8 @@ pub struct ProxyConfig {
     pub listen: String,
     /// The Redis every client connection is spliced to.
     pub upstream: String,
+    /// Which CA a `rediss://` upstream is trusted by.
+    pub upstream_tls: RedisTls,
     /// Longest bulk string a client may send; longer ones close the connection.
     pub max_bulk_len: usize,
     /// Most arguments in one client command.
@@ -186,23 +193,35 @@ pub struct ProxyConfig {
     pub mirror_batch: usize,
     /// Group-commit transactions in flight at once.
     pub mirror_writers: usize,
+    /// The proxy's own password (`QBRIDGE_PROXY_PASSWORD`, else
+    /// `[proxy] password_file`): when set, a client must AUTH to the proxy
+    /// before anything else, and the upstream connection authenticates with
+    /// the upstream URL's credentials. See `src/proxy/auth.rs`.
+    pub password: Option<crate::secret::Secret>,
 }
 
 pub(super) fn default_redis_url() -> String {
     "redis://127.0.0.1:6379".into()
 }
 
-pub(super) fn validate_proxy(file: Option<ProxyFile>, redis_url: &str) -> Result<ProxyConfig> {
+pub(super) fn validate_proxy(
+    file: Option<ProxyFile>,
+    redis_url: &str,
+    redis_url_tls: &RedisTls,
+    env_password: Option<crate::secret::Secret>,
+) -> Result<ProxyConfig> {
     let file = file.unwrap_or(ProxyFile {
         enabled: false,
         listen: None,
         upstream: None,
+        upstream_ca_file: None,
         max_bulk_len: None,
         max_elements: None,
         max_clients: None,
         mirror_buffer: None,
         mirror_batch: None,
         mirror_writers: None,
+        password_file: None,
     });
     let ctx = |m: &str| Error::Config(format!("proxy: {m}"));
     let positive = |v: Option<usize>, default: usize, name: &str| match v {
@@ -212,17 +231,52 @@ pub(super) fn validate_proxy(file: Option<ProxyFile>, redis_url: &str) -> Result
     };
     let upstream = file.upstream.unwrap_or_else(|| redis_url.to_string());
     check_redis_url(&upstream).map_err(|e| ctx(&format!("upstream: {e}")))?;
+    let password = match (env_password, &file.password_file) {
+        (Some(password), _) => Some(password),
+        (None, Some(path)) => Some(crate::secret::Secret::from_file(
+            "proxy.password_file",
+            path,
+        )?),
+        (None, None) => None,
+    };
+    // The upstream is usually redis_url's Redis, so it trusts redis_ca_file
+    // unless told otherwise; a plain upstream simply has no use for it.
+    let upstream_tls = match file.upstream_ca_file {
+        Some(path) => {
+            redis_tls(Some(&path), &upstream).map_err(|e| ctx(&format!("upstream_ca_file: {e}")))?
+        }
+        None if is_tls_url(&upstream) => redis_url_tls.clone(),
+        None => RedisTls::default(),
+    };
     Ok(ProxyConfig {
         enabled: file.enabled,
         listen: file.listen.unwrap_or_else(|| "127.0.0.1:6380".into()),
         upstream,
+        upstream_tls,
         max_bulk_len: positive(file.max_bulk_len.map(|b| b.0), 16 << 20, "max_bulk_len")?,
         max_elements: positive(file.max_elements, 1 << 20, "max_elements")?,
         max_clients: positive(file.max_clients, 10_000, "max_clients")?,
         mirror_buffer: positive(file.mirror_buffer.map(|b| b.0), 64 << 20, "mirror_buffer")?,
         mirror_batch: positive(file.mirror_batch, 1000, "mirror_batch")?,
         mirror_writers: positive(file.mirror_writers, 2, "mirror_writers")?,
+        password,
     })
+}
+
+/// The trust of `redis_url`: `redis_ca_file` when set (only with
+/// `rediss://`, where it is used), else the operating system's store.
+pub(super) fn redis_tls(
+    ca_file: Option<&std::path::Path>,
+    url: &str,
+) -> std::result::Result<RedisTls, String> {
+    match ca_file {
+        None => Ok(RedisTls::default()),
+        Some(_) if !is_tls_url(url) => Err(format!(
+            "set, but {:?} is not a rediss:// URL (a CA is only used for TLS)",
+            crate::redact::redact_url(url)
+        )),
+        Some(path) => RedisTls::from_ca_file(path),
+    }
 }
 
 /// The database number of a Redis URL (`redis://host/2` → 2; none → 0).
@@ -256,7 +310,45 @@ pub fn check_redis_url(url: &str) -> std::result::Result<(), String> {
     if parsed.host_str().is_none_or(str::is_empty) {
         return Err(format!("{:?} has no host", crate::redact::redact_url(url)));
     }
+    // The only fragment the redis crate knows; anything else is a typo it
+    // would report only at the first connection.
+    if let Some(fragment) = parsed.fragment() {
+        if fragment != "insecure" || parsed.scheme() != "rediss" {
+            return Err(format!(
+                "{:?}: the only fragment understood is #insecure, with rediss://",
+                crate::redact::redact_url(url)
+            ));
+        }
+    }
     Ok(())
+}
+
+/// Whether `s` may be one `:`-separated part of a Redis key name and of a
+/// SCAN pattern: no `:` (route `a` with consumer `b:c` and route `a:b` with
+/// consumer `c` would share processing lists), no glob characters, no
+/// spaces, quotes or anything a shell or a log line would mangle.
+fn is_key_part(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// A route name goes into Redis keys (`qbridge:processing:<route>:...`), SCAN
+/// patterns, metric labels and CLI arguments, so it is held to
+/// [`is_key_part`]. `defaulted`: the name was taken from the queue.
+fn route_name(name: &str, defaulted: bool) -> std::result::Result<(), String> {
+    if is_key_part(name) {
+        return Ok(());
+    }
+    let hint = if defaulted {
+        " (it defaults to the queue name: set `name` to one without such characters)"
+    } else {
+        ""
+    };
+    Err(format!(
+        "name must be 1 to 128 of A-Z a-z 0-9 _ . - because it is part of Redis key names and SCAN patterns{hint}"
+    ))
 }
 
 /// Validates every route and returns them with the Postgres pools of the
@@ -271,8 +363,8 @@ pub(super) fn validate_routes(
     for file in files {
         let name = file.name.clone().unwrap_or_else(|| file.queue.clone());
         let ctx = |m: String| Error::Config(format!("route {name:?}: {m}"));
-        validate::queue_name(&name).map_err(|e| ctx(format!("name: {e}")))?;
         validate::queue_name(&file.queue).map_err(|e| ctx(e.to_string()))?;
+        route_name(&name, file.name.is_none()).map_err(ctx)?;
         if file.redis_key.is_empty() {
             return Err(ctx("redis_key is empty".into()));
         }
@@ -381,13 +473,9 @@ fn validate_consumer(
             .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
             .unwrap_or_else(|| "qbridge".into())
     });
-    if consumer_name.is_empty()
-        || consumer_name
-            .chars()
-            .any(|ch| ch.is_whitespace() || ch.is_control())
-    {
+    if !is_key_part(&consumer_name) {
         return Err(
-            "redis_consumer.consumer_name must be non-empty, without spaces or control characters",
+            "redis_consumer.consumer_name must be 1 to 128 of A-Z a-z 0-9 _ . - (it is part of Redis key names)",
         );
     }
     Ok(RedisConsumerConfig {

@@ -1,6 +1,8 @@
 //! Unit tests of config parsing and validation.
 use super::*;
 
+mod tables;
+
 fn load(text: &str) -> Result<Config> {
     Config::from_toml(text, &Overrides::default())
 }
@@ -145,6 +147,7 @@ fn overrides_win() {
         database_url: Some("postgres://x@y/z".into()),
         http_listen: Some("0.0.0.0:1".into()),
         redis_url: Some("redis://r:6379".into()),
+        ..Overrides::default()
     };
     let cfg = Config::from_toml("database_url = \"postgres://a@b/c\"", &o).unwrap();
     assert_eq!(cfg.database_url, "postgres://x@y/z");

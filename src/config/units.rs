@@ -147,4 +147,83 @@ mod tests {
         let text = format!("{}KiB", usize::MAX);
         assert!(parse_size(&text).is_err());
     }
+
+    /// Fuzz-style properties: any text is a value or a one-line error that
+    /// quotes it (escaped), and well-formed values mean exactly what they say.
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Text made of the pieces units are spelled with, and some that are not.
+        fn unit_soup() -> impl Strategy<Value = String> {
+            const PIECES: &[&str] = &[
+                "0",
+                "1",
+                "9",
+                "18446744073709551616",
+                ".",
+                "-",
+                "+",
+                "e",
+                "ms",
+                "s",
+                "m",
+                "h",
+                "d",
+                "MiB",
+                "KiB",
+                "B",
+                " ",
+                "\n",
+                "\"",
+                "µ",
+                "NaN",
+                "inf",
+            ];
+            proptest::collection::vec(proptest::sample::select(PIECES), 0..8)
+                .prop_map(|p| p.concat())
+        }
+
+        fn one_line(e: &Error, prefix: &str) -> Result<(), TestCaseError> {
+            let text = e.to_string();
+            prop_assert!(!text.contains(['\r', '\n']), "{:?}", text);
+            prop_assert!(text.contains(prefix), "{:?}", text);
+            Ok(())
+        }
+
+        proptest! {
+            #[test]
+            fn any_text_is_a_value_or_a_one_line_error(text in prop_oneof![any::<String>(), unit_soup()]) {
+                if let Err(e) = parse_duration(&text) {
+                    one_line(&e, "bad duration")?;
+                }
+                if let Err(e) = parse_size(&text) {
+                    one_line(&e, "bad size")?;
+                }
+            }
+
+            #[test]
+            fn durations_mean_what_they_say(n in 0u64..(1 << 32), unit in proptest::sample::select(&["ms", "s", "m", "h", "d"][..])) {
+                let got = parse_duration(&format!("{n}{unit}")).unwrap();
+                let want = match unit {
+                    "ms" => Duration::from_millis(n),
+                    "s" => Duration::from_secs(n),
+                    "m" => Duration::from_secs(n * 60),
+                    "h" => Duration::from_secs(n * 3600),
+                    _ => Duration::from_secs(n * 86400),
+                };
+                // Milliseconds pass through a float division: allow rounding.
+                prop_assert!(got.abs_diff(want) <= Duration::from_micros(1), "{:?} vs {:?}", got, want);
+            }
+
+            #[test]
+            fn sizes_mean_what_they_say_or_overflow(n in any::<u64>(), unit in proptest::sample::select(&[("", 1u64), ("B", 1), ("KiB", 1024), ("MiB", 1 << 20)][..])) {
+                let got = parse_size(&format!("{n}{}", unit.0));
+                match n.checked_mul(unit.1).and_then(|b| usize::try_from(b).ok()) {
+                    Some(want) => prop_assert_eq!(got.unwrap(), want),
+                    None => one_line(&got.unwrap_err(), "out of range")?,
+                }
+            }
+        }
+    }
 }

@@ -2,8 +2,9 @@
 //! changed only by compare-and-swap (`UPDATE … WHERE phase = $expected`),
 //! each change appended to `qbridge.phase_audit` (who, when, from, to, why,
 //! forced or not, the gate numbers of the moment) and announced with
-//! `pg_notify('qbridge_phases', route)` — all in one transaction, so a change
-//! is never visible without its audit row and its announcement.
+//! `qbridge.hint('qbridge_phases', route)` (a NOTIFY, skipped when the
+//! NOTIFY queue is past half full; every process also polls) — all in one
+//! transaction, so a change is never visible without its audit row.
 //!
 //! Only one step at a time is legal: forward to the next phase (an advance)
 //! or back to the previous one (a rollback). Two operators racing on the same
@@ -247,7 +248,7 @@ pub async fn transition_at(
     .bind(i16::from(percent))
     .execute(&mut *tx)
     .await?;
-    sqlx::query("SELECT pg_notify($1, $2)")
+    sqlx::query("SELECT qbridge.hint($1, $2)")
         .bind(CHANNEL)
         .bind(change.route)
         .execute(&mut *tx)
@@ -310,7 +311,7 @@ pub async fn set_percent(
     .bind(i16::from(percent))
     .execute(&mut *tx)
     .await?;
-    sqlx::query("SELECT pg_notify($1, $2)")
+    sqlx::query("SELECT qbridge.hint($1, $2)")
         .bind(CHANNEL)
         .bind(route)
         .execute(&mut *tx)

@@ -48,6 +48,9 @@ pub struct Summary {
     pub shadow_calls: u64,
     pub duplicates: u64,
     pub lost: u64,
+    /// Up to ten keys of each, to look them up when a run goes wrong.
+    pub duplicate_keys: Vec<String>,
+    pub lost_keys: Vec<String>,
     pub planted_caught: bool,
     pub planted_repaired: bool,
     pub forced_advances: u32,
@@ -471,6 +474,7 @@ gates = {{ window = "{step}s", min_jobs = 20, ack_tolerance = 0.05, quiet_period
     let via_proxy = drill.via_proxy.load(Ordering::SeqCst);
     let via_api = drill.via_api.load(Ordering::SeqCst);
     let mut lost = 0;
+    let mut lost_keys = Vec::new();
     for key in (0..via_proxy)
         .map(|n| format!("p-{n}"))
         .chain((0..via_api).map(|n| format!("a-{n}")))
@@ -478,6 +482,9 @@ gates = {{ window = "{step}s", min_jobs = 20, ack_tolerance = 0.05, quiet_period
     {
         if ledger.live(&key) == 0 {
             lost += 1;
+            if lost_keys.len() < 10 {
+                lost_keys.push(key);
+            }
         }
     }
     let (run_live, live_calls, shadow_calls, twice) = ledger.totals();
@@ -491,6 +498,8 @@ gates = {{ window = "{step}s", min_jobs = 20, ack_tolerance = 0.05, quiet_period
         shadow_calls,
         duplicates: twice as u64,
         lost,
+        duplicate_keys: ledger.twice(10),
+        lost_keys,
         planted_caught: caught,
         planted_repaired: repaired,
         forced_advances: drill.forced,

@@ -33,11 +33,34 @@ impl Ledger {
         (live_keys, live, shadow, twice)
     }
 
+    /// Keys run live more than once (at most `n`, sorted).
+    pub fn twice(&self, n: usize) -> Vec<String> {
+        let calls = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut keys: Vec<String> = calls
+            .iter()
+            .filter(|(_, c)| c.0 > 1)
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort();
+        keys.truncate(n);
+        keys
+    }
+
     /// Live calls of one key.
     pub fn live(&self, key: &str) -> u32 {
         let calls = self.0.lock().unwrap_or_else(|e| e.into_inner());
         calls.get(key).map_or(0, |c| c.0)
     }
+}
+
+/// A request header as text; empty when absent or not visible ASCII
+/// (the test handlers treat both alike).
+pub(crate) fn header_text(headers: &HeaderMap, name: &str) -> String {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
 }
 
 /// Serves the handler on a free local port; returns its URL.
@@ -47,13 +70,7 @@ pub async fn serve(ledger: Ledger) -> std::io::Result<String> {
         axum::routing::post(move |headers: HeaderMap| {
             let ledger = ledger.clone();
             async move {
-                let header = |name: &str| {
-                    headers
-                        .get(name)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("")
-                        .to_string()
-                };
+                let header = |name: &str| header_text(&headers, name);
                 let key = header("qbridge-job-key");
                 // Shadow mode: compute the same answer, cause no side effect.
                 ledger.record(&key, header("qbridge-mode") == "shadow");

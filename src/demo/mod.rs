@@ -11,7 +11,7 @@
 //! it never touches application data.
 
 mod drill;
-mod handler;
+pub(crate) mod handler;
 pub mod servers;
 
 use std::time::Duration;

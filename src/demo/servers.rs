@@ -2,11 +2,12 @@
 //! a free port) and a redis-server, started from the binaries on PATH (or
 //! Debian's /usr/lib/postgresql/<version>/bin). `qbridge demo` runs on them
 //! when nothing answers on the default ports; tests that break servers on
-//! purpose use them instead of the machine's shared ones. Both stop (and the
-//! directory is removed) when dropped.
+//! purpose, or need settings the shared ones lack (TLS: [`ServerTls`]), use
+//! them instead of the machine's shared ones. Both stop (and the directory is
+//! removed) when dropped.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -99,11 +100,22 @@ fn as_server_user(program: PathBuf) -> Command {
     }
 }
 
+/// PEM files that make a throwaway server speak TLS: its certificate, its
+/// key, and the CA that signed the certificate (Redis wants it named).
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
 /// A private Postgres cluster on a free port.
 pub struct ThrowawayPostgres {
     dir: tempfile::TempDir,
     bindir: PathBuf,
     pub port: u16,
+    /// `ssl = on` with these files (copied into the cluster's directory).
+    tls: bool,
 }
 
 impl ThrowawayPostgres {
@@ -112,8 +124,20 @@ impl ThrowawayPostgres {
         ThrowawayPostgres::try_start().unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// initdb + start with `ssl = on` and the given certificate; plain
+    /// connections are still accepted (the server decides nothing: the
+    /// client's sslmode does). Panics if it fails (tests).
+    pub fn start_tls(tls: &ServerTls) -> ThrowawayPostgres {
+        ThrowawayPostgres::try_start_with(Some(tls)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// initdb + start.
     pub fn try_start() -> Result<ThrowawayPostgres, String> {
+        ThrowawayPostgres::try_start_with(None)
+    }
+
+    /// initdb + start, with `ssl = on` when `tls` is given.
+    pub fn try_start_with(tls: Option<&ServerTls>) -> Result<ThrowawayPostgres, String> {
         let bindir = pg_bindir()?;
         let dir = tempfile::Builder::new()
             .prefix("qbridge-pg-")
@@ -137,10 +161,14 @@ impl ThrowawayPostgres {
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
+        if let Some(tls) = tls {
+            install_server_tls(tls, dir.path())?;
+        }
         let pg = ThrowawayPostgres {
             dir,
             bindir,
             port: free_port(),
+            tls: tls.is_some(),
         };
         pg.try_resume()?;
         Ok(pg)
@@ -176,11 +204,17 @@ impl ThrowawayPostgres {
 
     /// Starts (again) and waits until it accepts connections.
     pub fn try_resume(&self) -> Result<(), String> {
-        let opts = format!(
+        let mut opts = format!(
             "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off",
             self.port,
             self.dir.path().display()
         );
+        if self.tls {
+            let dir = self.dir.path().display();
+            opts.push_str(&format!(
+                " -c ssl=on -c ssl_cert_file={dir}/server.crt -c ssl_key_file={dir}/server.key"
+            ));
+        }
         let log = self.dir.path().join("log");
         let out = self.pg_ctl(&[
             "start",
@@ -204,6 +238,31 @@ impl ThrowawayPostgres {
     }
 }
 
+/// Copies the certificate and key where the server user can read them:
+/// Postgres refuses a key file others may read, and runs as `postgres`
+/// when we are root.
+fn install_server_tls(tls: &ServerTls, dir: &Path) -> Result<(), String> {
+    let copy = |from: &Path, name: &str| {
+        let to = dir.join(name);
+        std::fs::copy(from, &to).map_err(|e| format!("copy {}: {e}", from.display()))?;
+        Ok::<PathBuf, String>(to)
+    };
+    copy(&tls.cert, "server.crt")?;
+    let key = copy(&tls.key, "server.key")?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| format!("chmod {}: {e}", key.display()))?;
+    }
+    let _ = Command::new("chown")
+        .args(["postgres"])
+        .arg(dir.join("server.crt"))
+        .arg(&key)
+        .status();
+    Ok(())
+}
+
 impl Drop for ThrowawayPostgres {
     fn drop(&mut self) {
         self.pg_ctl(&["stop", "-m", "immediate"]);
@@ -214,6 +273,11 @@ impl Drop for ThrowawayPostgres {
 pub struct ThrowawayRedis {
     child: Option<Child>,
     pub port: u16,
+    /// Extra redis-server arguments (e.g. `--requirepass`), kept for resume.
+    extra: Vec<String>,
+    /// When set, `port` speaks only TLS (no plain port), and clients need
+    /// no certificate of their own.
+    tls: Option<ServerTls>,
 }
 
 impl ThrowawayRedis {
@@ -222,19 +286,50 @@ impl ThrowawayRedis {
         ThrowawayRedis::try_start().unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Starts redis-server speaking only TLS with the given certificate;
+    /// panics if it fails (tests).
+    pub fn start_tls(tls: &ServerTls) -> ThrowawayRedis {
+        ThrowawayRedis::launch(&[], Some(tls)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// Starts redis-server and waits until it answers.
     pub fn try_start() -> Result<ThrowawayRedis, String> {
+        ThrowawayRedis::try_start_with(&[])
+    }
+
+    /// Starts redis-server with extra arguments (`["--requirepass", "pw"]`)
+    /// and waits until its port accepts connections; panics (tests).
+    pub fn start_with(args: &[&str]) -> ThrowawayRedis {
+        ThrowawayRedis::try_start_with(args).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts redis-server with extra arguments and waits until its port
+    /// accepts connections.
+    pub fn try_start_with(args: &[&str]) -> Result<ThrowawayRedis, String> {
+        ThrowawayRedis::launch(args, None)
+    }
+
+    /// Starts redis-server with extra arguments, TLS only when `tls` is
+    /// given, and waits until it accepts connections.
+    fn launch(args: &[&str], tls: Option<&ServerTls>) -> Result<ThrowawayRedis, String> {
         let mut redis = ThrowawayRedis {
             child: None,
             port: free_port(),
+            extra: args.iter().map(|a| a.to_string()).collect(),
+            tls: tls.cloned(),
         };
         redis.try_resume()?;
         Ok(redis)
     }
 
-    /// redis://… of the server.
+    /// redis://… of the server (rediss://… with TLS).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Kills the server (SIGKILL): everything in it is gone.
@@ -252,9 +347,24 @@ impl ThrowawayRedis {
 
     /// Starts (again) on the same port and waits until it answers.
     pub fn try_resume(&mut self) -> Result<(), String> {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+        let port = self.port.to_string();
+        let mut cmd = Command::new("redis-server");
+        match &self.tls {
+            None => cmd.args(["--port", &port]),
+            Some(tls) => cmd
+                .args(["--port", "0", "--tls-port", &port])
+                .arg("--tls-cert-file")
+                .arg(&tls.cert)
+                .arg("--tls-key-file")
+                .arg(&tls.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca)
+                .args(["--tls-auth-clients", "no"]),
+        };
+        let child = cmd
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -262,6 +372,18 @@ impl ThrowawayRedis {
         self.child = Some(child);
         let started = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.child = None;
+                let why = match self.tls {
+                    Some(_) => " (a redis-server built without TLS refuses --tls-port)",
+                    None => "",
+                };
+                return Err(format!("redis-server exited at start-up: {status}{why}"));
+            }
             if started.elapsed() > Duration::from_secs(10) {
                 return Err("redis-server did not start within 10 s".into());
             }

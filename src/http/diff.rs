@@ -1,6 +1,7 @@
 //! `GET /v1/routes/{route}/diff?since=10m`: the diff of `qbridge diff`, as
-//! JSON (the verdict line is its `verdict` field). Read-only: repairs and
-//! phase changes stay with the CLI.
+//! JSON (the verdict line is its `verdict` field). Read-only; behind the
+//! admin token because it names job keys. Repairs and phase changes are in
+//! [`super::admin`].
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;

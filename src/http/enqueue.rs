@@ -8,7 +8,8 @@
 //!
 //! Bodies: one job object, a JSON array of them, or `{"jobs": [...]}`.
 //! Every error is `{"error": "<one line>"}`: 400 for bad input (nothing is
-//! stored), 413 for a body over `http.max_body`, 503 when Postgres or Redis
+//! stored), 413 for a body over `http.max_body` or a payload over
+//! `payload_limit`, 503 when Postgres or Redis
 //! is unavailable.
 
 use axum::body::Bytes;
@@ -42,20 +43,13 @@ struct PostedJob {
     kind: Option<String>,
     #[serde(default)]
     priority: Option<i32>,
+    /// RFC 3339 text, parsed by [`run_at`] so a bad one gets a clear error.
     #[serde(default)]
-    run_at: Option<DateTime<Utc>>,
+    run_at: Option<String>,
     #[serde(default)]
     max_attempts: Option<i32>,
     #[serde(default)]
     lock_key: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Body {
-    Batch { jobs: Vec<PostedJob> },
-    Many(Vec<PostedJob>),
-    One(Box<PostedJob>),
 }
 
 /// Most jobs in one request.
@@ -130,27 +124,44 @@ pub(super) async fn post_jobs(
     }
 }
 
+/// Reads the body's jobs. The shape is decided first and each job is read on
+/// its own, so an error names the job and the field (`job 2: unknown field
+/// ...`, `job 1: run_at: ...`) instead of "matches no shape".
 fn parse(body: &[u8]) -> Result<Vec<PostedJob>, (StatusCode, Json<Value>)> {
-    let parsed: Body = serde_json::from_slice(body).map_err(|e| {
-        error_reply(
-            StatusCode::BAD_REQUEST,
-            &format!("body is not a job, a list of jobs or {{\"jobs\": [...]}}: {e}"),
-        )
-    })?;
-    let jobs = match parsed {
-        Body::One(job) => vec![*job],
-        Body::Many(jobs) | Body::Batch { jobs } => jobs,
+    let bad = |m: &str| error_reply(StatusCode::BAD_REQUEST, m);
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| bad(&format!("body is not JSON: {e}")))?;
+    let items = match value {
+        Value::Array(items) => items,
+        Value::Object(mut map) if map.len() == 1 && map.contains_key("jobs") => {
+            match map.remove("jobs") {
+                Some(Value::Array(items)) => items,
+                _ => return Err(bad("\"jobs\" must be a list of jobs")),
+            }
+        }
+        one @ Value::Object(_) => vec![one],
+        _ => {
+            return Err(bad(
+                "body is not a job, a list of jobs or {\"jobs\": [...]}",
+            ))
+        }
     };
-    if jobs.is_empty() {
-        return Err(error_reply(StatusCode::BAD_REQUEST, "no jobs in the body"));
+    if items.is_empty() {
+        return Err(bad("no jobs in the body"));
     }
-    if jobs.len() > MAX_JOBS {
+    if items.len() > MAX_JOBS {
         return Err(error_reply(
             StatusCode::PAYLOAD_TOO_LARGE,
-            &format!("{} jobs in one request; at most {MAX_JOBS}", jobs.len()),
+            &format!("{} jobs in one request; at most {MAX_JOBS}", items.len()),
         ));
     }
-    Ok(jobs)
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            serde_json::from_value(item).map_err(|e| bad(&format!("job {}: {e}", i + 1)))
+        })
+        .collect()
 }
 
 /// The list item of a job posted to a routed queue.
@@ -202,15 +213,35 @@ fn plain_job(
     new.key = job.key;
     new.kind = job.kind;
     new.priority = job.priority.unwrap_or(0);
-    new.run_at = job.run_at;
+    new.run_at = job
+        .run_at
+        .as_deref()
+        .map(run_at)
+        .transpose()
+        .map_err(refuse)?;
     new.max_attempts = job.max_attempts;
     new.lock_key = job.lock_key;
     validate::job_fields(&new).map_err(|e| refuse(e.to_string()))?;
-    validate::payload_value(&new.payload, limit).map_err(|e| refuse(e.to_string()))?;
+    validate::payload_value(&new.payload, limit).map_err(|e| match e {
+        // Too large is 413 whichever limit it broke (the body's or the payload's).
+        Error::PayloadTooLarge { .. } => error_reply(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("job {}: {e}", i + 1),
+        ),
+        e => refuse(e.to_string()),
+    })?;
     if new.max_attempts.is_some_and(|m| m < 1) {
         return Err(refuse("max_attempts must be at least 1".into()));
     }
     Ok(new)
+}
+
+/// An RFC 3339 time with its offset, e.g. `2026-11-21T18:00:00Z`. The text is
+/// not echoed back: the reason and an example are enough to fix it.
+fn run_at(text: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("run_at is not an RFC 3339 time ({e}); e.g. 2026-11-21T18:00:00Z"))
 }
 
 fn bad_request(e: Error) -> (StatusCode, Json<Value>) {
@@ -220,11 +251,14 @@ fn bad_request(e: Error) -> (StatusCode, Json<Value>) {
 /// Input errors are 400; an unavailable database or Redis is 503.
 pub(super) fn service_error(e: Error) -> (StatusCode, Json<Value>) {
     let status = match &e {
-        Error::InvalidInput(_)
-        | Error::InvalidQueueName(_)
-        | Error::PayloadNotJson(_)
-        | Error::PayloadTooLarge { .. } => StatusCode::BAD_REQUEST,
+        Error::InvalidInput(_) | Error::InvalidQueueName(_) | Error::PayloadNotJson(_) => {
+            StatusCode::BAD_REQUEST
+        }
+        Error::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
     error_reply(status, &e.to_string())
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,17 +1,31 @@
-//! The HTTP listener: `/metrics` (Prometheus text), `/livez` (the process
-//! answers), `/readyz` (Postgres reachable and the schema current),
-//! `POST /v1/queues/{queue}/jobs` (enqueue, see [`enqueue`]) and
-//! `POST /v1/outcomes` (outcomes from outside workers, see [`outcomes`]) and
-//! `GET /v1/routes/{route}/diff` (the cutover diff, see [`diff`]).
+//! The HTTP listener, in three groups by who may call:
+//!
+//! - open: `/metrics` (Prometheus text), `/livez` (the process answers),
+//!   `/readyz` (Postgres reachable and the schema current);
+//! - open unless `[http] enqueue_requires_token`: `POST
+//!   /v1/queues/{queue}/jobs` (enqueue, see [`enqueue`]) and `POST
+//!   /v1/outcomes` (outcomes from outside workers, see [`outcomes`]) —
+//!   producers and worker fleets post there, and what they can do is what
+//!   they could do with the Redis list;
+//! - admin, behind the bearer token ([`auth`]): `GET /v1/routes/{route}/diff`
+//!   (the cutover diff, see [`diff`]: it reveals job keys) and the admin API
+//!   ([`admin`]: phase changes, repair, dead-letter requeue).
+//!
+//! The listener binds `127.0.0.1:9187` unless told otherwise; on any other
+//! address without an admin token it logs a warning at start-up.
 
+mod admin;
+pub mod auth;
 mod diff;
 mod enqueue;
 mod outcomes;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
+use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -20,6 +34,7 @@ use sqlx::PgPool;
 
 use crate::queue::validate::DEFAULT_PAYLOAD_LIMIT;
 use crate::redis::producer::Producer;
+use crate::secret::Secret;
 
 /// Shared state of the handlers.
 #[derive(Clone)]
@@ -32,6 +47,10 @@ pub struct AppState {
     pub payload_limit: usize,
     /// Largest request body.
     pub max_body: usize,
+    /// The admin API's bearer token; `None` turns the admin API off (403).
+    pub admin_token: Option<Secret>,
+    /// Whether enqueue and outcomes need the admin token too.
+    pub enqueue_requires_token: bool,
 }
 
 impl AppState {
@@ -43,6 +62,8 @@ impl AppState {
             producer: None,
             payload_limit: DEFAULT_PAYLOAD_LIMIT,
             max_body: 16 << 20,
+            admin_token: None,
+            enqueue_requires_token: false,
         }
     }
 }
@@ -67,8 +88,13 @@ pub async fn serve(
         .await
         .map_err(|e| crate::Error::Config(format!("cannot listen on {listen}: {e}")))?;
     tracing::info!(listen = %listen, "http listening");
+    let bound = listener.local_addr()?;
+    if !bound.ip().is_loopback() && state.admin_token.is_none() {
+        tracing::warn!(listen = %bound, "the HTTP listener is reachable from other hosts and no admin token is set: the admin API is off, but enqueue and outcomes are open to anyone who can connect");
+    }
+    let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
     Ok(tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, router(state))
+        if let Err(err) = axum::serve(listener, app)
             .with_graceful_shutdown(async move { token.cancelled().await })
             .await
         {
@@ -77,16 +103,29 @@ pub async fn serve(
     }))
 }
 
-/// The router; tests drive it without a socket.
+/// The router. Serve it with `into_make_service_with_connect_info::<SocketAddr>()`
+/// so the audit log gets the caller's address (`http:unknown` otherwise).
 pub fn router(state: AppState) -> Router {
     let max_body = state.max_body;
+    let producers = Router::new()
+        .route("/v1/queues/{queue}/jobs", post(enqueue::post_jobs))
+        .route("/v1/outcomes", post(outcomes::post_outcomes))
+        .route_layer(from_fn_with_state(state.clone(), auth::require_for_enqueue));
+    let admin = Router::new()
+        .route("/v1/routes", get(admin::list_routes))
+        .route("/v1/routes/{route}/diff", get(diff::get_diff))
+        .route("/v1/routes/{route}/advance", post(admin::advance))
+        .route("/v1/routes/{route}/rollback", post(admin::rollback))
+        .route("/v1/routes/{route}/percent", post(admin::percent))
+        .route("/v1/routes/{route}/repair", post(admin::repair))
+        .route("/v1/dlq/requeue", post(admin::requeue))
+        .route_layer(from_fn_with_state(state.clone(), auth::require_admin));
     Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/v1/queues/{queue}/jobs", post(enqueue::post_jobs))
-        .route("/v1/outcomes", post(outcomes::post_outcomes))
-        .route("/v1/routes/{route}/diff", get(diff::get_diff))
+        .merge(producers)
+        .merge(admin)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }

@@ -6,8 +6,9 @@
 //! argument read), because only a handful of commands change how Redis
 //! answers or where a push lands: the pub/sub family (one confirmation per
 //! channel), MULTI/EXEC/DISCARD/RESET (queued replies), HELLO (the
-//! protocol), CLIENT REPLY (no replies at all), MONITOR (a stream) and SELECT
-//! (the database routes are matched in). Every other command is
+//! protocol), CLIENT REPLY (no replies at all), MONITOR (a stream), SELECT
+//! (the database routes are matched in) and AUTH (whether the proxy may
+//! answer a push itself). Every other command is
 //! [`Cmd::Plain`]: one reply.
 
 use std::sync::Arc;
@@ -78,6 +79,8 @@ pub(super) enum Cmd {
     Discard,
     Reset,
     Hello,
+    /// AUTH: Redis's `+OK` authenticates the connection.
+    Auth,
     /// `SELECT index`; `None` if the index is not an integer (Redis refuses
     /// it).
     Select(Option<i64>),
@@ -98,11 +101,15 @@ pub(super) enum Cmd {
 }
 
 impl Cmd {
-    /// Whether the database may differ after this command: SELECT, RESET,
-    /// and EXEC/DISCARD (which settle a SELECT queued in MULTI). The reply
-    /// side publishes the database when it finishes one of these.
-    pub(super) fn moves_db(&self) -> bool {
-        matches!(self, Cmd::Select(_) | Cmd::Reset | Cmd::Exec | Cmd::Discard)
+    /// Whether what routing depends on may differ after this command: the
+    /// database (SELECT, RESET, and EXEC/DISCARD, which settle a SELECT
+    /// queued in MULTI) or the authentication (AUTH, HELLO, RESET). The
+    /// reply side publishes both when it finishes one of these.
+    pub(super) fn moves_state(&self) -> bool {
+        matches!(
+            self,
+            Cmd::Select(_) | Cmd::Reset | Cmd::Exec | Cmd::Discard | Cmd::Auth | Cmd::Hello
+        )
     }
 }
 
@@ -139,6 +146,9 @@ pub(super) enum Tag {
     },
     /// A routed push the proxy answers itself.
     Local(LocalPush),
+    /// A command the proxy answers with these bytes and never forwards
+    /// (`-NOAUTH`, the proxy's own AUTH).
+    Answer(&'static [u8]),
     /// The client sent malformed or over-limit RESP: after the replies of
     /// the commands before it, send this line and close.
     Fatal(Vec<u8>),
@@ -162,6 +172,7 @@ pub(super) fn classify(name: &str, args: &[Bytes]) -> Cmd {
         "DISCARD" => Cmd::Discard,
         "RESET" => Cmd::Reset,
         "HELLO" => Cmd::Hello,
+        "AUTH" => Cmd::Auth,
         "SELECT" if argc == 2 => Cmd::Select(
             std::str::from_utf8(&args[1])
                 .ok()

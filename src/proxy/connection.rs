@@ -1,20 +1,24 @@
-//! One client connection: its own upstream Redis connection (a 1:1 splice,
-//! never shared, so blocking commands, MULTI, SELECT, AUTH, HELLO and
-//! pub/sub keep Redis's per-connection meaning), a reader task and the reply
-//! side, joined by a bounded channel of tags.
+//! One client connection: its own upstream Redis connection (a 1:1 splice
+//! over plain TCP or TLS, never shared, so blocking commands, MULTI, SELECT,
+//! AUTH, HELLO and pub/sub keep Redis's per-connection meaning), a reader
+//! task and the reply side, joined by a bounded channel of tags. Before the
+//! splice starts, one PING learns whether the fresh upstream connection
+//! needs AUTH (see `auth`).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
+use super::auth::{self, Gate};
 use super::frame::Limits;
 use super::reader::{Fence, Reader};
 use super::replies::Replies;
+use super::upstream::{Stream, Upstream};
 use crate::metrics as m;
 use crate::redis::mirror::Mirror;
 use crate::redis::routes::Routes;
@@ -28,6 +32,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What every connection of a server shares.
 pub(super) struct Shared {
+    /// The proxy's own password, when it has one (see `auth`).
+    pub gate: Option<Gate>,
     pub routes: Routes,
     pub mirror: Mirror,
     /// For client commands: `max_bulk_len`/`max_elements` from the config.
@@ -51,8 +57,9 @@ pub(super) struct Link {
     /// whereas one that arrives with none outstanding is unsolicited (Redis
     /// sends `sunsubscribe` on its own when a shard channel's slot moves).
     pub pubsub_sent: AtomicU64,
-    /// The database the connection's next commands run in, published by the
-    /// reply side; the reader routes pushes by it.
+    /// The database the connection's next commands run in and whether
+    /// Redis has it authenticated, published by the reply side; the reader
+    /// routes pushes by it.
     pub db: watch::Sender<Selected>,
 }
 
@@ -64,16 +71,21 @@ pub(super) struct Selected {
     /// `None` when unknown (a SELECT Redis took but the proxy could not
     /// read): no route matches then.
     pub db: Option<i64>,
+    /// Whether Redis would run a command on the connection now: the proxy
+    /// answers a routed push itself only then (see `auth`).
+    pub authed: bool,
 }
 
 impl Link {
-    pub(super) fn new() -> Link {
+    /// `authed`: whether the fresh upstream connection needs no AUTH.
+    pub(super) fn new(authed: bool) -> Link {
         Link {
             attention: Notify::new(),
             pubsub_sent: AtomicU64::new(0),
             db: watch::Sender::new(Selected {
                 done: 0,
                 db: Some(0),
+                authed,
             }),
         }
     }
@@ -100,19 +112,23 @@ impl Drop for Open {
 pub(super) async fn serve(
     id: u64,
     client: TcpStream,
-    upstream: Arc<str>,
+    upstream: Arc<Upstream>,
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
     let _open = Open::new();
-    let upstream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&*upstream)).await
-    {
-        Ok(Ok(stream)) => stream,
-        failed => {
-            let reason = match failed {
-                Ok(Err(e)) => e.to_string(),
-                _ => "timed out".to_string(),
-            };
+    let connected = match tokio::time::timeout(CONNECT_TIMEOUT, upstream.connect()).await {
+        Ok(Ok(mut stream)) => match &mut stream {
+            Stream::Plain(tcp) => auth::probe(tcp).await,
+            Stream::Tls(tls) => auth::probe(&mut **tls).await,
+        }
+        .map(|authed| (stream, authed)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("timed out".to_string()),
+    };
+    let (upstream, authed) = match connected {
+        Ok(connected) => connected,
+        Err(reason) => {
             tracing::warn!(conn = id, error = %reason, "cannot reach the upstream Redis; refusing the client");
             // The client reads this as the answer to its first command.
             let mut client = client;
@@ -122,14 +138,41 @@ pub(super) async fn serve(
             return;
         }
     };
-    // Both sides carry small request/reply exchanges: Nagle only adds delay.
+    // Small request/reply exchanges: Nagle only adds delay (the upstream
+    // side turned it off when it connected).
     let _ = client.set_nodelay(true);
-    let _ = upstream.set_nodelay(true);
+    match upstream {
+        Stream::Plain(tcp) => {
+            let (read, write) = tcp.into_split();
+            splice(id, client, read, write, authed, shared, stop).await;
+        }
+        Stream::Tls(tls) => {
+            let (read, write) = tokio::io::split(*tls);
+            splice(id, client, read, write, authed, shared, stop).await;
+        }
+    }
+    tracing::debug!(conn = id, "client connection closed");
+}
+
+/// Runs the reader and the reply side of one connection on the upstream's
+/// halves. Generic rather than boxed, so the plain-TCP splice compiles to
+/// the same code as before TLS existed.
+async fn splice<R, W>(
+    id: u64,
+    client: TcpStream,
+    upstream_read: R,
+    upstream_write: W,
+    authed: bool,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let (client_read, client_write) = client.into_split();
-    let (upstream_read, upstream_write) = upstream.into_split();
     let (tags, tag_rx) = mpsc::channel(TAGS_IN_FLIGHT);
     let closed = CancellationToken::new();
-    let link = Arc::new(Link::new());
+    let link = Arc::new(Link::new(authed));
     let reader = Reader {
         id,
         client: client_read,
@@ -138,6 +181,7 @@ pub(super) async fn serve(
         selected: link.db.subscribe(),
         link: Arc::clone(&link),
         fence: Fence::default(),
+        gate_passed: false,
         maybe_silenced: false,
         shared: Arc::clone(&shared),
         stop: stop.clone(),
@@ -151,5 +195,4 @@ pub(super) async fn serve(
     // The upstream write half (if the reader kept it) is dropped only now,
     // after every reply in flight was read.
     let _ = reader.await;
-    tracing::debug!(conn = id, "client connection closed");
 }

@@ -15,19 +15,14 @@ pub enum ProxyError {
         /// The operating system's reason.
         reason: String,
     },
-    /// The upstream URL cannot be used (not a `redis://` URL with a host).
+    /// The upstream URL cannot be used (not a `redis://` or `rediss://` URL
+    /// with a host, or no CA certificates to check a `rediss://` one by).
     #[error("upstream {url}: {reason}")]
     UpstreamUrl {
         /// The URL, password redacted.
         url: String,
         /// What is wrong with it.
         reason: String,
-    },
-    /// `rediss://`: the splice is plain TCP for now.
-    #[error("upstream {url}: TLS to the upstream comes later; point [proxy] upstream at a redis:// address (a local TLS tunnel works)")]
-    UpstreamTls {
-        /// The URL, password redacted.
-        url: String,
     },
     /// The upstream Redis did not answer a PING at start-up.
     #[error(
@@ -36,7 +31,14 @@ pub enum ProxyError {
     UpstreamUnreachable {
         /// The URL, password redacted.
         url: String,
-        /// Refused, timed out, or what it answered instead.
+        /// Refused, timed out, a TLS failure, or what it answered instead.
         reason: String,
+    },
+    /// The proxy has its own password, so clients' AUTH stops at the proxy,
+    /// but the upstream URL carries no credentials for a Redis that needs them.
+    #[error("upstream Redis at {url} requires a password, and with the proxy's own password set clients' AUTH stops at the proxy: put the upstream's credentials in [proxy] upstream (redis://user:password@host)")]
+    UpstreamNeedsCredentials {
+        /// The URL, password redacted.
+        url: String,
     },
 }

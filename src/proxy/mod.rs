@@ -20,7 +20,20 @@
 //! Layout: [`frame`] (the codec), `command` (what a command means for
 //! pairing; the tags), `reader` (client → Redis), `replies` (Redis → client,
 //! settling pushes), `session` (the connection state replies depend on),
-//! `connection` (one splice), `server` ([`ProxyServer`]).
+//! `auth` (AUTH through the splice and the proxy's own password),
+//! `connection` (one splice), `upstream` (plain TCP or TLS to Redis),
+//! `server` ([`ProxyServer`]).
+//!
+//! Authentication: AUTH, HELLO … AUTH and ACL users go to Redis, which
+//! decides (a refused push is never mirrored). Where the proxy answers a
+//! push itself (`postgres_only`, `decommissioned`) it first makes sure Redis
+//! has the connection authenticated — a PING per new connection tells
+//! whether Redis wants AUTH, and the session follows Redis's answers to
+//! AUTH, HELLO and RESET — and answers `-NOAUTH Authentication required.`
+//! otherwise. With `[proxy] password_file` / `QBRIDGE_PROXY_PASSWORD` the
+//! proxy also has a password of its own: clients AUTH to the proxy, and the
+//! upstream connection authenticates with the upstream URL's credentials.
+//! See `auth` for the rules.
 //!
 //! A route matches a push by database and key: the connection's database
 //! is tracked from Redis's answers (SELECT's `+OK`; RESET returns to 0; HELLO
@@ -41,14 +54,22 @@
 //!   from EXEC's array. Under CLIENT REPLY OFF/SKIP a SELECT with a numeric
 //!   index is taken to succeed.
 //! - A routed push in `postgres_only` is answered even where Redis would
-//!   have refused it (RESP2 subscribe mode, a wrong-type key).
+//!   have refused it (RESP2 subscribe mode, a wrong-type key, an ACL user
+//!   denied the key: key permissions cannot be checked without Redis). An
+//!   unauthenticated connection is refused, though (see above).
+//! - AUTH queued inside MULTI takes effect at EXEC, which is not tracked: a
+//!   local push after it still sees the connection as before the MULTI.
+//!   With the proxy's password, AUTH inside MULTI is answered at once.
 //! - Locally answered pushes of one pipelined connection are written by
 //!   concurrent group commits, so their Postgres order may differ from the
 //!   order they were sent in; each reply still comes in its place.
 //! - A reply is forwarded once it is complete, so one connection holds its
 //!   largest reply in memory; client commands are bounded by `max_bulk_len`.
-//! - `rediss://` upstreams are refused for now.
+//! - Clients speak plain RESP to the proxy (it listens without TLS, so keep
+//!   it on loopback or a private network); a `rediss://` upstream is reached
+//!   over TLS (`upstream`), trusting `[proxy] upstream_ca_file`.
 
+mod auth;
 mod command;
 mod connection;
 mod error;
@@ -57,6 +78,7 @@ mod reader;
 mod replies;
 mod server;
 mod session;
+mod upstream;
 
 pub use error::ProxyError;
 pub use server::{ProxyDeps, ProxyServer};

@@ -20,11 +20,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use super::auth::{encode, Screen, NOAUTH};
 use super::command::{classify, is_push, Cmd, LocalPush, LocalStore, MirrorPush, ReplyMode, Tag};
 use super::connection::{Link, Selected, Shared};
 use super::frame::{command_name, parse_command};
@@ -49,11 +50,12 @@ enum Routing {
     Local(Tag),
 }
 
-/// One connection's client reader; see the module docs.
-pub(super) struct Reader {
+/// One connection's client reader; see the module docs. `W` is the
+/// upstream's write half: a TCP half, or a TLS stream's.
+pub(super) struct Reader<W> {
     pub id: u64,
     pub client: OwnedReadHalf,
-    pub upstream: OwnedWriteHalf,
+    pub upstream: W,
     pub tags: mpsc::Sender<Tag>,
     /// Shared with the reply side: its `attention` wakes it for tags that
     /// need it before Redis answers anything (see [`Reader::flush`]).
@@ -61,6 +63,9 @@ pub(super) struct Reader {
     /// The database as the reply side last published it.
     pub selected: watch::Receiver<Selected>,
     pub fence: Fence,
+    /// Whether the client passed the proxy's own password (see `auth`);
+    /// unused when the proxy has none.
+    pub gate_passed: bool,
     /// Set for good once the client used CLIENT REPLY OFF/SKIP: from then
     /// on any command may go unanswered, so every tag wakes the reply side.
     pub maybe_silenced: bool,
@@ -93,15 +98,21 @@ struct Batch {
     tags: Vec<Tag>,
 }
 
-impl Reader {
+/// How long telling Redis the client left may take (a TLS close_notify is
+/// a write, and a stuck upstream must not hold the task).
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl<W: AsyncWrite + Unpin> Reader<W> {
     /// Runs until the client goes, the server stops, or the reply side ends.
     ///
-    /// When the client has gone, the upstream write half is dropped here,
+    /// When the client has gone, the upstream write half is shut down here,
     /// which tells Redis the client left (as a direct client's close would:
     /// Redis answers what it already read, then drops the connection, so a
-    /// blocked BLPOP does not hold the splice open). Otherwise it is returned,
-    /// and the caller keeps it until the replies in flight are in.
-    pub(super) async fn run(mut self) -> Option<OwnedWriteHalf> {
+    /// blocked BLPOP does not hold the splice open). Shut down, not only
+    /// dropped: dropping a TCP half sends the FIN, but dropping one half of
+    /// a TLS stream sends nothing. Otherwise it is returned, and the caller
+    /// keeps it until the replies in flight are in.
+    pub(super) async fn run(mut self) -> Option<W> {
         let client_gone = match self.splice().await {
             Ok(client_gone) => client_gone,
             Err(e) => {
@@ -110,7 +121,7 @@ impl Reader {
             }
         };
         let Reader {
-            upstream,
+            mut upstream,
             tags,
             link,
             ..
@@ -118,7 +129,11 @@ impl Reader {
         // The reply side notices the closed channel when it next looks.
         drop(tags);
         link.attention.notify_one();
-        (!client_gone).then_some(upstream)
+        if client_gone {
+            let _ = tokio::time::timeout(SHUTDOWN_TIMEOUT, upstream.shutdown()).await;
+            return None;
+        }
+        Some(upstream)
     }
 
     /// The read loop; true when it ended because the client went away.
@@ -145,7 +160,7 @@ impl Reader {
                         return Ok(false);
                     }
                 };
-                let bytes = buf.split_to(len);
+                let mut bytes = buf.split_to(len);
                 if args.is_empty() {
                     // Bytes Redis skips without a reply; pass them on as-is.
                     batch.out.extend_from_slice(&bytes);
@@ -153,10 +168,28 @@ impl Reader {
                 }
                 self.shared.commands.increment(1);
                 let Some(name) = command_name(&args) else {
+                    if self.shared.gate.is_some() && !self.gate_passed {
+                        batch.tags.push(Tag::Answer(NOAUTH));
+                        continue;
+                    }
                     batch.out.extend_from_slice(&bytes);
                     batch.tags.push(sent(Cmd::Plain));
                     continue;
                 };
+                let mut args = args;
+                if let Some(gate) = &self.shared.gate {
+                    match gate.screen(&mut self.gate_passed, &name, &args) {
+                        Screen::Pass => {}
+                        Screen::Answer(reply) => {
+                            batch.tags.push(Tag::Answer(reply));
+                            continue;
+                        }
+                        Screen::Rewrite(rewritten) => {
+                            bytes = BytesMut::from(&encode(&rewritten)[..]);
+                            args = rewritten;
+                        }
+                    }
+                }
                 let cmd = match self
                     .route(&name, &args, in_multi, &local_stores, &mut batch, read_at)
                     .await?
@@ -178,6 +211,9 @@ impl Reader {
                         true
                     }
                     Cmd::Exec | Cmd::Discard => std::mem::take(&mut self.fence.select_in_multi),
+                    // Whether a routed push may be answered here depends on
+                    // Redis's answer to these.
+                    Cmd::Auth | Cmd::Hello => true,
                     _ => false,
                 };
                 match cmd {
@@ -239,14 +275,21 @@ impl Reader {
         if !self.shared.routes.is_routed_key(&args[1]) {
             return Ok(Routing::NotRouted);
         }
-        let db = self.selected_db(batch, read_at).await?;
-        let Some(route) = db
+        let selected = self.selected_db(batch, read_at).await?;
+        let Some(route) = selected
+            .db
             .and_then(|db| self.shared.routes.by_db_key(db, &args[1]))
             .cloned()
         else {
             return Ok(Routing::NotRouted);
         };
         let phase = self.shared.routes.push_phase(&route, args.get(2));
+        let local = matches!(phase, Phase::PostgresOnly | Phase::Decommissioned);
+        if local && !selected.authed {
+            // Redis would refuse it; the proxy answering in its place must
+            // too, or an unauthenticated client could enqueue into Postgres.
+            return Ok(Routing::Local(Tag::Answer(NOAUTH)));
+        }
         let items: Vec<Bytes> = args[2..].to_vec();
         metrics::counter!(m::ROUTE_PUSHES, "route" => route.name.clone(), "phase" => phase.as_str(), "via" => "proxy")
             .increment(items.len() as u64);
@@ -289,14 +332,15 @@ impl Reader {
         })))
     }
 
-    /// The database the next command runs in. If a command that may change
-    /// it is not answered yet, the commands read so far go to Redis first,
+    /// The database the next command runs in and whether Redis has the
+    /// connection authenticated. If a command that may change either is not
+    /// answered yet, the commands read so far go to Redis first,
     /// and the reader waits for the reply side to have the answer.
     async fn selected_db(
         &mut self,
         batch: &mut Batch,
         read_at: Instant,
-    ) -> std::io::Result<Option<i64>> {
+    ) -> std::io::Result<Selected> {
         let last = self.fence.last;
         if self.selected.borrow().done < last {
             let ready = std::mem::take(batch);
@@ -309,7 +353,7 @@ impl Reader {
                 return Err(std::io::Error::other("reply side closed"));
             }
         }
-        Ok(self.selected.borrow().db)
+        Ok(*self.selected.borrow())
     }
 
     /// Writes the batch's bytes to Redis, then hands its tags over.

@@ -18,8 +18,8 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::mpsc::{self, error::TryRecvError};
 use tokio_util::sync::CancellationToken;
 
@@ -47,10 +47,11 @@ enum Flow {
     Close,
 }
 
-/// One connection's reply side; see the module docs.
-pub(super) struct Replies {
+/// One connection's reply side; see the module docs. `R` is the upstream's
+/// read half: a TCP half, or a TLS stream's.
+pub(super) struct Replies<R> {
     pub id: u64,
-    pub upstream: OwnedReadHalf,
+    pub upstream: R,
     pub client: OwnedWriteHalf,
     pub tags: mpsc::Receiver<Tag>,
     link: Arc<Link>,
@@ -73,18 +74,20 @@ pub(super) struct Replies {
     answered: Vec<(Duration, Instant)>,
 }
 
-impl Replies {
+impl<R: AsyncRead + Unpin> Replies<R> {
     /// A reply side for these halves.
     pub(super) fn new(
         id: u64,
-        upstream: OwnedReadHalf,
+        upstream: R,
         client: OwnedWriteHalf,
         tags: mpsc::Receiver<Tag>,
         link: Arc<Link>,
         shared: Arc<Shared>,
         stop: CancellationToken,
-    ) -> Replies {
+    ) -> Replies<R> {
         let decoder = Decoder::new(shared.reply_limits);
+        // The connection's probe put the fresh state into the link.
+        let session = Session::new(link.db.borrow().authed);
         Replies {
             id,
             upstream,
@@ -93,7 +96,7 @@ impl Replies {
             link,
             shared,
             stop,
-            session: Session::default(),
+            session,
             buf: BytesMut::with_capacity(16 * 1024),
             decoder,
             out: Vec::new(),
@@ -189,12 +192,18 @@ impl Replies {
                 self.local(push).await;
                 Flow::Continue
             }
+            Tag::Answer(bytes) => {
+                if !self.session.start_local() {
+                    self.out.extend_from_slice(bytes);
+                }
+                Flow::Continue
+            }
             Tag::Sent { cmd, cost } => {
                 if matches!(cmd, Cmd::Subscribe { .. } | Cmd::Unsubscribe { .. }) {
                     self.pubsub_taken += 1;
                 }
                 let expect = self.session.start(&cmd);
-                if expect == Expect::Nothing && cmd.moves_db() {
+                if expect == Expect::Nothing && cmd.moves_state() {
                     self.publish_db();
                 }
                 match (expect, cmd) {
@@ -282,7 +291,7 @@ impl Replies {
                     parsed = Some(self.parse(len)?);
                 }
                 self.answered.push((head.cost, ready));
-                let moves_db = head.cmd.moves_db();
+                let moves_state = head.cmd.moves_state();
                 match self.session.on_reply(head.cmd, parsed.as_ref()) {
                     Action::Forward => self.forward(len),
                     Action::Mirror(push) => {
@@ -298,7 +307,7 @@ impl Replies {
                         return Ok(self.pass_through().await);
                     }
                 }
-                if moves_db {
+                if moves_state {
                     self.publish_db();
                 }
             }
@@ -333,11 +342,13 @@ impl Replies {
     }
 
     /// Tells the reader which database the commands after the tags taken so
-    /// far run in (see [`Cmd::moves_db`]).
+    /// far run in, and whether Redis has the connection authenticated (see
+    /// [`Cmd::moves_state`]).
     fn publish_db(&self) {
         self.link.db.send_replace(Selected {
             done: self.taken,
             db: self.session.next_db(),
+            authed: self.session.authed(),
         });
     }
 

@@ -1,27 +1,30 @@
-//! The proxy's listener: checks the upstream Redis at start-up, accepts up to
-//! `max_clients` connections, and on shutdown stops accepting, lets each
-//! connection answer what it already read, and closes what is left after a
-//! deadline.
+//! The proxy's listener: checks the upstream Redis at start-up (over TLS for
+//! `rediss://`), accepts up to `max_clients` connections, and on shutdown
+//! stops accepting, lets each connection answer what it already read, and
+//! closes what is left after a deadline.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::auth::{self, Gate};
 use super::connection::{self, Shared};
 use super::error::ProxyError;
-use super::frame::{self, Frame, Limits, DEPTH_CAP};
+use super::frame::{Frame, Limits, DEPTH_CAP};
+use super::upstream::{Stream, Upstream};
 use crate::config::ProxyConfig;
 use crate::metrics as m;
 use crate::redact::redact_url;
 use crate::redis::mirror::Mirror;
 use crate::redis::routes::Routes;
+use crate::redis::tls::hint;
 
 /// How long the start-up check waits for the upstream Redis.
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
@@ -44,8 +47,8 @@ pub struct ProxyDeps {
 pub struct ProxyServer {
     listener: TcpListener,
     local_addr: SocketAddr,
-    /// `host:port` of the upstream Redis.
-    upstream: Arc<str>,
+    /// The upstream Redis, with its TLS settings when `rediss://`.
+    upstream: Arc<Upstream>,
     /// The upstream URL with its password redacted, for logs.
     upstream_shown: String,
     max_clients: usize,
@@ -59,7 +62,7 @@ impl ProxyServer {
     /// the address; passwords are redacted.
     pub async fn bind(listen: &str, deps: ProxyDeps) -> crate::Result<ProxyServer> {
         let shown = redact_url(&deps.config.upstream);
-        let upstream = upstream_addr(&deps.config.upstream, &shown)?;
+        let upstream = Upstream::new(&deps.config.upstream, &shown, &deps.config.upstream_tls)?;
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|e| ProxyError::Listen {
@@ -67,12 +70,19 @@ impl ProxyServer {
                 reason: e.to_string(),
             })?;
         let local_addr = listener.local_addr()?;
-        ping(&upstream, &deps.config.upstream)
+        let needs_password = ping(&upstream, &deps.config.upstream)
             .await
             .map_err(|reason| ProxyError::UpstreamUnreachable {
                 url: shown.clone(),
                 reason,
             })?;
+        let gate = deps.config.password.clone().map(|password| Gate {
+            password,
+            upstream: auth::url_credentials(&deps.config.upstream),
+        });
+        if gate.as_ref().is_some_and(|g| g.upstream.is_none()) && needs_password {
+            return Err(ProxyError::UpstreamNeedsCredentials { url: shown }.into());
+        }
         let limits = Limits {
             max_bulk_len: deps.config.max_bulk_len,
             max_elements: deps.config.max_elements,
@@ -85,6 +95,7 @@ impl ProxyServer {
             max_inline_len: 512 << 20,
         };
         let shared = Shared {
+            gate,
             routes: deps.routes,
             mirror: deps.mirror,
             limits,
@@ -96,7 +107,7 @@ impl ProxyServer {
         Ok(ProxyServer {
             listener,
             local_addr,
-            upstream: upstream.into(),
+            upstream: Arc::new(upstream),
             upstream_shown: shown,
             max_clients: deps.config.max_clients.max(1),
             drain_timeout: DRAIN_TIMEOUT,
@@ -183,58 +194,21 @@ async fn drain(mut conns: JoinSet<()>, timeout: Duration) {
     }
 }
 
-/// `host:port` of a `redis://` URL (port 6379 unless given).
-fn upstream_addr(url: &str, shown: &str) -> Result<String, ProxyError> {
-    let bad = |reason: &str| ProxyError::UpstreamUrl {
-        url: shown.to_string(),
-        reason: reason.to_string(),
-    };
-    let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
-    match parsed.scheme() {
-        "redis" => {}
-        "rediss" => {
-            return Err(ProxyError::UpstreamTls {
-                url: shown.to_string(),
-            })
-        }
-        _ => return Err(bad("must start with redis://")),
-    }
-    let host = parsed
-        .host_str()
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| bad("has no host"))?;
-    Ok(format!("{host}:{}", parsed.port().unwrap_or(6379)))
-}
-
-/// Checks that Redis answers at `addr`, authenticating with the URL's
-/// credentials when it has some. `-NOAUTH` counts as an answer: clients
-/// bring their own AUTH through the splice.
-async fn ping(addr: &str, url: &str) -> Result<(), String> {
+/// Checks that Redis answers at `upstream`, authenticating with the URL's
+/// credentials when it has some, and says whether Redis still wants a
+/// password after that. `-NOAUTH` counts as an answer: clients bring their
+/// own AUTH through the splice (unless the proxy has a password of its own).
+/// A TLS failure says what to check.
+async fn ping(upstream: &Upstream, url: &str) -> Result<bool, String> {
     let check = async {
-        let mut conn = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-        let parsed = url::Url::parse(url).map_err(|e| e.to_string())?;
-        if let Some(password) = parsed.password() {
-            let user = match parsed.username() {
-                "" => "default",
-                user => user,
-            };
-            let user = percent_decode(user);
-            let password = percent_decode(password);
-            conn.write_all(&command(&[b"AUTH", &user, &password]))
-                .await
-                .map_err(|e| e.to_string())?;
-            if let Frame::Error(e) = reply(&mut conn).await? {
-                return Err(format!("AUTH failed: {}", String::from_utf8_lossy(&e)));
-            }
-        }
-        conn.write_all(&command(&[b"PING"]))
-            .await
-            .map_err(|e| e.to_string())?;
-        match reply(&mut conn).await? {
-            Frame::Simple(s) if s.as_ref() == b"PONG" => Ok(()),
-            Frame::Error(e) if e.starts_with(b"NOAUTH") => Ok(()),
-            Frame::Error(e) => Err(format!("PING answered: {}", String::from_utf8_lossy(&e))),
-            _ => Err("PING answered something other than PONG".to_string()),
+        let conn = upstream.connect().await.map_err(|e| {
+            let reason = e.to_string();
+            let hint = hint(&reason, "[proxy] upstream_ca_file");
+            format!("{reason}{hint}")
+        })?;
+        match conn {
+            Stream::Plain(tcp) => ping_on(tcp, url).await,
+            Stream::Tls(tls) => ping_on(*tls, url).await,
         }
     };
     tokio::time::timeout(PING_TIMEOUT, check)
@@ -242,80 +216,22 @@ async fn ping(addr: &str, url: &str) -> Result<(), String> {
         .map_err(|_| format!("no answer within {PING_TIMEOUT:?}"))?
 }
 
-/// URL user info is percent-encoded; Redis wants the raw bytes.
-fn percent_decode(s: &str) -> Vec<u8> {
-    let bytes = s.as_bytes();
-    let hex = |b: u8| {
-        char::from(b)
-            .to_digit(16)
-            .and_then(|d| u8::try_from(d).ok())
-    };
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let decoded = match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
-            (b'%', Some(&hi), Some(&lo)) => hex(hi).zip(hex(lo)).map(|(h, l)| h << 4 | l),
-            _ => None,
-        };
-        match decoded {
-            Some(b) => {
-                out.push(b);
-                i += 3;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
+/// AUTH (when the URL has a password) and the probe on one open connection.
+async fn ping_on<S: AsyncRead + AsyncWrite + Unpin>(
+    mut conn: S,
+    url: &str,
+) -> Result<bool, String> {
+    if let Some((user, password)) = auth::url_credentials(url) {
+        conn.write_all(&auth::encode(&[
+            Bytes::from_static(b"AUTH"),
+            user,
+            password,
+        ]))
+        .await
+        .map_err(|e| e.to_string())?;
+        if let Frame::Error(e) = auth::read_reply(&mut conn).await? {
+            return Err(format!("AUTH failed: {}", String::from_utf8_lossy(&e)));
         }
     }
-    out
-}
-
-fn command(args: &[&[u8]]) -> Vec<u8> {
-    let frame = Frame::Array(
-        args.iter()
-            .map(|a| Frame::Bulk(bytes::Bytes::copy_from_slice(a)))
-            .collect(),
-    );
-    frame.to_bytes()
-}
-
-async fn reply(conn: &mut TcpStream) -> Result<Frame, String> {
-    let mut buf = BytesMut::with_capacity(512);
-    loop {
-        if let Some((frame, _)) =
-            frame::parse(&buf, &Limits::default()).map_err(|e| e.to_string())?
-        {
-            return Ok(frame);
-        }
-        if conn.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
-            return Err("connection closed".to_string());
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn upstream_urls() {
-        assert_eq!(upstream_addr("redis://h", "").unwrap(), "h:6379");
-        assert_eq!(upstream_addr("redis://:pw@h:7000/2", "").unwrap(), "h:7000");
-        assert_eq!(
-            upstream_addr("redis://[::1]:7000", "").unwrap(),
-            "[::1]:7000"
-        );
-        let tls = upstream_addr("rediss://u:secret@h", "rediss://u:***@h").unwrap_err();
-        assert!(
-            tls.to_string().contains("TLS to the upstream comes later"),
-            "{tls}"
-        );
-        assert!(!tls.to_string().contains("secret"));
-    }
-
-    #[test]
-    fn passwords_are_percent_decoded() {
-        assert_eq!(percent_decode("a%2Bb+c%"), b"a+b+c%");
-    }
+    auth::probe(&mut conn).await.map(|authed| !authed)
 }

@@ -1,6 +1,7 @@
 //! The state of one upstream connection as far as reply pairing and routing
 //! depend on it: the protocol (RESP2/RESP3), the subscription sets, CLIENT
-//! REPLY, the commands queued in a MULTI, and the selected database.
+//! REPLY, the commands queued in a MULTI, the selected database, and
+//! whether Redis has the connection authenticated.
 //!
 //! It is updated only from replies, in order, on the reply side: Redis's own
 //! answers are the truth (a MULTI refused by an ACL, a HELLO 3 that failed
@@ -72,19 +73,20 @@ pub(super) struct Session {
     /// The selected database; `None` after a SELECT Redis took whose index
     /// the proxy could not read (no route matches then).
     db: Option<i64>,
+    /// Whether Redis would run commands on the connection: `+OK` to AUTH or
+    /// a successful HELLO (which Redis refuses unauthenticated) set it; RESET
+    /// returns to [`Session::authed_at_start`].
+    authed: bool,
+    /// Whether a fresh connection needs no AUTH (the default user has no
+    /// password), as the connection's probe found.
+    authed_at_start: bool,
 }
 
+/// A connection that needs no AUTH; the unit tests start from it.
+#[cfg(test)]
 impl Default for Session {
     fn default() -> Session {
-        Session {
-            resp3: false,
-            subs: Default::default(),
-            replies_off: false,
-            skip_next: false,
-            multi: None,
-            // A new connection (and RESET) starts in database 0.
-            db: Some(0),
-        }
+        Session::new(true)
     }
 }
 
@@ -121,6 +123,31 @@ pub(super) fn may_confirm(frame: &Frame) -> bool {
 }
 
 impl Session {
+    /// A fresh connection's state; `authed`: see [`Session::authed_at_start`].
+    pub(super) fn new(authed: bool) -> Session {
+        Session {
+            resp3: false,
+            subs: Default::default(),
+            replies_off: false,
+            skip_next: false,
+            multi: None,
+            // A new connection (and RESET) starts in database 0.
+            db: Some(0),
+            authed,
+            authed_at_start: authed,
+        }
+    }
+
+    /// Back to a fresh connection's state (RESET).
+    fn reset(&mut self) {
+        *self = Session::new(self.authed_at_start);
+    }
+
+    /// Whether Redis would run a command on this connection now.
+    pub(super) fn authed(&self) -> bool {
+        self.authed
+    }
+
     /// Whether Redis speaks RESP3 on this connection.
     #[cfg(test)]
     pub(super) fn resp3(&self) -> bool {
@@ -185,7 +212,7 @@ impl Session {
             // RESET runs even in MULTI and turns CLIENT REPLY OFF back on, so
             // it answers (and is applied then) unless a SKIP is on it.
             if std::mem::take(&mut self.skip_next) {
-                *self = Session::default();
+                self.reset();
                 return Expect::Nothing;
             }
             return Expect::One;
@@ -245,6 +272,7 @@ impl Session {
                     | Cmd::Multi
                     | Cmd::Reset
                     | Cmd::Hello
+                    | Cmd::Auth
                     | Cmd::Subscribe { .. }
                     | Cmd::Unsubscribe { .. }
             )
@@ -342,7 +370,7 @@ impl Session {
                     };
                 }
                 Cmd::Discard => self.multi = None,
-                Cmd::Reset if simple(b"RESET") => *self = Session::default(),
+                Cmd::Reset if simple(b"RESET") => self.reset(),
                 Cmd::Push(push) if simple(b"QUEUED") => entries.push(Entry::Redis(Some(push))),
                 Cmd::Select(db) if simple(b"QUEUED") => entries.push(Entry::Select(db)),
                 _ if simple(b"QUEUED") => entries.push(Entry::Redis(None)),
@@ -354,12 +382,16 @@ impl Session {
         match cmd {
             Cmd::Multi if simple(b"OK") => self.multi = Some(Vec::new()),
             Cmd::Select(db) if simple(b"OK") => self.db = db,
-            Cmd::Reset if simple(b"RESET") => *self = Session::default(),
+            Cmd::Reset if simple(b"RESET") => self.reset(),
+            // A HELLO that answers ran authenticated (with its AUTH option
+            // or on a connection that already was).
             Cmd::Hello => match frame {
-                Some(Frame::Map(_)) => self.resp3 = true,
-                Some(Frame::Array(_)) => self.resp3 = false,
+                Some(Frame::Map(_)) => (self.resp3, self.authed) = (true, true),
+                Some(Frame::Array(_)) => (self.resp3, self.authed) = (false, true),
                 _ => {}
             },
+            // A failed AUTH leaves the connection as it was, as in Redis.
+            Cmd::Auth if simple(b"OK") => self.authed = true,
             Cmd::Push(push) if took(frame) => return Action::Mirror(push),
             _ => {}
         }

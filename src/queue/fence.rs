@@ -74,10 +74,10 @@ const COMPLETE_WITH_HISTORY_SQL: &str = r#"
 WITH d AS (
     DELETE FROM qbridge.jobs j USING unnest($1::int8[], $2::int8[]) AS c(id, lease)
      WHERE j.id = c.id AND j.lease = c.lease AND j.state = 'running'
-    RETURNING j.id, j.queue, j.kind, j.key, j.attempts, j.created_at
+    RETURNING j.id, j.queue, j.kind, j.key, j.attempts, j.created_at, j.lease
 )
-INSERT INTO qbridge.jobs_done (id, queue, kind, key, attempts, created_at)
-SELECT id, queue, kind, key, attempts, created_at FROM d
+INSERT INTO qbridge.jobs_done (id, queue, kind, key, attempts, created_at, lease)
+SELECT id, queue, kind, key, attempts, created_at, lease FROM d
 RETURNING id
 "#;
 
@@ -114,7 +114,7 @@ WITH u AS (
      WHERE j.id = c.id AND j.lease = c.lease AND j.state = 'running'
     RETURNING j.id, j.queue
 ), n AS (
-    SELECT pg_notify('qbridge_jobs', q.queue) FROM (SELECT DISTINCT queue FROM u) q
+    SELECT qbridge.hint('qbridge_jobs', q.queue) FROM (SELECT DISTINCT queue FROM u) q
 )
 SELECT u.id FROM u, (SELECT count(*) FROM n) AS sent
 "#;

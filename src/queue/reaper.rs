@@ -38,7 +38,7 @@ WITH exp AS (
      WHERE j.id = exp.id AND j.state = 'running' AND j.lease_until < now()
     RETURNING j.id, j.queue
 ), n AS (
-    SELECT pg_notify('qbridge_jobs', q.queue) FROM (SELECT DISTINCT queue FROM u) q
+    SELECT qbridge.hint('qbridge_jobs', q.queue) FROM (SELECT DISTINCT queue FROM u) q
 )
 SELECT u.queue, count(*) FROM u, (SELECT count(*) FROM n) AS sent GROUP BY u.queue
 "#;

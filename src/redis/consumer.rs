@@ -64,6 +64,7 @@ use crate::config::RedisConsumerConfig;
 use crate::cutover::Phase;
 use crate::error::{Error, Result};
 use crate::redis::routes::{Route, Routes};
+use crate::redis::tls::RedisTls;
 use crate::shadow::OutcomeRecorder;
 use crate::worker::Handler;
 
@@ -154,13 +155,15 @@ pub struct RedisConsumer {
 impl RedisConsumer {
     /// A consumer of `route` (which must have `[routes.redis_consumer]`),
     /// reading its phase from `routes`, numbering pops and recording
-    /// outcomes in `db`. Unless the route is decommissioned it checks now
+    /// outcomes in `db`; a `rediss://` URL trusts `tls`'s CA. Unless the
+    /// route is decommissioned it checks now
     /// that Redis answers, so a wrong URL is a one-line error at start-up
     /// (password redacted); decommissioned, it connects to nothing.
     pub async fn new(
         route: Arc<Route>,
         routes: Routes,
         redis_url: &str,
+        tls: &RedisTls,
         db: PgPool,
         handler: Handler,
         outcomes: OutcomeRecorder,
@@ -172,7 +175,7 @@ impl RedisConsumer {
             ))
         })?;
         let unreachable = |e| crate::redis::producer::unreachable(redis_url, e);
-        let client = ::redis::Client::open(redis_url).map_err(unreachable)?;
+        let client = tls.client(redis_url).map_err(unreachable)?;
         if routes.phase(&route) != Phase::Decommissioned {
             let config = ::redis::AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(Duration::from_secs(3)))

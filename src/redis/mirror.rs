@@ -303,7 +303,13 @@ impl Writer {
             }
             return;
         }
-        let result = write_batch(&self.pool, &batch, self.opts.payload_limit).await;
+        let result = write_batch(
+            &self.pool,
+            &batch,
+            self.opts.payload_limit,
+            self.opts.batch_items,
+        )
+        .await;
         match &result {
             Ok(_) => self.breaker.close(),
             Err(e) if is_unavailable(e) => self.breaker.open(),
@@ -363,22 +369,20 @@ impl Writer {
 }
 
 /// Decodes and stores every item of `batch` in one transaction; results in
-/// request order, items in order.
+/// request order, items in order. Items are decoded and stored `chunk` at a
+/// time: one push may carry a million items, and decoding them all at once
+/// (payloads, keys, bind arrays) cost about 3 KiB each, far past the mirror
+/// buffer. Chunks of one transaction see each other's rows, so keys and
+/// duplicates come out as in one statement.
 async fn write_batch(
     pool: &PgPool,
     batch: &[Request],
     payload_limit: usize,
+    chunk: usize,
 ) -> crate::Result<Vec<Stored>> {
-    let items: Vec<Item<'_>> = batch
+    let all: Vec<(&Request, &Bytes)> = batch
         .iter()
-        .flat_map(|r| {
-            r.items.iter().map(move |bytes| Item {
-                route: &r.route,
-                decoded: decode_bytes(&r.route.format, bytes.clone()),
-                copy: r.copy,
-                via: r.via,
-            })
-        })
+        .flat_map(|r| r.items.iter().map(move |bytes| (r, bytes)))
         .collect();
     let mut tx = pool.begin().await?;
     // A batch stuck behind a lock (a business transaction holding a key it
@@ -387,7 +391,19 @@ async fn write_batch(
     sqlx::query("SET LOCAL lock_timeout = '2s'")
         .execute(&mut *tx)
         .await?;
-    let stored = store::store(&mut tx, items, payload_limit).await?;
+    let mut stored = Vec::with_capacity(all.len());
+    for part in all.chunks(chunk.max(1)) {
+        let items: Vec<Item<'_>> = part
+            .iter()
+            .map(|&(r, bytes)| Item {
+                route: &r.route,
+                decoded: decode_bytes(&r.route.format, bytes.clone()),
+                copy: r.copy,
+                via: r.via,
+            })
+            .collect();
+        stored.extend(store::store(&mut tx, items, payload_limit).await?);
+    }
     tx.commit().await?;
     Ok(stored)
 }

@@ -1,7 +1,7 @@
 //! The Redis side of a migration: list-item formats (job key and byte-exact
 //! payload), the route table, storing routed items as live or mirror copies,
 //! the group-commit mirror writer of the proxy, the producer API with its
-//! outbox, and the Redis consumer.
+//! outbox, the Redis consumer, and TLS trust for `rediss://`.
 
 pub mod consumer;
 pub mod formats;
@@ -12,3 +12,4 @@ pub mod route_stats;
 pub mod routes;
 pub mod services;
 pub mod store;
+pub mod tls;

@@ -38,6 +38,7 @@ use crate::redis::formats::decode_bytes;
 use crate::redis::outbox::{self, Owed};
 use crate::redis::routes::{Route, Routes};
 use crate::redis::store::{self, Item, Stored, Via};
+use crate::redis::tls::RedisTls;
 
 /// Enqueues items on routes. Cheap to clone.
 #[derive(Clone)]
@@ -82,6 +83,8 @@ pub struct Pending {
 impl Producer {
     /// A producer on `pool`. `redis_url` is needed while any route writes
     /// Redis; it is connected now, so an unreachable Redis is a start-up error.
+    /// For a `rediss://` Redis with a private CA, connect with
+    /// [`connect_redis_with`] and use [`Producer::from_parts`].
     pub async fn connect(
         pool: PgPool,
         redis_url: Option<&str>,
@@ -269,18 +272,31 @@ impl Pending {
 }
 
 /// The one-line start-up error for a Redis at `url` that does not answer
-/// (password redacted).
+/// (password redacted; a certificate problem says so).
 pub fn unreachable(url: &str, e: ::redis::RedisError) -> Error {
+    let reason = e
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let hint = crate::redis::tls::hint(&reason, "redis_ca_file");
     Error::RedisUnreachable {
         url: crate::redact::redact_url(url),
-        reason: e.to_string(),
+        reason: format!("{reason}{hint}"),
     }
 }
 
-/// Connects to Redis with reconnects, or a clear one-line error.
+/// Connects to Redis with reconnects, or a clear one-line error; a
+/// `rediss://` URL trusts the operating system's CAs (see
+/// [`connect_redis_with`] for a private CA).
 pub async fn connect_redis(url: &str) -> Result<ConnectionManager> {
+    connect_redis_with(url, &RedisTls::default()).await
+}
+
+/// [`connect_redis`] trusting `tls`'s CA on `rediss://`.
+pub async fn connect_redis_with(url: &str, tls: &RedisTls) -> Result<ConnectionManager> {
     let unreachable = |e| unreachable(url, e);
-    let client = ::redis::Client::open(url).map_err(unreachable)?;
+    let client = tls.client(url).map_err(unreachable)?;
     let config = ::redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(std::time::Duration::from_secs(3)))
         .set_response_timeout(Some(std::time::Duration::from_secs(5)))

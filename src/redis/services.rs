@@ -23,7 +23,7 @@ use crate::proxy::{ProxyDeps, ProxyServer};
 use crate::redis::consumer::{ConsumerOptions, ConsumerReport, RedisConsumer};
 use crate::redis::mirror::{self, Mirror, MirrorOptions};
 use crate::redis::outbox;
-use crate::redis::producer::{connect_redis, Producer};
+use crate::redis::producer::{connect_redis_with, Producer};
 use crate::redis::routes::Routes;
 use crate::shadow::outcomes::WriterReport;
 use crate::shadow::{OutcomeRecorder, RecorderOptions};
@@ -75,7 +75,7 @@ impl RedisSide {
                 .iter()
                 .any(|r| routes.phase(r) != Phase::Decommissioned);
         let redis = match needs_redis {
-            true => Some(connect_redis(&cfg.redis_url).await?),
+            true => Some(connect_redis_with(&cfg.redis_url, &cfg.redis_tls).await?),
             false => None,
         };
         let mut tasks: Vec<JoinHandle<()>> = watch.into_iter().collect();
@@ -212,6 +212,7 @@ impl RedisSide {
                 Arc::clone(route),
                 self.routes.clone(),
                 &cfg.redis_url,
+                &cfg.redis_tls,
                 db.clone(),
                 Handler::from_config(handler_cfg)?,
                 recorder.clone(),

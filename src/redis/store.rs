@@ -92,10 +92,11 @@ RETURNING queue, hash, n
 const KEYS_SQL: &str = r#"
 INSERT INTO qbridge.job_keys (queue, key, copy, via, flagged, original)
 SELECT t.queue, t.key, t.copy, t.via, t.flagged,
-       -- No bytes to keep when the Redis side already reported the job.
+       -- No bytes to keep when the Redis side already finished the job.
        CASE WHEN t.original IS NOT NULL AND NOT EXISTS (
                 SELECT 1 FROM qbridge.outcomes o
-                 WHERE o.queue = t.queue AND o.key = t.key AND o.side = 'redis')
+                 WHERE o.queue = t.queue AND o.key = t.key AND o.side = 'redis'
+                   AND o.outcome IN ('ok', 'dead'))
             THEN t.original END
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[])
        AS t(queue, key, copy, via, flagged, original)

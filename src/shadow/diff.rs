@@ -167,9 +167,11 @@ SELECT t.key FROM unnest($2::text[]) AS t(key)
  WHERE NOT EXISTS (SELECT 1 FROM qbridge.job_keys k WHERE k.queue = $1 AND k.key = t.key)
 "#;
 
-/// Mirror copies whose Redis copy is unaccounted for: no Redis outcome
-/// ever and not held in Redis now. `original IS NOT NULL` narrows the scan
-/// (a Redis outcome clears it), but the outcome check itself is what counts:
+/// Mirror copies whose Redis copy is unaccounted for: no final Redis
+/// outcome (ok or dead; a failed attempt is retried from a processing list,
+/// which a Redis restart can lose too) and not held in Redis now.
+/// `original IS NOT NULL` narrows the scan (a final Redis outcome clears
+/// it), but the outcome check itself is what counts:
 /// the Redis consumer can finish a job before its mirror row commits, and
 /// then nothing cleared that row's bytes.
 pub(crate) const ONLY_POSTGRES_SQL: &str = r#"
@@ -177,7 +179,8 @@ SELECT k.key FROM qbridge.job_keys k
  WHERE k.queue = $1 AND k.copy = 'mirror' AND k.original IS NOT NULL
    AND k.seen_at >= $2 AND k.seen_at < $3 AND NOT (k.key = ANY($4::text[]))
    AND NOT EXISTS (SELECT 1 FROM qbridge.outcomes o
-                    WHERE o.queue = k.queue AND o.key = k.key AND o.side = 'redis')
+                    WHERE o.queue = k.queue AND o.key = k.key AND o.side = 'redis'
+                      AND o.outcome IN ('ok', 'dead'))
  ORDER BY k.seen_at, k.key
 "#;
 

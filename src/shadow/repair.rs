@@ -27,7 +27,7 @@ use crate::redis::formats::decode_bytes;
 use crate::redis::routes::Route;
 use crate::redis::store::{self, Item, Stored, Via};
 use crate::shadow::diff::{ONLY_POSTGRES_SQL, UNKNOWN_KEYS_SQL};
-use crate::shadow::redis_view::RedisView;
+use crate::shadow::redis_view::{self, RedisView};
 
 /// How long a re-push marker lives: longer than any sane Redis backlog, so
 /// the same loss is never re-pushed twice, short enough to forget.
@@ -98,13 +98,19 @@ pub async fn repair(
     }
     let settled = Utc::now()
         - chrono::Duration::from_std(route.config.cutover.diff.settle).unwrap_or_default();
-    let keys: Vec<String> = sqlx::query_scalar(ONLY_POSTGRES_SQL)
-        .bind(&route.queue)
-        .bind(since)
-        .bind(settled)
-        .bind(held.keys())
-        .fetch_all(db)
-        .await?;
+    let first = owed(db, route, since, settled, held).await?;
+    if first.is_empty() {
+        return Ok(report);
+    }
+    // Redis is read list by list, and the consumer records an outcome a
+    // moment after it acts: an item moving between lists, or just finished,
+    // can look unaccounted for in one reading. Only what a second reading a
+    // moment later still misses is pushed back (the demo drill caught a
+    // running job pushed back without this).
+    tokio::time::sleep(RECHECK_AFTER).await;
+    let again = redis_view::read(redis, db, route).await?;
+    let second = owed(db, route, since, settled, &again).await?;
+    let keys: Vec<String> = first.into_iter().filter(|k| second.contains(k)).collect();
     if keys.is_empty() {
         return Ok(report);
     }
@@ -139,6 +145,28 @@ pub async fn repair(
         }
     }
     Ok(report)
+}
+
+/// Time between the two readings that must agree before a push-back:
+/// longer than the outcome recorder takes to write what it was handed.
+const RECHECK_AFTER: Duration = Duration::from_secs(1);
+
+/// Mirror copies unaccounted for on the Redis side given one reading.
+async fn owed(
+    db: &PgPool,
+    route: &Route,
+    since: DateTime<Utc>,
+    settled: DateTime<Utc>,
+    held: &RedisView,
+) -> Result<std::collections::HashSet<String>> {
+    let keys: Vec<String> = sqlx::query_scalar(ONLY_POSTGRES_SQL)
+        .bind(&route.queue)
+        .bind(since)
+        .bind(settled)
+        .bind(held.keys())
+        .fetch_all(db)
+        .await?;
+    Ok(keys.into_iter().collect())
 }
 
 /// Stores the held items Postgres does not know as mirror copies.

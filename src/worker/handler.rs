@@ -51,6 +51,9 @@ pub enum Handler {
 #[derive(Debug, Default)]
 pub struct Probe {
     runs: std::sync::atomic::AtomicU64,
+    /// Only count attempts: a long run (the soak) must not grow with every job
+    /// it has seen, or the bench itself would look like a leak.
+    count_only: bool,
     inner: std::sync::Mutex<ProbeData>,
 }
 
@@ -61,12 +64,23 @@ struct ProbeData {
 }
 
 impl Probe {
+    /// A probe that counts attempts and keeps nothing per job.
+    pub fn count_only() -> Probe {
+        Probe {
+            count_only: true,
+            ..Probe::default()
+        }
+    }
+
     fn record(&self, job: &ClaimedJob) {
         let waited = (chrono::Utc::now() - job.run_at)
             .num_microseconds()
             .unwrap_or(0)
             .max(0);
         self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.count_only {
+            return;
+        }
         if let Ok(mut d) = self.inner.lock() {
             d.seen.insert(job.id);
             d.latencies.push(waited as f64 / 1e6);
@@ -327,6 +341,12 @@ fn http_request(
         .header("Qbridge-Job-Id", job.id.to_string())
         .header("Qbridge-Attempt", job.attempts.to_string())
         .json(&job.payload);
+    // The fencing token of a Postgres attempt (Redis items have none): a
+    // handler with side effects can store it beside them and ignore a
+    // late call from an attempt whose lease was already handed on.
+    if job.id != 0 {
+        req = req.header("Qbridge-Lease", job.lease.to_string());
+    }
     if let Some(key) = &job.key {
         req = req.header("Qbridge-Job-Key", key);
     }

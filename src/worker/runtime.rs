@@ -97,6 +97,8 @@ impl Runtime {
             state.producer = redis_side.producer.clone().map(|p| p.with_via(Via::Http));
             state.payload_limit = cfg.payload_limit;
             state.max_body = cfg.http.max_body.0;
+            state.admin_token = cfg.admin_token.clone();
+            state.enqueue_requires_token = cfg.http.enqueue_requires_token;
             background
                 .push(crate::http::serve(&cfg.http.listen, state, maintenance.clone()).await?);
         }

@@ -254,3 +254,58 @@ async fn unparseable_database_url_error_hides_the_password() {
         "password leaked: {err}"
     );
 }
+
+/// `qbridge enqueue` with a malformed `--run-at` or `--delay`, a file with a
+/// bad line, or queue names with quotes, semicolons, unicode, spaces or `*`:
+/// one line on stderr naming the flag or line, a failed exit, nothing stored.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn the_cli_refuses_bad_times_files_and_names_and_stores_nothing(pool: PgPool) {
+    support::enqueue_ids(&pool, &support::plain_jobs("existing", 2)).await;
+    let before = snapshot(&pool).await;
+    let url = support::db_url(&pool);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), "{\"a\":1}\n{\"a\":\n{\"a\":3}\n").unwrap();
+    let path = file.path().to_string_lossy().to_string();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--run-at", "tomorrow", "{}"],
+            "--run-at \"tomorrow\" is not an RFC 3339 time",
+        ),
+        (vec!["--run-at", "2026-13-01T00:00:00Z", "{}"], "--run-at"),
+        (vec!["--run-at", "2026-11-21T18:00:00", "{}"], "--run-at"),
+        (vec!["--run-at", "", "{}"], "--run-at"),
+        (
+            vec!["--delay", "5 parsecs", "{}"],
+            "--delay \"5 parsecs\" is not a duration",
+        ),
+        (vec!["--delay=-5s", "{}"], "--delay"),
+        (vec!["--delay", "99999999999999999999d", "{}"], "--delay"),
+        (vec!["--file", &path], "line 2: "),
+    ];
+    for (extra, expected) in cases {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+            .args(["enqueue", "--database-url", &url, "--queue", "q"])
+            .args(&extra)
+            .env("QBRIDGE_LOG_FORMAT", "text")
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let last = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or_default();
+        assert!(!out.status.success(), "{extra:?} was accepted");
+        assert!(last.contains(expected), "{extra:?}: {stderr}");
+    }
+    for queue in ["a\"b", "a;b", "émails", "a b", "a*"] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+            .args(["enqueue", "--database-url", &url, "--queue", queue, "{}"])
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "queue {queue:?} was accepted");
+    }
+    assert_eq!(snapshot(&pool).await, before);
+}

@@ -615,6 +615,7 @@ async fn serve(pool: &PgPool, s: &Setup) -> String {
         .handle();
     let mut state = AppState::new(pool.clone(), prometheus);
     state.producer = Some(s.producer(pool).await);
+    state.admin_token = Some(qbridge::secret::Secret::new("test token", ADMIN_TOKEN).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -623,8 +624,16 @@ async fn serve(pool: &PgPool, s: &Setup) -> String {
     format!("http://{addr}")
 }
 
+/// The admin token of [`serve`]: the diff names job keys, so it needs one.
+const ADMIN_TOKEN: &str = "cutover-cli-admin-token-1";
+
 async fn get(url: &str) -> (StatusCode, Value) {
-    let resp = reqwest::get(url).await.unwrap();
+    let resp = reqwest::Client::new()
+        .get(url)
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
     let status = resp.status();
     (status, resp.json().await.unwrap_or(Value::Null))
 }

@@ -12,7 +12,7 @@ use sqlx::PgPool;
 use crate::support;
 
 /// Enqueues `jobs`, claims them and dead-letters each with its error.
-async fn kill(pool: &PgPool, jobs: &[(NewJob, &str)]) -> Vec<i64> {
+pub(crate) async fn kill(pool: &PgPool, jobs: &[(NewJob, &str)]) -> Vec<i64> {
     let mut ids = Vec::new();
     for (job, error) in jobs {
         let id = support::enqueue_ids(pool, std::slice::from_ref(job)).await[0];

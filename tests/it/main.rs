@@ -2,6 +2,7 @@
 //! Postgres (`DATABASE_URL`, see `.cargo/config.toml`). Every test gets a fresh
 //! database from `#[sqlx::test]`.
 
+mod admin_http;
 mod bad_input;
 mod claim;
 mod cli;
@@ -20,6 +21,7 @@ mod maintenance;
 mod mirror;
 mod outage;
 mod outcomes;
+mod oversized;
 mod producer;
 mod proxy;
 mod redaction;
@@ -32,5 +34,6 @@ mod schema_check;
 mod servers;
 mod shutdown;
 mod support;
+mod tls;
 mod wakeup;
 mod worker;

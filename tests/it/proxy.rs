@@ -2,10 +2,11 @@
 //! to direct Redis, blocking commands, CLIENT REPLY, bad
 //! input (here); pub/sub pairing (`pubsub`); routed pushes by phase, MULTI/EXEC and killed clients
 //! (`phases`); routes matched by database and key (`select`); real client
-//! libraries (`clients`).
+//! libraries (`clients`); AUTH, ACL users and the proxy's password (`auth`).
 
+mod auth;
 mod clients;
-mod harness;
+pub(crate) mod harness;
 mod phases;
 mod pubsub;
 mod select;

@@ -29,7 +29,7 @@ fn db_url(pool: &PgPool) -> String {
 }
 
 /// The binary, away from the caller's QBRIDGE_* and RUST_LOG settings.
-fn qbridge(log_format: &str, args: &[&str]) -> Command {
+pub(crate) fn qbridge(log_format: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_qbridge"));
     cmd.args(["--log-format", log_format])
         .args(args)
@@ -39,6 +39,8 @@ fn qbridge(log_format: &str, args: &[&str]) -> Command {
         .env_remove("QBRIDGE_REDIS_URL")
         .env_remove("QBRIDGE_PROXY_LISTEN")
         .env_remove("QBRIDGE_LOG_FORMAT")
+        .env_remove("QBRIDGE_ADMIN_TOKEN")
+        .env_remove("QBRIDGE_PROXY_PASSWORD")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .kill_on_drop(true);

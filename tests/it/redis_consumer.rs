@@ -107,6 +107,7 @@ impl Fixture {
             Arc::clone(&self.route),
             self.routes.clone(),
             url,
+            &Default::default(),
             pool.clone(),
             handler,
             recorder,

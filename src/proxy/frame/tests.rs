@@ -4,6 +4,7 @@
 
 use super::*;
 
+mod fuzz;
 mod limits;
 mod props;
 

@@ -11,7 +11,7 @@ use super::super::session::{took, Entry};
 use super::Replies;
 use crate::metrics as m;
 
-impl Replies {
+impl<R: tokio::io::AsyncRead + Unpin> Replies<R> {
     /// EXEC's array arrived: mirror the pushes Redis ran successfully, write
     /// the locally answered pushes to Postgres, and splice their results in
     /// at their places in command order.

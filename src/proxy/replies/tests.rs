@@ -68,6 +68,7 @@ async fn rig() -> Rig {
     };
     let (mirror, _writers) = Mirror::start(pool, None, opts);
     let shared = Arc::new(Shared {
+        gate: None,
         routes,
         mirror,
         limits: Limits::default(),
@@ -77,7 +78,7 @@ async fn rig() -> Rig {
         protocol_errors: metrics::Counter::noop(),
     });
     let (tags, rx) = mpsc::channel(16);
-    let link = Arc::new(Link::new());
+    let link = Arc::new(Link::new(true));
     let replies = Replies::new(
         1,
         upstream.into_split().0,

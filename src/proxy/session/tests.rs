@@ -232,3 +232,30 @@ fn reset_answers_under_client_reply_off_but_not_after_skip() {
     assert_eq!(s.next_db(), Some(0));
     assert_eq!(s.start(&Cmd::Plain), Expect::One);
 }
+
+#[test]
+fn authentication_follows_redis_answers_and_reset_returns_to_the_start() {
+    let mut s = Session::new(false);
+    assert!(!s.authed());
+    let wrong = Frame::Error(Bytes::from_static(
+        b"WRONGPASS invalid username-password pair",
+    ));
+    s.on_reply(Cmd::Auth, Some(&wrong));
+    assert!(
+        !s.authed(),
+        "a refused AUTH leaves the connection as it was"
+    );
+    let noauth = Frame::Error(Bytes::from_static(b"NOAUTH HELLO must be called ..."));
+    s.on_reply(Cmd::Hello, Some(&noauth));
+    assert!(!s.authed());
+    s.on_reply(Cmd::Auth, Some(&simple("OK")));
+    assert!(s.authed());
+    s.on_reply(Cmd::Reset, Some(&simple("RESET")));
+    assert!(!s.authed(), "RESET logs the connection out");
+    s.on_reply(Cmd::Hello, Some(&Frame::Map(vec![])));
+    assert!(s.authed() && s.resp3(), "HELLO 3 AUTH … answered");
+    // A connection that never needed AUTH stays authenticated after RESET.
+    let mut open = Session::new(true);
+    open.on_reply(Cmd::Reset, Some(&simple("RESET")));
+    assert!(open.authed());
+}

@@ -259,10 +259,16 @@ impl Slot {
             };
             let digest = run.digest;
             match run.result {
+                // The outcome is recorded before the item leaves its
+                // processing list: the handler's work is a fact whether or
+                // not Redis takes the ack. If Redis dies here and loses the
+                // item, the recorded outcome is what keeps `diff --repair`
+                // from pushing back a job that already ran (the fault
+                // suite's redis-restart scenario caught that order).
                 HandlerResult::Done => {
+                    self.record(&key, OutcomeKind::Ok, None, digest, attempt);
                     self.finish(conn, &ctx.ack, &processing, &inflight, &decoded)
                         .await?;
-                    self.record(&key, OutcomeKind::Ok, None, digest, attempt);
                     return Ok(Step::Handled);
                 }
                 HandlerResult::Retry(_) if attempt < max => {
@@ -273,11 +279,11 @@ impl Slot {
                     }
                 }
                 HandlerResult::Retry(_) | HandlerResult::Permanent(_) => {
+                    self.record(&key, OutcomeKind::Dead, run.error_class, digest, attempt);
                     self.finish(conn, &ctx.dead, &processing, &inflight, &decoded)
                         .await?;
                     tracing::info!(route = %ctx.route.name, key = %key_hash(&key), attempt,
                         class = run.error_class.unwrap_or("other"), "redis consumer: item moved to the dead list");
-                    self.record(&key, OutcomeKind::Dead, run.error_class, digest, attempt);
                     return Ok(Step::Handled);
                 }
             }

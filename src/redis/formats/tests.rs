@@ -245,4 +245,52 @@ proptest! {
             prop_assert_eq!(d.key, KeySource::Id(id));
         }
     }
+
+    /// Any format text (a name, `json:` with any pointer) is a format or a
+    /// one-line error; a `json:<pointer>` format then keys arbitrary items
+    /// without panicking and keeps their bytes.
+    #[test]
+    fn any_format_text_is_a_format_or_a_one_line_error(
+        text in prop_oneof![
+            any::<String>(),
+            "json:[/~0-9a-z\\n\"]{0,12}",
+            "(json|sidekiq|celery|resque|rq|raw|Sidekiq|json:)",
+        ],
+        item in prop::collection::vec(any::<u8>(), 0..128),
+    ) {
+        match text.parse::<Format>() {
+            Ok(format) => {
+                let d = decode(&format, &item);
+                assert_invariants(&format, &item, &d);
+            }
+            Err(e) => {
+                let message = e.to_string();
+                prop_assert!(!message.contains(['\r', '\n']), "{:?}", message);
+            }
+        }
+    }
+
+    /// JSON items whose key sits at an arbitrary (valid) pointer: found when
+    /// it is a usable string, otherwise the item is stored raw and flagged.
+    #[test]
+    fn keys_at_arbitrary_pointers(
+        path in prop::collection::vec("[a-z~/0-9]{1,6}", 1..4),
+        id in tricky_string(),
+    ) {
+        let pointer: String = path
+            .iter()
+            .map(|p| format!("/{}", p.replace('~', "~0").replace('/', "~1")))
+            .collect();
+        let format = Format::json(&pointer).expect("escaped pointer is valid");
+        let mut doc = json!(id.clone());
+        for p in path.iter().rev() {
+            doc = json!({ p.as_str(): doc });
+        }
+        let item = serde_json::to_vec(&doc).expect("serializes");
+        let d = decode(&format, &item);
+        assert_invariants(&format, &item, &d);
+        if d.flagged.is_none() {
+            prop_assert_eq!(d.key, KeySource::Id(id));
+        }
+    }
 }

@@ -39,6 +39,7 @@ pub(super) async fn run(
         .env("QBRIDGE_QUEUE", &job.queue)
         .env("QBRIDGE_JOB_ID", job.id.to_string())
         .env("QBRIDGE_ATTEMPT", job.attempts.to_string())
+        .env("QBRIDGE_LEASE", job.lease.to_string())
         .env("QBRIDGE_JOB_KEY", job.key.as_deref().unwrap_or(""))
         .stdin(Stdio::piped())
         .stdout(Stdio::null())

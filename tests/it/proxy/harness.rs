@@ -57,12 +57,14 @@ pub fn proxy_config() -> ProxyConfig {
         enabled: true,
         listen: "127.0.0.1:0".into(),
         upstream: format!("redis://{REDIS}"),
+        upstream_tls: Default::default(),
         max_bulk_len: 1 << 20,
         max_elements: 1024,
         max_clients: 64,
         mirror_buffer: 1 << 20,
         mirror_batch: 100,
         mirror_writers: 1,
+        password: None,
     }
 }
 

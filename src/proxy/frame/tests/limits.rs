@@ -6,7 +6,7 @@ use super::*;
 /// Counts the bytes the current thread allocates, so a test can show that a
 /// huge length header costs no memory. Per thread, so parallel tests do not
 /// disturb each other's counts.
-mod counting {
+pub(super) mod counting {
     use std::alloc::{GlobalAlloc, Layout, System};
     use std::cell::Cell;
 

@@ -3,7 +3,7 @@
 use super::*;
 use proptest::prelude::*;
 
-fn arb_frame() -> impl Strategy<Value = Frame> {
+pub(super) fn arb_frame() -> impl Strategy<Value = Frame> {
     let bytes = || proptest::collection::vec(any::<u8>(), 0..12).prop_map(Bytes::from);
     let line = || {
         proptest::collection::vec(any::<u8>().prop_filter("no CR", |&c| c != b'\r'), 0..12)
@@ -40,7 +40,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
 }
 
 /// Bytes made of RESP fragments, so random input reaches past the type byte.
-fn resp_soup() -> impl Strategy<Value = Vec<u8>> {
+pub(super) fn resp_soup() -> impl Strategy<Value = Vec<u8>> {
     const FRAGMENTS: &[&[u8]] = &[
         b"*", b"$", b"%", b"|", b"~", b">", b"!", b"=", b":", b"+", b"-", b"_", b"#", b",", b"(",
         b"1", b"2", b"0", b"-1", b"\r\n", b"\r", b"\n", b"a", b" ", b"\"", b"'", b"\\", b"t",
@@ -54,6 +54,12 @@ fn resp_soup() -> impl Strategy<Value = Vec<u8>> {
 /// and the resumable scan agrees with the one-shot parse.
 fn check_parse_invariants(buf: &[u8]) -> Result<(), TestCaseError> {
     let parsed = parse(buf, &lim());
+    if let Err(e) = &parsed {
+        super::fuzz::assert_one_line(e)?;
+    }
+    if let Err(e) = parse_command(buf, &lim()) {
+        super::fuzz::assert_one_line(&e)?;
+    }
     if let Ok(Some((frame, used))) = &parsed {
         prop_assert_eq!(&frame.to_bytes()[..], &buf[..*used]);
     }

@@ -1,0 +1,149 @@
+//! The workload: producers through the RESP proxy and through the producer
+//! API at a steady rate, each remembering the keys whose enqueue was
+//! acknowledged (an integer reply from the proxy, `Ok` from the API). Only
+//! those are promised; a push that failed or whose answer never came may or
+//! may not exist, and the oracle holds it to "never twice" only.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::rig::{LIST, ROUTE};
+use crate::redis::producer::Producer;
+
+/// Keys acknowledged so far, with the path they came in by.
+#[derive(Clone, Default)]
+pub struct Acked(Arc<Mutex<Vec<(String, &'static str)>>>);
+
+impl Acked {
+    fn add(&self, key: String, via: &'static str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((key, via));
+    }
+
+    /// Everything acknowledged, for the oracle.
+    pub fn take(&self) -> Vec<(String, &'static str)> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// The running producers.
+pub struct Load {
+    pub acked: Acked,
+    stop: CancellationToken,
+    tasks: JoinSet<()>,
+}
+
+impl Load {
+    /// Starts `rate` jobs/s in all, half through the proxy on `proxy_port`,
+    /// half through `producer`.
+    pub fn start(rate: u32, proxy_port: u16, producer: Producer) -> Load {
+        let acked = Acked::default();
+        let stop = CancellationToken::new();
+        let period = Duration::from_secs_f64(2.0 / f64::from(rate.max(2)));
+        let mut tasks = JoinSet::new();
+        tasks.spawn(through_proxy(
+            proxy_port,
+            period,
+            acked.clone(),
+            stop.clone(),
+        ));
+        tasks.spawn(through_api(producer, period, acked.clone(), stop.clone()));
+        Load { acked, stop, tasks }
+    }
+
+    /// Stops producing and waits for the producers to finish their call.
+    pub async fn stop(mut self) -> Acked {
+        self.stop.cancel();
+        while self.tasks.join_next().await.is_some() {}
+        self.acked
+    }
+}
+
+fn item(key: &str) -> Bytes {
+    Bytes::from(serde_json::json!({ "id": key, "work": "chaos" }).to_string())
+}
+
+/// `*3 LPUSH <list> <item>` as RESP.
+pub fn lpush(list: &str, item: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "*3\r\n$5\r\nLPUSH\r\n${}\r\n{list}\r\n${}\r\n",
+        list.len(),
+        item.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(item);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// Reads one simple reply line (`:n`, `-ERR …`, `+OK`); `None` if the
+/// connection broke first.
+pub async fn reply_line(conn: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match conn.read(&mut byte).await {
+            Ok(1) => {
+                line.push(byte[0]);
+                if line.ends_with(b"\r\n") {
+                    return Some(line);
+                }
+            }
+            _ => return None,
+        }
+    }
+}
+
+async fn through_proxy(port: u16, period: Duration, acked: Acked, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut conn: Option<TcpStream> = None;
+    let mut n = 0u64;
+    while !stop.is_cancelled() {
+        tick.tick().await;
+        let key = format!("p-{n}");
+        n += 1;
+        if conn.is_none() {
+            conn = TcpStream::connect(("127.0.0.1", port)).await.ok();
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        let sent = c.write_all(&lpush(LIST, &item(&key))).await.is_ok();
+        let answer = match sent {
+            true => tokio::time::timeout(Duration::from_secs(10), reply_line(c))
+                .await
+                .ok()
+                .flatten(),
+            false => None,
+        };
+        match answer {
+            Some(line) if line.starts_with(b":") => acked.add(key, "proxy"),
+            // An error reply leaves the connection usable; a broken one is
+            // replaced on the next tick.
+            Some(_) => {}
+            None => conn = None,
+        }
+    }
+}
+
+async fn through_api(producer: Producer, period: Duration, acked: Acked, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut n = 0u64;
+    while !stop.is_cancelled() {
+        tick.tick().await;
+        let key = format!("a-{n}");
+        n += 1;
+        let call = producer.enqueue(ROUTE, vec![item(&key)]);
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(10), call).await {
+            acked.add(key, "producer_api");
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! The fault suite: qbridge's promise — no acknowledged job lost, none run
+//! live twice except after a lease expiry — checked under faults.
+//!
+//! Each [`Scenario`] gets its own throwaway Postgres and redis-server (faults
+//! crash and restart them), qbridge as real processes (a RESP proxy and two
+//! workers running both consumers; see [`rig`]), producers through the proxy
+//! and the producer API ([`load`]), and a handler whose side effect is a row
+//! in a ledger table ([`handler`]). While the load runs the fault is
+//! injected ([`faults`]); then the run waits until every acknowledged job is
+//! done — the recovery time — and the [`oracle`] judges the ledger and
+//! qbridge's tables.
+//!
+//! `qbridge chaos` runs it at full size and prints the table; the
+//! integration tests run every scenario at a reduced size.
+
+pub mod faults;
+pub mod handler;
+pub mod load;
+pub mod oracle;
+pub mod rig;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, Overrides};
+use crate::cutover::{watch, Phase};
+use crate::error::{Error, Result};
+use crate::redis::producer::Producer;
+use crate::redis::routes::Routes;
+use oracle::Verdict;
+use rig::{Rig, ROUTE};
+
+/// The faults, in the order of the issue that asked for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    WorkerKill,
+    TerminateBackends,
+    PostgresRestart,
+    RedisRestart,
+    ProxyDisconnect,
+    IdleInTransaction,
+    NotifyQueueFull,
+    PoolExhaustion,
+    PhaseFlip,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 9] = [
+        Scenario::WorkerKill,
+        Scenario::TerminateBackends,
+        Scenario::PostgresRestart,
+        Scenario::RedisRestart,
+        Scenario::ProxyDisconnect,
+        Scenario::IdleInTransaction,
+        Scenario::NotifyQueueFull,
+        Scenario::PoolExhaustion,
+        Scenario::PhaseFlip,
+    ];
+
+    /// Its name on the command line and in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::WorkerKill => "worker-kill",
+            Scenario::TerminateBackends => "terminate-backends",
+            Scenario::PostgresRestart => "postgres-restart",
+            Scenario::RedisRestart => "redis-restart",
+            Scenario::ProxyDisconnect => "proxy-disconnect",
+            Scenario::IdleInTransaction => "idle-in-transaction",
+            Scenario::NotifyQueueFull => "notify-queue-full",
+            Scenario::PoolExhaustion => "pool-exhaustion",
+            Scenario::PhaseFlip => "phase-flip",
+        }
+    }
+
+    /// The phase the route starts in: where the fault hurts most. Live
+    /// copies run in Postgres in `postgres_only`; Redis faults need Redis
+    /// live (`dual_write`); the flip starts at the beginning.
+    fn phase(self) -> Phase {
+        match self {
+            Scenario::RedisRestart | Scenario::PhaseFlip => Phase::DualWrite,
+            _ => Phase::PostgresOnly,
+        }
+    }
+}
+
+/// How big a run is.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The qbridge binary the workers and the proxy run.
+    pub bin: PathBuf,
+    /// Jobs per second produced (half via the proxy, half via the API).
+    pub rate: u32,
+    /// How long the fault phase of a scenario lasts.
+    pub span: Duration,
+    /// How long recovery may take before the scenario fails.
+    pub patience: Duration,
+    /// Megabytes of notifications the NOTIFY scenario writes. Below 4,096
+    /// (half of Postgres's 8 GB queue) the skip threshold is lowered to
+    /// 0.02% so the fallback is still reached.
+    pub notify_fill_mb: u64,
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub scenario: Scenario,
+    #[serde(flatten)]
+    pub verdict: Verdict,
+    /// From the fault's end until every job acknowledged by then was done.
+    pub recovery_seconds: Option<f64>,
+    pub note: String,
+}
+
+impl Report {
+    /// Whether the promise held.
+    pub fn passed(&self) -> bool {
+        self.verdict.violations.is_empty() && self.recovery_seconds.is_some()
+    }
+}
+
+/// Runs one scenario end to end.
+pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report> {
+    let setup = match (scenario, opts.notify_fill_mb < 4096) {
+        (Scenario::NotifyQueueFull, true) => {
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET qbridge.notify_max_usage = 0.0002', current_database()); END $$"
+        }
+        _ => "",
+    };
+    let mut rig = Rig::start(&opts.bin, scenario.phase(), setup).await?;
+    let stop_watch = CancellationToken::new();
+    let config = Config::load(
+        Some(&rig.dir.path().join("w1.toml")),
+        &Overrides {
+            database_url: Some(rig::harness_url(&rig.database_url())),
+            ..Overrides::default()
+        },
+    )?;
+    let (view, watch_task) =
+        watch::attach(&rig.db, &config.routes, "qbridge-chaos", &stop_watch).await?;
+    let routes = Routes::new(&config.routes, view);
+    let route = Arc::clone(
+        routes
+            .by_name(ROUTE)
+            .ok_or_else(|| Error::Config("chaos route missing".into()))?,
+    );
+    let producer = Producer::connect(
+        rig.db.clone(),
+        Some(&rig.redis.url()),
+        routes.clone(),
+        config.payload_limit,
+    )
+    .await?;
+    let load = load::Load::start(opts.rate, rig.proxy_port, producer);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let span = opts.span;
+    let note = match scenario {
+        Scenario::WorkerKill => faults::kill_worker(&mut rig, span).await,
+        Scenario::TerminateBackends => faults::terminate_backends(&mut rig, span).await,
+        Scenario::PostgresRestart => faults::restart_postgres(&mut rig, span).await,
+        Scenario::RedisRestart => faults::restart_redis(&mut rig, span).await,
+        Scenario::ProxyDisconnect => faults::disconnect_clients(&mut rig, span).await,
+        Scenario::IdleInTransaction => faults::idle_in_transaction(&mut rig, span).await,
+        Scenario::NotifyQueueFull => {
+            faults::notify_queue_full(&mut rig, span, opts.notify_fill_mb).await
+        }
+        Scenario::PoolExhaustion => faults::exhaust_connections(&mut rig, span).await,
+        Scenario::PhaseFlip => faults::flip_phases(&mut rig, span, &route).await,
+    };
+    let mut note = match note {
+        Ok(n) => n,
+        Err(e) => format!("FAULT FAILED: {e}"),
+    };
+    let fault_end = Instant::now();
+    oracle::record_acked(&rig.db, &load.acked.take()).await?;
+    if scenario == Scenario::RedisRestart {
+        note.push_str("; ");
+        note.push_str(&diff_and_repair(&rig).await?);
+    }
+    let recovered = oracle::wait_until_done(&rig.db, opts.patience)
+        .await
+        .map(|_| fault_end.elapsed());
+    // A little more load after recovery, then everything must drain.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let acked = load.stop().await;
+    oracle::record_acked(&rig.db, &acked.take()).await?;
+    let drained = oracle::wait_until_done(&rig.db, opts.patience).await;
+    let mut verdict = oracle::judge(&rig.db).await?;
+    if note.starts_with("FAULT FAILED") {
+        verdict.violations.push(note.clone());
+    }
+    if recovered.is_none() || drained.is_none() {
+        let tails: Vec<String> = ["w1", "w2", "proxy"]
+            .iter()
+            .map(|n| format!("{n}: {}", rig.log_tail(n)))
+            .collect();
+        verdict.violations.push(format!(
+            "not recovered within {:.0} s ({})",
+            opts.patience.as_secs_f64(),
+            tails.join("; ")
+        ));
+    }
+    rig.stop();
+    stop_watch.cancel();
+    if let Some(task) = watch_task {
+        let _ = task.await;
+    }
+    Ok(Report {
+        scenario,
+        verdict,
+        recovery_seconds: recovered.map(|d| d.as_secs_f64()),
+        note,
+    })
+}
+
+/// The diff must see what Redis lost; `--repair` pushes it back. Both run
+/// through the binary, as an operator would.
+async fn diff_and_repair(rig: &Rig) -> Result<String> {
+    // Newer jobs are not expected on the other side yet (settle = 1 s).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let run = |repair: bool| {
+        let mut cmd = Command::new(&rig.bin);
+        cmd.args(["-c"])
+            .arg(rig.dir.path().join("w1.toml"))
+            .args(["--json", "diff", "--route", ROUTE, "--since", "1h"])
+            .env("QBRIDGE_DATABASE_URL", rig.database_url());
+        if repair {
+            cmd.arg("--repair");
+        }
+        cmd.output()
+    };
+    let json = |out: std::process::Output| -> Result<serde_json::Value> {
+        serde_json::from_slice(&out.stdout).map_err(|e| {
+            Error::InvalidInput(format!(
+                "qbridge diff did not answer JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        })
+    };
+    let number = |v: &serde_json::Value, at: &str| v.pointer(at).and_then(|n| n.as_u64());
+    let before = json(run(false)?)?;
+    let after = json(run(true)?)?;
+    Ok(format!(
+        "diff saw {} mirrored jobs unknown to Redis; --repair pushed back {}",
+        number(&before, "/diff/only_postgres").unwrap_or(0),
+        number(&after, "/repair/repushed").unwrap_or(0),
+    ))
+}
+
+/// The table, one row per scenario.
+pub fn table(reports: &[Report]) -> String {
+    let mut out = String::from(
+        "| scenario | jobs | lost | extra attempts (why) | stale results discarded | recovery | verdict | what happened |\n\
+         |---|---:|---:|---|---:|---:|---|---|\n",
+    );
+    for r in reports {
+        let extra = if r.verdict.extra.is_empty() {
+            "0".to_string()
+        } else {
+            r.verdict
+                .extra
+                .iter()
+                .map(|(why, n)| format!("{n} ({why})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let verdict = match r.passed() {
+            true => "ok".to_string(),
+            false => format!("FAILED: {}", r.verdict.violations.join("; ")),
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.scenario.name(),
+            r.verdict.jobs,
+            r.verdict.lost,
+            extra,
+            r.verdict.stale_discarded,
+            r.recovery_seconds
+                .map_or("-".into(), |s| format!("{s:.1} s")),
+            verdict,
+            r.note
+        ));
+    }
+    out
+}

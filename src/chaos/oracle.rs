@@ -1,0 +1,253 @@
+//! The oracle: what must hold after every scenario, read from the handler's
+//! ledger and qbridge's own tables.
+//!
+//! - every acknowledged enqueue ran live with success or was dead-lettered
+//!   (lost = neither);
+//! - at most one applied completion per Postgres job (`jobs_done` once, and
+//!   never both done and dead);
+//! - a key ran live successfully more than once only for a reason the
+//!   promise allows: a Postgres attempt whose lease had expired (or was gone
+//!   when the handler was called), or a Redis-side item re-run after its
+//!   consumer died; never on both sides, never while the earlier attempt's
+//!   lease was valid;
+//! - no result from a stale lease was applied: the lease a completion was
+//!   recorded under is the newest the job was handed (`jobs_done.lease`);
+//! - nothing sent inside a MULTI that never reached EXEC exists anywhere.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+
+use super::rig::ROUTE;
+use crate::error::Result;
+
+/// Stores acknowledged keys for the SQL checks (repeats are ignored).
+pub async fn record_acked(db: &PgPool, acked: &[(String, &'static str)]) -> Result<()> {
+    for chunk in acked.chunks(5000) {
+        let keys: Vec<&str> = chunk.iter().map(|(k, _)| k.as_str()).collect();
+        let via: Vec<&str> = chunk.iter().map(|(_, v)| *v).collect();
+        sqlx::query(
+            "INSERT INTO chaos.acked (key, via) SELECT * FROM unnest($1::text[], $2::text[]) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(&keys)
+        .bind(&via)
+        .execute(db)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Acknowledged keys that neither ran live with success nor were dead-lettered.
+const MISSING_SQL: &str = r#"
+SELECT a.key FROM chaos.acked a
+ WHERE NOT EXISTS (SELECT 1 FROM chaos.ledger l WHERE l.key = a.key AND l.mode = 'live' AND l.ok)
+   AND NOT EXISTS (SELECT 1 FROM qbridge.jobs_dead d
+                    WHERE d.queue = $1 AND d.key = a.key AND d.copy = 'live')
+   AND NOT EXISTS (SELECT 1 FROM qbridge.outcomes o
+                    WHERE o.queue = $1 AND o.key = a.key AND o.side = 'redis' AND o.outcome = 'dead')
+ ORDER BY a.key
+"#;
+
+/// Keys still owed, sorted.
+pub async fn missing(db: &PgPool) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(MISSING_SQL)
+        .bind(ROUTE)
+        .fetch_all(db)
+        .await?)
+}
+
+/// Polls until nothing acknowledged is owed; the time it took, or `None`
+/// at `patience`. Errors (Postgres restarting) count as "not yet".
+pub async fn wait_until_done(db: &PgPool, patience: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < patience {
+        if let Ok(keys) = missing(db).await {
+            if keys.is_empty() {
+                return Some(started.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    None
+}
+
+/// What the oracle found.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Verdict {
+    pub jobs: u64,
+    pub lost: u64,
+    /// Extra live attempts by reason (allowed by the promise).
+    pub extra: BTreeMap<String, u64>,
+    /// Broken promises, each with a sample.
+    pub violations: Vec<String>,
+    /// Late results of attempts whose lease had been handed on, discarded.
+    pub stale_discarded: u64,
+}
+
+/// Live successful runs of one key, in order.
+#[derive(sqlx::FromRow)]
+struct Run {
+    key: String,
+    job_id: i64,
+    lease_until: Option<chrono::DateTime<chrono::Utc>>,
+    at: chrono::DateTime<chrono::Utc>,
+}
+
+const REPEATS_SQL: &str = r#"
+SELECT key, job_id, lease_until, at FROM chaos.ledger
+ WHERE mode = 'live' AND ok
+   AND key IN (SELECT key FROM chaos.ledger WHERE mode = 'live' AND ok
+                GROUP BY key HAVING count(*) > 1)
+ ORDER BY key, at
+"#;
+
+const DOUBLE_COMPLETION_SQL: &str = r#"
+SELECT id FROM qbridge.jobs_done GROUP BY id HAVING count(*) > 1
+UNION ALL
+SELECT d.id FROM qbridge.jobs_done d JOIN qbridge.jobs_dead x ON x.id = d.id
+"#;
+
+/// A completion recorded under an older lease than the job's newest call.
+const STALE_ACCEPTED_SQL: &str = r#"
+SELECT d.id FROM qbridge.jobs_done d
+  JOIN (SELECT job_id, max(lease) AS newest FROM chaos.ledger WHERE job_id <> 0 GROUP BY job_id) l
+    ON l.job_id = d.id
+ WHERE d.lease < l.newest
+"#;
+
+const STALE_DISCARDED_SQL: &str = r#"
+SELECT count(*) FROM chaos.ledger l JOIN qbridge.jobs_done d ON d.id = l.job_id
+ WHERE l.ok AND l.lease < d.lease
+"#;
+
+const PHANTOM_SQL: &str = r#"
+SELECT a.key FROM chaos.aborted a
+ WHERE EXISTS (SELECT 1 FROM chaos.ledger l WHERE l.key = a.key)
+    OR EXISTS (SELECT 1 FROM qbridge.job_keys k WHERE k.key = a.key)
+"#;
+
+/// Runs every check.
+pub async fn judge(db: &PgPool) -> Result<Verdict> {
+    let mut v = Verdict {
+        jobs: sqlx::query_scalar::<_, i64>("SELECT count(*) FROM chaos.acked")
+            .fetch_one(db)
+            .await? as u64,
+        ..Verdict::default()
+    };
+    let lost = missing(db).await?;
+    v.lost = lost.len() as u64;
+    if let Some(key) = lost.first() {
+        v.violations.push(format!(
+            "{} acknowledged jobs lost, e.g. {key} ({})",
+            lost.len(),
+            whereabouts(db, key).await?
+        ));
+    }
+    let failed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM chaos.ledger WHERE mode = 'live' AND NOT ok")
+            .fetch_one(db)
+            .await?;
+    if failed > 0 {
+        v.extra
+            .insert("retry after a handler failure".into(), failed as u64);
+    }
+    classify_repeats(db, &mut v).await?;
+    let doubled: Vec<i64> = sqlx::query_scalar(DOUBLE_COMPLETION_SQL)
+        .fetch_all(db)
+        .await?;
+    if let Some(id) = doubled.first() {
+        v.violations.push(format!(
+            "{} jobs completed twice (or completed and dead), e.g. job {id}",
+            doubled.len()
+        ));
+    }
+    let stale: Vec<i64> = sqlx::query_scalar(STALE_ACCEPTED_SQL).fetch_all(db).await?;
+    if let Some(id) = stale.first() {
+        v.violations.push(format!(
+            "{} completions applied from a stale lease, e.g. job {id}",
+            stale.len()
+        ));
+    }
+    // The stale-lease check reads the lease each call carried: without it
+    // (no Qbridge-Lease header) the check would pass blind.
+    let blind: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM chaos.ledger WHERE job_id <> 0 AND lease <= 0")
+            .fetch_one(db)
+            .await?;
+    if blind > 0 {
+        v.violations.push(format!(
+            "{blind} handler calls of Postgres jobs carried no lease token"
+        ));
+    }
+    v.stale_discarded = sqlx::query_scalar::<_, i64>(STALE_DISCARDED_SQL)
+        .fetch_one(db)
+        .await? as u64;
+    let phantoms: Vec<String> = sqlx::query_scalar(PHANTOM_SQL).fetch_all(db).await?;
+    if let Some(key) = phantoms.first() {
+        v.violations.push(format!(
+            "{} pushes of a MULTI that never reached EXEC exist, e.g. {key}",
+            phantoms.len()
+        ));
+    }
+    Ok(v)
+}
+
+/// Where a key left traces, for a lost job's report.
+const WHEREABOUTS_SQL: &str = r#"
+SELECT concat_ws(', ',
+  (SELECT 'job_keys ' || copy || ' via ' || via || CASE WHEN original IS NULL THEN '' ELSE ' (bytes kept)' END
+     FROM qbridge.job_keys WHERE queue = $1 AND key = $2),
+  (SELECT 'in jobs: ' || string_agg(state || '/' || copy, ' ') FROM qbridge.jobs WHERE queue = $1 AND key = $2),
+  (SELECT 'done ' || count(*) FROM qbridge.jobs_done WHERE queue = $1 AND key = $2 HAVING count(*) > 0),
+  (SELECT 'outcomes ' || string_agg(side || '/' || mode || '/' || outcome || ' ' || to_char(recorded_at, 'MI:SS.MS'), ' ' ORDER BY recorded_at)
+     FROM qbridge.outcomes WHERE queue = $1 AND key = $2),
+  (SELECT 'ledger ' || string_agg(mode || CASE WHEN ok THEN '/ok' ELSE '/failed' END || ' ' || to_char(at, 'MI:SS.MS') || ' a' || attempt, ' ' ORDER BY at)
+     FROM chaos.ledger WHERE key = $2),
+  (SELECT 'outbox ' || count(*) FROM qbridge.redis_outbox HAVING count(*) > 0)
+)
+"#;
+
+async fn whereabouts(db: &PgPool, key: &str) -> Result<String> {
+    let found: Option<String> = sqlx::query_scalar(WHEREABOUTS_SQL)
+        .bind(ROUTE)
+        .bind(key)
+        .fetch_one(db)
+        .await?;
+    Ok(found
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "no trace anywhere".into()))
+}
+
+/// Sorts every second successful live run into a reason or a violation.
+async fn classify_repeats(db: &PgPool, v: &mut Verdict) -> Result<()> {
+    let runs: Vec<Run> = sqlx::query_as(REPEATS_SQL).fetch_all(db).await?;
+    let mut bad: BTreeMap<&'static str, (u64, String)> = BTreeMap::new();
+    for pair in runs.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.key != b.key {
+            continue;
+        }
+        let reason = match (a.job_id, b.job_id) {
+            (0, 0) => Ok("Redis item run again: the Redis side is at-least-once"),
+            (0, _) | (_, 0) => Err("ran live on both sides"),
+            _ => match a.lease_until {
+                None => Ok("lease already gone when the handler was called"),
+                Some(until) if b.at >= until => Ok("lease expired (worker lost)"),
+                Some(_) => Err("second live run while the first lease was valid"),
+            },
+        };
+        match reason {
+            Ok(why) => *v.extra.entry(why.into()).or_default() += 1,
+            Err(why) => {
+                let e = bad.entry(why).or_insert((0, b.key.clone()));
+                e.0 += 1;
+            }
+        }
+    }
+    for (why, (n, key)) in bad {
+        v.violations.push(format!("{n}× {why}, e.g. {key}"));
+    }
+    Ok(())
+}

@@ -1,0 +1,296 @@
+//! The scenario's stage: a throwaway Postgres and redis-server of its own
+//! (faults restart and kill them, so never the machine's shared ones), the
+//! schema, one route, and qbridge itself as separate processes — a RESP
+//! proxy and two workers running both consumers — so a fault can SIGKILL a
+//! worker the way an OOM killer or a node loss would.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+
+use crate::cutover::Phase;
+use crate::demo::servers::{free_port, ThrowawayPostgres, ThrowawayRedis};
+use crate::error::{Error, Result};
+
+/// The route every scenario drives.
+pub const ROUTE: &str = "orders";
+/// Its Redis list.
+pub const LIST: &str = "chaos:orders";
+/// Lease of the Postgres pool: short, so a killed worker's jobs come back
+/// within seconds.
+pub const LEASE: Duration = Duration::from_secs(2);
+
+/// Servers, processes and the connection the harness itself uses.
+pub struct Rig {
+    pub pg: ThrowawayPostgres,
+    pub redis: ThrowawayRedis,
+    /// The harness's own pool; `application_name = qbridge-chaos`, so faults
+    /// that cut connections can spare it.
+    pub db: PgPool,
+    pub bin: PathBuf,
+    pub dir: tempfile::TempDir,
+    pub proxy_port: u16,
+    pub handler_url: String,
+    pub workers: Vec<Process>,
+    pub proxy: Option<Process>,
+}
+
+/// One qbridge child process.
+pub struct Process {
+    pub name: String,
+    pub args: Vec<String>,
+    pub http_port: u16,
+    pub child: Option<Child>,
+}
+
+impl Process {
+    fn spawn(&mut self, bin: &Path, dir: &Path, database_url: &str) -> Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("{}.log", self.name)))?;
+        let child = Command::new(bin)
+            .args(&self.args)
+            .env("QBRIDGE_DATABASE_URL", database_url)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| Error::Config(format!("cannot start {}: {e}", bin.display())))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILL: no shutdown, no flush — whatever it held in memory is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait: the graceful stop at the end of a scenario.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status();
+            }
+            let until = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < until {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The process's /metrics text, or empty when it does not answer.
+    pub async fn metrics(&self) -> String {
+        let url = format!("http://127.0.0.1:{}/metrics", self.http_port);
+        match reqwest::get(url).await {
+            Ok(resp) => resp.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+}
+
+impl Rig {
+    /// Starts the servers, migrates, serves the ledger handler, and starts
+    /// the proxy and two workers with the route in `phase`.
+    /// `setup` runs first, as the superuser (database settings the
+    /// processes must start with).
+    pub async fn start(bin: &Path, phase: Phase, setup: &str) -> Result<Rig> {
+        let pg = ThrowawayPostgres::try_start().map_err(Error::Config)?;
+        let redis = ThrowawayRedis::try_start().map_err(Error::Config)?;
+        let db = crate::db::connect(&harness_url(&pg.url()), 24).await?;
+        crate::db::migrate(&db).await?;
+        sqlx::raw_sql(LEDGER_SQL).execute(&db).await?;
+        if !setup.is_empty() {
+            sqlx::raw_sql(setup).execute(&db).await?;
+        }
+        let handler_url = super::handler::serve(db.clone()).await?;
+        let dir = tempfile::Builder::new()
+            .prefix("qbridge-chaos-")
+            .tempdir()?;
+        let mut rig = Rig {
+            pg,
+            redis,
+            db,
+            bin: bin.to_path_buf(),
+            dir,
+            proxy_port: free_port(),
+            handler_url,
+            workers: Vec::new(),
+            proxy: None,
+        };
+        for name in ["w1", "w2"] {
+            let config = rig.write_config(name, phase)?;
+            rig.workers.push(Process {
+                name: name.to_string(),
+                args: vec![
+                    "run".into(),
+                    "-c".into(),
+                    config.to_string_lossy().into_owned(),
+                ],
+                http_port: free_port(),
+                child: None,
+            });
+        }
+        let config = rig.write_config("proxy", phase)?;
+        rig.proxy = Some(Process {
+            name: "proxy".into(),
+            args: vec![
+                "proxy".into(),
+                "-c".into(),
+                config.to_string_lossy().into_owned(),
+            ],
+            http_port: free_port(),
+            child: None,
+        });
+        rig.spawn_all()?;
+        rig.wait_for_proxy().await?;
+        Ok(rig)
+    }
+
+    /// postgres://… for qbridge's own processes.
+    pub fn database_url(&self) -> String {
+        self.pg.url()
+    }
+
+    fn write_config(&self, name: &str, phase: Phase) -> Result<PathBuf> {
+        let text = format!(
+            r#"# written by the fault suite for process {name}
+worker_id = "{name}"
+max_connections = 6
+shutdown_deadline = "5s"
+reaper_interval = "500ms"
+redis_url = "{redis}"
+[history]
+retention_days = 1
+[proxy]
+listen = "127.0.0.1:{proxy_port}"
+[[routes]]
+name = "{ROUTE}"
+redis_key = "{LIST}"
+queue = "{ROUTE}"
+format = "json:/id"
+phase = "{phase}"
+handler = {{ type = "http", url = "{url}", timeout = "5s" }}
+pool = {{ poll_interval = "250ms", concurrency = 8, lease = "{lease}s" }}
+redis_consumer = {{ concurrency = 4, consumer_name = "{name}", retry_delay = "200ms", max_attempts = 25 }}
+diff = {{ settle = "1s" }}
+gates = {{ window = "2s", min_jobs = 1 }}
+"#,
+            redis = self.redis.url(),
+            proxy_port = self.proxy_port,
+            phase = phase.as_str(),
+            url = self.handler_url,
+            lease = LEASE.as_secs(),
+        );
+        let path = self.dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+
+    fn spawn_all(&mut self) -> Result<()> {
+        let url = self.database_url();
+        let dir = self.dir.path().to_path_buf();
+        for w in &mut self.workers {
+            let port = w.http_port;
+            w.args.push(format!("--http-listen=127.0.0.1:{port}"));
+            w.spawn(&self.bin, &dir, &url)?;
+        }
+        if let Some(p) = &mut self.proxy {
+            let port = p.http_port;
+            p.args.push(format!("--http-listen=127.0.0.1:{port}"));
+            p.spawn(&self.bin, &dir, &url)?;
+        }
+        Ok(())
+    }
+
+    /// Starts worker `i` again after a kill.
+    pub fn restart_worker(&mut self, i: usize) -> Result<()> {
+        let url = self.database_url();
+        let dir = self.dir.path().to_path_buf();
+        self.workers[i].spawn(&self.bin, &dir, &url)
+    }
+
+    async fn wait_for_proxy(&self) -> Result<()> {
+        let until = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.proxy_port))
+            .await
+            .is_err()
+        {
+            if Instant::now() > until {
+                return Err(Error::Config(format!(
+                    "the proxy did not start within 30 s; its log: {}",
+                    self.log_tail("proxy")
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// The last lines a process logged (for a failure message).
+    pub fn log_tail(&self, name: &str) -> String {
+        let text = std::fs::read_to_string(self.dir.path().join(format!("{name}.log")))
+            .unwrap_or_default();
+        let colours = regex::Regex::new("\x1b\\[[0-9;]*m").expect("a valid regex");
+        let text = colours.replace_all(&text, "");
+        let lines: Vec<&str> = text.lines().rev().take(2).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
+
+    /// Stops every process gracefully.
+    pub fn stop(&mut self) {
+        for w in &mut self.workers {
+            w.stop();
+        }
+        if let Some(p) = &mut self.proxy {
+            p.stop();
+        }
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            w.kill();
+        }
+        if let Some(p) = &mut self.proxy {
+            p.kill();
+        }
+    }
+}
+
+/// The harness's URL: the same database, marked so faults spare it.
+pub fn harness_url(url: &str) -> String {
+    format!("{url}?application_name=qbridge-chaos")
+}
+
+/// The handler's ledger and the harness's record of acknowledged enqueues.
+const LEDGER_SQL: &str = r#"
+CREATE SCHEMA chaos;
+CREATE TABLE chaos.ledger (
+    key         text        NOT NULL,
+    job_id      bigint      NOT NULL,   -- 0 on the Redis side
+    attempt     integer     NOT NULL,
+    lease       bigint      NOT NULL,   -- 0 on the Redis side
+    worker      text,                   -- locked_by of the row at call time
+    lease_until timestamptz,            -- the lease's expiry at call time
+    mode        text        NOT NULL,   -- live | shadow
+    ok          boolean     NOT NULL,   -- what the handler answered
+    at          timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX ON chaos.ledger (key);
+CREATE TABLE chaos.acked (key text PRIMARY KEY, via text NOT NULL);
+CREATE TABLE chaos.aborted (key text PRIMARY KEY);
+"#;

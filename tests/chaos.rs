@@ -1,0 +1,92 @@
+//! The fault suite at a reduced size: every scenario of `qbridge chaos`
+//! against its own throwaway Postgres and redis-server, with qbridge's proxy
+//! and workers as real processes of the built binary. Each must end with no
+//! acknowledged job lost and no promise broken (see `qbridge::chaos::oracle`).
+//!
+//! A test binary of its own, run after the `it` suite rather than beside
+//! it, and one scenario at a time: each starts two servers and three
+//! qbridge processes, load that would skew the timing-sensitive tests of
+//! the main suite on a small machine.
+
+use std::time::Duration;
+
+use qbridge::chaos::{self, Options, Scenario};
+
+fn reduced() -> Options {
+    Options {
+        bin: env!("CARGO_BIN_EXE_qbridge").into(),
+        rate: 60,
+        span: Duration::from_secs(4),
+        patience: Duration::from_secs(60),
+        // Far below half of the 8 GB queue: the scenario lowers the skip
+        // threshold to reach it (see `Options::notify_fill_mb`).
+        notify_fill_mb: 32,
+    }
+}
+
+/// One scenario at a time (the tests run on separate runtimes, so an
+/// async mutex in a static).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn holds(scenario: Scenario) {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let report = chaos::run(scenario, &reduced()).await.unwrap();
+    let table = chaos::table(std::slice::from_ref(&report));
+    assert!(report.passed(), "{table}");
+    assert!(report.verdict.jobs > 0, "no load ran: {table}");
+    assert_eq!(report.verdict.lost, 0, "{table}");
+    // The handler fails every tenth key's first attempt on purpose, so
+    // retries happen in every scenario: an oracle that saw none is blind.
+    assert!(
+        report
+            .verdict
+            .extra
+            .contains_key("retry after a handler failure"),
+        "{table}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_sigkill_five_times() {
+    holds(Scenario::WorkerKill).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn terminated_backends_and_listen_connection() {
+    holds(Scenario::TerminateBackends).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_immediate_restart() {
+    holds(Scenario::PostgresRestart).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_restart_in_dual_write_is_repaired() {
+    holds(Scenario::RedisRestart).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn proxy_clients_vanishing_mid_pipeline_and_mid_multi() {
+    holds(Scenario::ProxyDisconnect).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_in_transaction_shows_in_metrics() {
+    holds(Scenario::IdleInTransaction).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn full_notify_queue_falls_back_to_polling() {
+    holds(Scenario::NotifyQueueFull).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connection_slots_exhausted() {
+    holds(Scenario::PoolExhaustion).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn phase_flip_and_rollback_under_load() {
+    holds(Scenario::PhaseFlip).await;
+}
