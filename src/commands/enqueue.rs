@@ -148,6 +148,9 @@ fn read_lines(path: &Path, limit: usize) -> Result<Vec<serde_json::Value>> {
     parse_jsonl(reader, &path.display().to_string(), limit)
 }
 
+/// The characters JSON allows between tokens (RFC 8259 section 2).
+pub(crate) const JSON_WHITESPACE: [char; 4] = [' ', '\t', '\n', '\r'];
+
 /// Reads JSON lines (blank lines skipped), each a payload of at most `limit`
 /// bytes. A line is never read past `limit` plus its line ending, so a file
 /// with no line breaks costs `limit` bytes of memory, not its size. The first
@@ -183,7 +186,9 @@ pub(crate) fn parse_jsonl(
         // The line ending is not part of the payload (nor of its size).
         let line = line.strip_suffix('\n').unwrap_or(line);
         let line = line.strip_suffix('\r').unwrap_or(line);
-        if line.trim().is_empty() {
+        // Blank means JSON's own whitespace only: a line of, say, a vertical
+        // tab is not JSON and is refused rather than skipped in silence.
+        if line.trim_matches(JSON_WHITESPACE).is_empty() {
             continue;
         }
         let value = validate::payload_text(line, limit).map_err(|e| refuse(n, e.to_string()))?;

@@ -2,7 +2,7 @@
 //! error is one line naming the line number, and a file without line breaks
 //! is refused after `limit` bytes rather than read whole.
 
-use super::parse_jsonl;
+use super::{parse_jsonl, JSON_WHITESPACE};
 use proptest::prelude::*;
 
 const LIMIT: usize = 64;
@@ -54,7 +54,7 @@ proptest! {
             Ok(values) => {
                 // Every value came from a non-blank line within the limit.
                 let lines = file.split(|&b| b == b'\n')
-                    .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+                    .filter(|l| !l.iter().all(|&b| JSON_WHITESPACE.contains(&(b as char))))
                     .count();
                 prop_assert_eq!(values.len(), lines);
             }
@@ -70,6 +70,21 @@ proptest! {
         let want: Vec<_> = values.iter().map(|v| serde_json::json!({"n": v})).collect();
         prop_assert_eq!(got, want);
     }
+}
+
+#[test]
+fn a_line_of_other_whitespace_is_refused_not_skipped() {
+    // Found by the property above: a vertical tab is Unicode whitespace but
+    // not JSON whitespace, so the line is bad input, not a blank line.
+    for line in ["\u{b}\n", "\u{c}\n", "\u{a0}\n"] {
+        let e = parse_jsonl(line.as_bytes(), "f", LIMIT)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("f line 1: "), "{e}");
+    }
+    assert!(parse_jsonl(&b" \t\r\n\n"[..], "f", LIMIT)
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
