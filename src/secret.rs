@@ -11,7 +11,7 @@
 //! Values come from an environment variable or a file (never from the TOML
 //! itself, which tends to end up in repositories and bug reports); the
 //! config decides which wins. A file is read once at start-up and trimmed of
-//! trailing newlines.
+//! trailing newlines; one that every user can read loads with a warning.
 
 use std::path::Path;
 
@@ -82,7 +82,31 @@ impl Secret {
         if value.is_empty() {
             return Err(Error::Config(format!("{what}: the file is empty")));
         }
-        Secret::new(&what, value)
+        let secret = Secret::new(&what, value)?;
+        if let Some(mode) = readable_by_others(path) {
+            // A warning, not a refusal: Kubernetes mounts secrets 0644 by
+            // default, and refusing would break those set-ups on upgrade.
+            tracing::warn!(
+                "{what} can be read by every user on this machine (mode {mode:o}); chmod 600 it"
+            );
+        }
+        Ok(secret)
+    }
+}
+
+/// The file's permission bits when users other than its owner and group can
+/// read it (Unix only; elsewhere the answer is always `None`).
+fn readable_by_others(path: &Path) -> Option<u32> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+        (mode & 0o004 != 0).then_some(mode)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
     }
 }
 
@@ -91,6 +115,23 @@ mod tests {
     use super::*;
 
     const TOKEN: &str = "0123456789abcdef0123";
+
+    #[cfg(unix)]
+    #[test]
+    fn world_readable_files_are_noticed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, format!("{TOKEN}\n")).unwrap();
+        for (mode, noticed) in [(0o644, Some(0o644)), (0o640, None), (0o600, None)] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(readable_by_others(&path), noticed, "{mode:o}");
+            // A loose mode warns but still loads the secret.
+            assert!(Secret::from_file("admin_token_file", &path)
+                .unwrap()
+                .matches(TOKEN.as_bytes()));
+        }
+    }
 
     #[test]
     fn equal_values_match() {
