@@ -148,12 +148,7 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
         CutoverCommand::Percent(args) => {
             let route = find(&routes, &args.route)?;
             let by = operator(args.by.as_deref());
-            let req = Request {
-                by: &by,
-                reason: args.reason.as_deref(),
-                force: false,
-                percent: None,
-            };
+            let req = Request::new(&by, args.reason.as_deref());
             let state = operate::ramp(&db, &route, args.percent, &req).await?;
             output::done(
                 as_json,
@@ -167,12 +162,7 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
         CutoverCommand::Rollback(args) => {
             let route = find(&routes, &args.route)?;
             let by = operator(args.by.as_deref());
-            let req = Request {
-                by: &by,
-                reason: args.reason.as_deref(),
-                force: false,
-                percent: None,
-            };
+            let req = Request::new(&by, args.reason.as_deref());
             let state = operate::rollback(&db, &route, &req).await?;
             output::done(
                 as_json,

@@ -27,6 +27,19 @@ pub struct Request<'a> {
     pub percent: Option<u8>,
 }
 
+impl<'a> Request<'a> {
+    /// A change without a gate override or a partial flip: what ramp and
+    /// rollback take, and a plain advance.
+    pub fn new(by: &'a str, reason: Option<&'a str>) -> Request<'a> {
+        Request {
+            by,
+            reason,
+            force: false,
+            percent: None,
+        }
+    }
+}
+
 /// What an advance did.
 #[derive(Debug, Clone, Serialize)]
 pub struct Advanced {

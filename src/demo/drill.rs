@@ -420,12 +420,7 @@ gates = {{ window = "{step}s", min_jobs = 20, ack_tolerance = 0.05, quiet_period
         &db,
         &route,
         100,
-        &Request {
-            by: "qbridge-demo",
-            reason: Some("demo: ramp to 100%"),
-            force: false,
-            percent: None,
-        },
+        &Request::new("qbridge-demo", Some("demo: ramp to 100%")),
     )
     .await?;
     drill.say("-> 100% of job keys: producers write Postgres only; the Redis consumer drains what is left");
@@ -433,12 +428,7 @@ gates = {{ window = "{step}s", min_jobs = 20, ack_tolerance = 0.05, quiet_period
     let back = operate::rollback(
         &db,
         &route,
-        &Request {
-            by: "qbridge-demo",
-            reason: Some("demo: rollback drill"),
-            force: false,
-            percent: None,
-        },
+        &Request::new("qbridge-demo", Some("demo: rollback drill")),
     )
     .await?;
     drill.rollbacks += 1;

@@ -225,12 +225,7 @@ pub(super) async fn rollback(
         ));
     }
     let by = changed_by(req.by.as_deref(), &caller);
-    let request = Request {
-        by: &by,
-        reason: req.reason.as_deref(),
-        force: false,
-        percent: None,
-    };
+    let request = Request::new(&by, req.reason.as_deref());
     let done = operate::rollback(&state.db, &route, &request)
         .await
         .map_err(refused)?;
@@ -253,12 +248,7 @@ pub(super) async fn percent(
         return Err(bad("changing the flipped share needs a reason"));
     }
     let by = changed_by(req.by.as_deref(), &caller);
-    let request = Request {
-        by: &by,
-        reason: req.reason.as_deref(),
-        force: false,
-        percent: None,
-    };
+    let request = Request::new(&by, req.reason.as_deref());
     let done = operate::ramp(&state.db, &route, percent, &request)
         .await
         .map_err(refused)?;

@@ -291,11 +291,7 @@ async fn the_cli_refuses_bad_times_files_and_names_and_stores_nothing(pool: PgPo
             .await
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let last = stderr
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or_default();
+        let last = support::last_line(&stderr);
         assert!(!out.status.success(), "{extra:?} was accepted");
         assert!(last.contains(expected), "{extra:?}: {stderr}");
     }

@@ -26,22 +26,12 @@ async fn qbridge(args: &[&str]) -> Output {
         .expect("qbridge runs")
 }
 
-/// The last non-empty line of stderr (log lines may come before it).
-fn last_stderr_line(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr)
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or_default()
-        .to_string()
-}
-
 #[tokio::test]
 async fn json_errors_are_one_json_line_on_stderr() {
     let out = qbridge(&["--json", "enqueue", "--queue", "bad name", "{}"]).await;
     assert!(!out.status.success(), "{out:?}");
     assert!(out.stdout.is_empty(), "stdout: {:?}", out.stdout);
-    let line = last_stderr_line(&out);
+    let line = support::last_stderr_line(&out);
     let v: Value = serde_json::from_str(&line)
         .unwrap_or_else(|e| panic!("stderr is not one JSON line ({e}): {line}"));
     let msg = v["error"].as_str().expect("an error field");
@@ -51,7 +41,7 @@ async fn json_errors_are_one_json_line_on_stderr() {
     // Without --json: plain text, same exit code.
     let out = qbridge(&["enqueue", "--queue", "bad name", "{}"]).await;
     assert!(!out.status.success());
-    let line = last_stderr_line(&out);
+    let line = support::last_stderr_line(&out);
     assert!(line.starts_with("error: invalid queue name"), "{line}");
 }
 
@@ -143,7 +133,7 @@ async fn an_unreachable_redis_is_a_one_line_startup_error(pool: PgPool) {
         }
         let out = qbridge(&args).await;
         assert!(!out.status.success(), "{command}: {out:?}");
-        let line = last_stderr_line(&out);
+        let line = support::last_stderr_line(&out);
         assert!(
             line.contains("cannot connect to Redis"),
             "{command}: {line}"

@@ -173,11 +173,7 @@ fn error_line(out: &Output) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "one error line expected: {stderr}");
-    let last = stderr
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or_default();
+    let last = support::last_line(&stderr);
     assert_eq!(last, errors[0], "the error is the last line: {stderr}");
     last.to_string()
 }
@@ -186,11 +182,7 @@ fn error_line(out: &Output) -> String {
 fn json_error(out: &Output) -> String {
     assert!(!out.status.success(), "expected a failure: {out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let last = stderr
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or_default();
+    let last = support::last_line(&stderr);
     let v: Value = serde_json::from_str(last)
         .unwrap_or_else(|e| panic!("stderr does not end in one JSON line ({e}): {stderr}"));
     v["error"].as_str().expect("an error field").to_string()
@@ -549,11 +541,7 @@ async fn diff_prints_a_verdict_and_bad_arguments_are_one_line_errors(pool: PgPoo
         let out = s.run(&["diff", "--route", &s.name, "--since", since]).await;
         assert!(out.status.success(), "{since}: {out:?}");
         let text = stdout(&out);
-        let last = text
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or_default();
+        let last = support::last_line(&text);
         assert!(
             last.starts_with(&format!("{}: DIFFERS", s.name)),
             "{since}: {text}"

@@ -75,16 +75,6 @@ fn assert_clean(what: &str, text: &str, secrets: &[&str]) {
     }
 }
 
-/// The last non-empty line of stderr.
-fn last_stderr_line(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr)
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// `migrate`, `enqueue`, `stats` and `dlq list` with a password in the
 /// database URL, in text and JSON; then the Redis error paths with a password
 /// the shared Redis refuses, and a database that does not answer.
@@ -168,7 +158,7 @@ async fn planted_passwords_never_reach_the_output(pool: PgPool) {
             let out = output(fmt, &args).await;
             let text = all_output(&out);
             assert!(!out.status.success(), "{what}: {text}");
-            let line = last_stderr_line(&out);
+            let line = support::last_stderr_line(&out);
             assert!(line.contains("cannot connect to Redis"), "{what}: {text}");
             assert!(line.contains("***"), "{what}: not redacted: {text}");
             assert_clean(&what, &text, &secrets);

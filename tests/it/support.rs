@@ -1,6 +1,7 @@
 //! Shared helpers: database URLs and extra pools for a test's database, a
 //! builder for [`PoolConfig`], running a [`WorkerPool`] with its completer, and
-//! waiting on a condition with a timeout (tests never sleep to wait).
+//! waiting on a condition with a timeout (tests never sleep to wait), and the
+//! last line of a command's output.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,6 +21,19 @@ use tokio_util::sync::CancellationToken;
 
 /// Payload limit used by tests that do not test the limit.
 pub const LIMIT: usize = qbridge::queue::validate::DEFAULT_PAYLOAD_LIMIT;
+
+/// The last non-empty line of `text` (log lines may come before it).
+pub fn last_line(text: &str) -> &str {
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default()
+}
+
+/// The last non-empty line of a finished command's stderr.
+pub fn last_stderr_line(out: &std::process::Output) -> String {
+    last_line(&String::from_utf8_lossy(&out.stderr)).to_string()
+}
 
 /// The URL of the test's own database (for the listener and the runtime).
 pub fn db_url(pool: &PgPool) -> String {
