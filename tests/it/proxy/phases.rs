@@ -295,7 +295,11 @@ async fn a_client_killed_mid_pipeline_leaves_no_half_mirrored_batch(pool: PgPool
     .await;
     let name = format!("{prefix}killed");
     let mut conn = proxy.conn().await;
-    let mut pipeline = cmd(&["CLIENT", "SETNAME", &name]);
+    // Name the upstream connection and wait for the answer first: otherwise
+    // the wait below could see "no such name" before the proxy had even
+    // connected upstream (its AUTH probe comes first) and read Redis too early.
+    assert_eq!(conn.call(&["CLIENT", "SETNAME", &name]).await, b"+OK\r\n");
+    let mut pipeline = Vec::new();
     for i in 0..300 {
         pipeline.extend(cmd(&["LPUSH", &key, &item(&format!("k{i}"))]));
     }
