@@ -16,9 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use qbridge::config::{Config, Overrides};
 use qbridge::cutover::watch;
+use qbridge::ingest::Stored;
 use qbridge::redis::producer::Producer;
-use qbridge::redis::routes::Routes;
-use qbridge::redis::store::Stored;
+use qbridge::routes::Routes;
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())

@@ -6,6 +6,7 @@
 
 mod cutover;
 mod routes;
+pub mod tls;
 mod units;
 
 use std::collections::{BTreeMap, HashSet};
@@ -241,7 +242,7 @@ pub struct Config {
     /// The Redis of the routes (consumers, producer API, repair).
     pub redis_url: String,
     /// Which CA `rediss://` connections to `redis_url` trust.
-    pub redis_tls: crate::redis::tls::RedisTls,
+    pub redis_tls: crate::config::tls::RedisTls,
     /// Redis lists migrating to Postgres queues.
     pub routes: Vec<RouteConfig>,
     /// The RESP proxy.

@@ -20,6 +20,7 @@
 //!   by a no-loss oracle.
 //! - [`metrics`], [`telemetry`], [`shutdown`], [`ticker`], [`redact`], [`error`] — plumbing.
 
+pub mod app;
 pub mod bench;
 pub mod chaos;
 pub mod cli;
@@ -29,17 +30,24 @@ pub mod cutover;
 pub mod db;
 pub mod demo;
 pub mod error;
+pub mod handler;
 pub mod http;
+pub mod ingest;
 pub mod metrics;
+pub mod mirror;
+pub mod model;
+pub mod ops;
+pub mod output;
+pub mod periodic;
 pub mod proxy;
 pub mod queue;
 pub mod redact;
 pub mod redis;
+pub mod routes;
 pub mod secret;
 pub mod shadow;
 pub mod shutdown;
 pub mod telemetry;
-pub mod ticker;
 pub mod worker;
 
 pub use error::{Error, Result};

@@ -8,8 +8,8 @@ use crate::bench::harness::{self, Workers};
 use crate::bench::{BenchReport, WorkerArgs, BENCH_QUEUE};
 use crate::config::Config;
 use crate::error::Result;
+use crate::handler::Probe;
 use crate::queue::{enqueue, NewJob};
-use crate::worker::handler::Probe;
 
 pub async fn run(config: &Config, w: &WorkerArgs, as_json: bool) -> Result<BenchReport> {
     let db = harness::prepare(config).await?;
@@ -19,7 +19,7 @@ pub async fn run(config: &Config, w: &WorkerArgs, as_json: bool) -> Result<Bench
     let jobs: Vec<NewJob> = (0..n)
         .map(|i| NewJob::new(BENCH_QUEUE, serde_json::json!({ "i": i })))
         .collect();
-    let bar = crate::commands::progress_bar(n as u64, as_json, "enqueue");
+    let bar = crate::output::progress(n as u64, as_json, "enqueue");
     let started = Instant::now();
     for chunk in jobs.chunks(w.enqueue_batch.max(1)) {
         enqueue::enqueue_many(&db, chunk, usize::MAX).await?;
@@ -34,7 +34,7 @@ pub async fn run(config: &Config, w: &WorkerArgs, as_json: bool) -> Result<Bench
     let probe = Arc::new(Probe::default());
     let rss_stop = tokio_util::sync::CancellationToken::new();
     let rss = harness::sample_rss(rss_stop.clone());
-    let bar = crate::commands::progress_bar(n as u64, as_json, "drain");
+    let bar = crate::output::progress(n as u64, as_json, "drain");
     let started = Instant::now();
     let workers = Workers::start(&cfg, w.workers, probe.clone(), true).await?;
     let deadline = started + Duration::from_secs(600);

@@ -8,12 +8,13 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::app::{Runtime, RuntimeReport};
 use crate::bench::{WorkerArgs, BENCH_QUEUE};
 use crate::config::{Config, HandlerConfig, PoolConfig};
 use crate::error::Result;
+use crate::handler::Handler;
+use crate::handler::Probe;
 use crate::queue::backoff::Backoff;
-use crate::worker::handler::Probe;
-use crate::worker::{Handler, Runtime, RuntimeReport};
 
 /// Connects, migrates and empties the bench queue (live and dead rows).
 pub async fn prepare(config: &Config) -> Result<PgPool> {

@@ -10,8 +10,8 @@ use crate::bench::harness::{self, Workers};
 use crate::bench::{BenchReport, WorkerArgs, BENCH_QUEUE};
 use crate::config::Config;
 use crate::error::Result;
+use crate::handler::Probe;
 use crate::queue::{enqueue, NewJob};
-use crate::worker::handler::Probe;
 
 async fn measure(
     config: &Config,

@@ -217,7 +217,7 @@ pub async fn run(config: &Config, args: BenchArgs, as_json: bool) -> Result<()> 
     if report.ok {
         Ok(())
     } else {
-        Err(crate::Error::InvalidInput(
+        Err(crate::error::Error::InvalidInput(
             "bench finished but its checks failed (see ok/notes above)".into(),
         ))
     }

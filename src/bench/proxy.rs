@@ -21,10 +21,10 @@ use crate::bench::harness::{rss_mib, sample_rss};
 use crate::bench::parse_dur;
 use crate::config::{Config, Overrides};
 use crate::error::{Error, Result};
+use crate::mirror::{repair_gaps_once, LagProbe, Mirror, MirrorOptions};
 use crate::proxy::{ProxyDeps, ProxyServer};
-use crate::redis::mirror::{repair_gaps_once, LagProbe, Mirror, MirrorOptions};
-use crate::redis::producer::connect_redis;
-use crate::redis::routes::Routes;
+use crate::redis::connect::connect_redis;
+use crate::routes::Routes;
 
 mod clients;
 mod report;

@@ -21,7 +21,7 @@ use crate::bench::steady::spawn_producers;
 use crate::bench::{BenchReport, WorkerArgs, BENCH_QUEUE};
 use crate::config::Config;
 use crate::error::Result;
-use crate::worker::handler::Probe;
+use crate::handler::Probe;
 
 pub use verdict::{judge, Column, Verdict};
 

@@ -9,10 +9,10 @@ use tokio::net::TcpStream;
 
 use super::load::lpush;
 use super::rig::{Rig, LIST};
-use crate::cutover::operate::{self, Refusal, Request};
-use crate::cutover::Phase;
 use crate::error::{Error, Result};
-use crate::redis::routes::Route;
+use crate::model::Phase;
+use crate::ops::operate::{self, Refusal, Request};
+use crate::routes::Route;
 
 /// Backends of qbridge's own processes (the harness marks its own).
 const QBRIDGE_BACKENDS: &str = "datname = current_database() AND pid <> pg_backend_pid() \
@@ -74,7 +74,7 @@ pub async fn restart_redis(rig: &mut Rig, span: Duration) -> Result<String> {
 }
 
 async fn redis_len(rig: &Rig) -> i64 {
-    let Ok(mut conn) = crate::redis::producer::connect_redis(&rig.redis.url()).await else {
+    let Ok(mut conn) = crate::redis::connect::connect_redis(&rig.redis.url()).await else {
         return -1;
     };
     redis::cmd("LLEN")
@@ -263,7 +263,7 @@ pub async fn flip_phases(rig: &mut Rig, span: Duration, route: &Route) -> Result
         (Phase::Shadow, false),
         (Phase::PostgresOnly, true),
     ];
-    let mut redis = crate::redis::producer::connect_redis(&rig.redis.url()).await?;
+    let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
     let mut walked = vec![Phase::DualWrite.as_str()];
     for (to, forward) in steps {
         tokio::time::sleep(span / 5).await;

@@ -42,7 +42,7 @@ pub async fn serve(db: PgPool) -> std::io::Result<String> {
 
 /// Whether this attempt is one the handler fails on purpose.
 pub fn fails_on_purpose(key: &str, attempt: i32) -> bool {
-    attempt == 1 && crate::cutover::bucket(key).is_multiple_of(10)
+    attempt == 1 && crate::model::bucket(key).is_multiple_of(10)
 }
 
 async fn call(State(db): State<PgPool>, headers: HeaderMap) -> StatusCode {

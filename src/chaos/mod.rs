@@ -28,10 +28,11 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Overrides};
-use crate::cutover::{watch, Phase};
+use crate::cutover::watch;
 use crate::error::{Error, Result};
+use crate::model::Phase;
 use crate::redis::producer::Producer;
-use crate::redis::routes::Routes;
+use crate::routes::Routes;
 use oracle::Verdict;
 use rig::{Rig, ROUTE};
 

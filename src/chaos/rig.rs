@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
-use crate::cutover::Phase;
 use crate::demo::servers::{free_port, ThrowawayPostgres, ThrowawayRedis};
 use crate::error::{Error, Result};
+use crate::model::Phase;
 
 /// The route every scenario drives.
 pub const ROUTE: &str = "orders";

@@ -26,7 +26,7 @@ pub async fn run(args: &ChaosArgs, as_json: bool) -> Result<()> {
         reports.push(chaos::run(scenario, &opts).await?);
     }
     match as_json {
-        true => super::output::json(&serde_json::json!({ "scenarios": reports })),
+        true => crate::output::json(&serde_json::json!({ "scenarios": reports })),
         false => print!("{}", chaos::table(&reports)),
     }
     let failed: Vec<&str> = reports

@@ -4,12 +4,12 @@
 
 use crate::cli::CutoverCommand;
 use crate::commands::diff::stored_routes;
-use crate::commands::output;
 use crate::config::Config;
-use crate::cutover::gates;
-use crate::cutover::operate::{self, Refusal, Request};
 use crate::error::{Error, Result};
-use crate::redis::producer::connect_redis_with;
+use crate::ops::gates;
+use crate::ops::operate::{self, Refusal, Request};
+use crate::output;
+use crate::redis::connect::connect_redis_with;
 
 /// `$USER@host`, the default `changed_by`.
 fn operator(args_by: Option<&str>) -> String {
@@ -58,7 +58,7 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
                     ),
                 };
                 let phase = match (state.phase, state.percent) {
-                    (crate::cutover::Phase::PostgresOnly, p) if p < 100 => {
+                    (crate::model::Phase::PostgresOnly, p) if p < 100 => {
                         format!("postgres_only ({p}% of keys)")
                     }
                     (phase, _) => phase.to_string(),
@@ -174,9 +174,9 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
 }
 
 fn find(
-    routes: &crate::redis::routes::Routes,
+    routes: &crate::routes::Routes,
     name: &str,
-) -> Result<std::sync::Arc<crate::redis::routes::Route>> {
+) -> Result<std::sync::Arc<crate::routes::Route>> {
     routes
         .by_name(name)
         .cloned()

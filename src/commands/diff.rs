@@ -1,28 +1,13 @@
 //! `qbridge diff --route R [--since …] [--repair]`: the two sides of a route
 //! compared, as a table (or `--json`) ending in a one-line verdict.
 
-use chrono::{DateTime, Utc};
-
 use crate::cli::DiffArgs;
-use crate::commands::output;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::redis::producer::connect_redis_with;
-use crate::redis::routes::Routes;
-use crate::shadow::{diff, repair};
-
-/// A window start: a duration back from now (`10m`) or an RFC 3339 time.
-pub fn parse_since(text: &str) -> Result<DateTime<Utc>> {
-    if let Ok(t) = DateTime::parse_from_rfc3339(text) {
-        return Ok(t.with_timezone(&Utc));
-    }
-    let back = crate::config::parse_duration(text).map_err(|_| {
-        Error::InvalidInput(format!(
-            "since {text:?}: use a duration back from now (10m, 1h) or an RFC 3339 time"
-        ))
-    })?;
-    Ok(Utc::now() - chrono::Duration::from_std(back).unwrap_or_default())
-}
+use crate::ops::{diff, repair};
+use crate::output;
+use crate::redis::connect::connect_redis_with;
+use crate::routes::Routes;
 
 /// The route table with the stored phases.
 pub async fn stored_routes(db: &sqlx::PgPool, config: &Config) -> Result<Routes> {
@@ -41,13 +26,12 @@ pub async fn run(config: &Config, args: &DiffArgs, as_json: bool) -> Result<()> 
         })?
         .clone();
     let since = match &args.since {
-        Some(text) => parse_since(text)?,
-        None => crate::cutover::gates::default_since(&db, &route).await?,
+        Some(text) => crate::ops::window::parse_since(text)?,
+        None => crate::ops::gates::default_since(&db, &route).await?,
     };
     let phase = routes.phase(&route);
     let mut redis = connect_redis_with(&config.redis_url, &config.redis_tls).await?;
-    let (d, held) =
-        crate::cutover::gates::diff_since(&db, &mut redis, &route, phase, since).await?;
+    let (d, held) = crate::ops::gates::diff_since(&db, &mut redis, &route, phase, since).await?;
     let repaired = if args.repair {
         Some(
             repair::repair(

@@ -1,9 +1,9 @@
 //! `qbridge dlq list|show|requeue`.
 
 use crate::cli::{DlqCommand, DlqFilter};
-use crate::commands::output;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::output;
 use crate::queue::dlq::{self, Selector};
 
 fn selector(f: &DlqFilter) -> Result<Selector> {

@@ -8,9 +8,9 @@ use std::path::Path;
 use chrono::{DateTime, Utc};
 
 use crate::cli::EnqueueArgs;
-use crate::commands::output;
 use crate::config::{parse_duration, Config};
 use crate::error::{Error, Result};
+use crate::output;
 use crate::queue::{enqueue, validate, EnqueueOutcome, NewJob};
 
 /// Rows per statement (and per progress step).

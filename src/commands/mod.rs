@@ -3,17 +3,16 @@
 
 mod chaos;
 mod cutover;
-pub(crate) mod diff;
+mod diff;
 mod dlq;
 mod enqueue;
-pub(crate) mod output;
 mod proxy;
-pub(crate) use output::progress as progress_bar;
 mod stats;
 
 use crate::cli::{Cli, Command};
 use crate::config::{Config, Overrides};
 use crate::error::Result;
+use crate::output;
 
 /// Runs the parsed command line.
 pub async fn dispatch(cli: Cli) -> Result<()> {
@@ -73,14 +72,14 @@ async fn run(config: Config) -> Result<()> {
     let consumers = config.routes.iter().any(|r| r.redis_consumer.is_some());
     if config.pools.is_empty() && config.schedules.is_empty() && !config.proxy.enabled && !consumers
     {
-        return Err(crate::Error::Config(
+        return Err(crate::error::Error::Config(
             "nothing to run: add a [[pools]] entry, a route with a handler, or [proxy] enabled = true to the config file (see README)"
                 .into(),
         ));
     }
     // Installs the recorder before any metric is touched.
     crate::telemetry::prometheus();
-    let runtime = crate::worker::Runtime::build(config).await?;
+    let runtime = crate::app::Runtime::build(config).await?;
     let stop = crate::shutdown::on_signal();
     runtime.run_until_stopped(stop).await?;
     Ok(())

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::app::services::RedisSide;
 use crate::config::Config;
 use crate::error::Result;
-use crate::redis::services::RedisSide;
-use crate::redis::store::Via;
+use crate::ingest::Via;
 
 pub async fn run(config: Config, listen: Option<&str>) -> Result<()> {
     crate::telemetry::prometheus();

@@ -1,10 +1,10 @@
 //! `qbridge stats`: per-queue depth and lag, and database health.
 
-use crate::commands::output;
 use crate::config::Config;
 use crate::error::Result;
+use crate::output;
 use crate::queue::stats;
-use crate::redis::producer::connect_redis_with;
+use crate::redis::connect::connect_redis_with;
 use crate::redis::route_stats;
 
 pub async fn run(config: &Config, as_json: bool) -> Result<()> {

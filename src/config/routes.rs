@@ -11,11 +11,11 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{validate_pool, Bytes, Dur, HandlerConfig, PoolConfig, PoolFile};
-use crate::cutover::Phase;
+use crate::config::tls::{is_tls_url, RedisTls};
 use crate::error::{Error, Result};
+use crate::model::formats::Format;
+use crate::model::Phase;
 use crate::queue::validate;
-use crate::redis::formats::Format;
-use crate::redis::tls::{is_tls_url, RedisTls};
 
 /// Which end of the list a producer pushes to (Redis consumers pop the other).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

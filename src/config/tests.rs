@@ -172,11 +172,11 @@ fn a_route_with_handler_and_consumers() {
     let mail = &cfg.routes[0];
     assert_eq!(
         (mail.name.as_str(), mail.phase),
-        ("mail", crate::cutover::Phase::Shadow)
+        ("mail", crate::model::Phase::Shadow)
     );
     assert_eq!(mail.push, PushEnd::Rpush);
     assert_eq!(mail.redis_consumer.as_ref().unwrap().max_attempts, 5);
-    assert_eq!(cfg.routes[1].phase, crate::cutover::Phase::RedisOnly);
+    assert_eq!(cfg.routes[1].phase, crate::model::Phase::RedisOnly);
     assert_eq!(cfg.routes[1].format.to_string(), "json:/meta/id");
     // The route's handler brings a pool for its queue.
     assert_eq!(cfg.pools.len(), 1);

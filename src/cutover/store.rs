@@ -16,8 +16,8 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
 
-use crate::cutover::Phase;
 use crate::error::Error;
+use crate::model::Phase;
 
 /// The NOTIFY channel of phase changes.
 pub const CHANNEL: &str = "qbridge_phases";

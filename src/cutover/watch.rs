@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::RouteConfig;
 use crate::cutover::store::{self, PhaseError};
-use crate::cutover::{Phase, PhaseView};
 use crate::metrics as m;
+use crate::model::{Phase, PhaseView};
 
 /// How often [`run`] reads the stored phases.
 pub const INTERVAL: Duration = Duration::from_millis(500);

@@ -13,16 +13,19 @@ use serde::Serialize;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::app::Runtime;
 use crate::config::{Config, Overrides};
-use crate::cutover::operate::{self, Refusal, Request};
-use crate::cutover::{gates, store, watch, Phase};
+use crate::cutover::{store, watch};
 use crate::demo::handler::{self, Ledger};
 use crate::demo::servers::free_port;
 use crate::error::{Error, Result};
-use crate::redis::producer::{connect_redis, Producer};
-use crate::redis::routes::{Route, Routes};
-use crate::shadow::repair;
-use crate::worker::Runtime;
+use crate::model::Phase;
+use crate::ops::gates;
+use crate::ops::operate::{self, Refusal, Request};
+use crate::ops::repair;
+use crate::redis::connect::connect_redis;
+use crate::redis::producer::Producer;
+use crate::routes::{Route, Routes};
 
 /// How long one phase holds, and what the drill may print.
 pub struct DrillOptions {
@@ -355,7 +358,7 @@ gates = {{ window = "{step}s", min_jobs = 20, ack_tolerance = 0.05, quiet_period
         url::Url::parse(redis_url).map_err(|e| Error::InvalidInput(format!("redis url: {e}")))?;
     let _ = proxy_url.set_host(Some("127.0.0.1"));
     let _ = proxy_url.set_port(Some(proxy_port));
-    let bar = crate::commands::progress_bar(0, opts.as_json, "");
+    let bar = crate::output::progress(0, opts.as_json, "");
     bar.set_style(
         indicatif::ProgressStyle::with_template("{spinner} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),

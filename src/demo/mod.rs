@@ -172,7 +172,7 @@ pub async fn run(input: DemoInput) -> Result<()> {
     let summary = result?;
     let ok = summary.lost == 0 && summary.duplicates == 0;
     if input.as_json {
-        crate::commands::output::json(&Report {
+        crate::output::json(&Report {
             ok,
             servers: where_,
             summary: &summary,

@@ -33,13 +33,13 @@ use serde_json::{json, Value};
 use super::auth::Caller;
 use super::enqueue::service_error;
 use super::{error_reply, AppState, Reply};
-use crate::cutover::gates;
-use crate::cutover::operate::{self, Refusal, Request};
 use crate::error::Error;
+use crate::ops::gates;
+use crate::ops::operate::{self, Refusal, Request};
+use crate::ops::repair;
 use crate::queue::dlq::{self, Selector};
 use crate::redis::producer::Producer;
-use crate::redis::routes::Route;
-use crate::shadow::repair;
+use crate::routes::Route;
 
 type Failure = (StatusCode, Json<Value>);
 
@@ -277,7 +277,7 @@ pub(super) async fn repair(
         .map_err(service_error)?
         .phase;
     let since = match &req.since {
-        Some(text) => crate::commands::diff::parse_since(text).map_err(|e| bad(&e.to_string()))?,
+        Some(text) => crate::ops::window::parse_since(text).map_err(|e| bad(&e.to_string()))?,
         None => gates::default_since(&state.db, &route)
             .await
             .map_err(service_error)?,

@@ -35,8 +35,8 @@ pub(super) async fn get_diff(
         ));
     };
     let since = match &q.since {
-        Some(text) => crate::commands::diff::parse_since(text),
-        None => crate::cutover::gates::default_since(&state.db, &route).await,
+        Some(text) => crate::ops::window::parse_since(text),
+        None => crate::ops::gates::default_since(&state.db, &route).await,
     }
     .map_err(|e| match q.since {
         Some(_) => error_reply(StatusCode::BAD_REQUEST, &e.to_string()),
@@ -50,7 +50,7 @@ pub(super) async fn get_diff(
     };
     let mut redis = redis.clone();
     let phase = routes.phase(&route);
-    match crate::cutover::gates::diff_since(&state.db, &mut redis, &route, phase, since).await {
+    match crate::ops::gates::diff_since(&state.db, &mut redis, &route, phase, since).await {
         Ok((diff, _)) => Ok((StatusCode::OK, Json(json!(diff)))),
         Err(e) => Err(error_reply(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())),
     }

@@ -25,8 +25,8 @@ use serde_json::{json, Value};
 
 use super::{error_reply, AppState, Reply};
 use crate::error::Error;
+use crate::ingest::Stored;
 use crate::queue::{enqueue_many, validate, EnqueueOutcome, NewJob};
-use crate::redis::store::Stored;
 
 /// One job as posted.
 #[derive(Debug, Deserialize)]

@@ -83,10 +83,10 @@ pub async fn serve(
     listen: &str,
     state: AppState,
     token: tokio_util::sync::CancellationToken,
-) -> crate::Result<tokio::task::JoinHandle<()>> {
+) -> crate::error::Result<tokio::task::JoinHandle<()>> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|e| crate::Error::Config(format!("cannot listen on {listen}: {e}")))?;
+        .map_err(|e| crate::error::Error::Config(format!("cannot listen on {listen}: {e}")))?;
     tracing::info!(listen = %listen, "http listening");
     let bound = listener.local_addr()?;
     if !bound.ip().is_loopback() && state.admin_token.is_none() {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::task::JoinHandle;
 
-use crate::redis::routes::Route;
+use crate::routes::Route;
 
 /// Which subscription set a pub/sub command works on. Redis keeps three
 /// separate sets, and `UNSUBSCRIBE` with no argument answers once per member

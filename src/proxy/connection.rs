@@ -5,23 +5,20 @@
 //! splice starts, one PING learns whether the fresh upstream connection
 //! needs AUTH (see `auth`).
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::auth::{self, Gate};
-use super::frame::Limits;
+use super::auth;
+use super::link::{Link, Shared};
 use super::reader::{Fence, Reader};
 use super::replies::Replies;
 use super::upstream::{Stream, Upstream};
 use crate::metrics as m;
-use crate::redis::mirror::Mirror;
-use crate::redis::routes::Routes;
 
 /// Commands read but not yet answered, per connection. Deep enough for any
 /// sane pipeline; when full the reader stops reading that client.
@@ -29,67 +26,6 @@ const TAGS_IN_FLIGHT: usize = 1024;
 
 /// How long a new connection waits for the upstream Redis.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What every connection of a server shares.
-pub(super) struct Shared {
-    /// The proxy's own password, when it has one (see `auth`).
-    pub gate: Option<Gate>,
-    pub routes: Routes,
-    pub mirror: Mirror,
-    /// For client commands: `max_bulk_len`/`max_elements` from the config.
-    pub limits: Limits,
-    /// For replies: Redis is trusted and allows 512 MiB values and lists of
-    /// any length, so only the nesting stays capped.
-    pub reply_limits: Limits,
-    pub commands: metrics::Counter,
-    pub latency: metrics::Histogram,
-    pub protocol_errors: metrics::Counter,
-}
-
-/// What the reader and the reply side of one connection share besides the
-/// tag channel.
-pub(super) struct Link {
-    /// Signalled by the reader for tags that get no reply from Redis.
-    pub attention: Notify,
-    /// (Un)subscribe commands the reader has written to Redis, counted
-    /// *before* the write: a confirmation push that arrives while the reply
-    /// side has taken fewer of their tags belongs to a tag still on its way,
-    /// whereas one that arrives with none outstanding is unsolicited (Redis
-    /// sends `sunsubscribe` on its own when a shard channel's slot moves).
-    pub pubsub_sent: AtomicU64,
-    /// The database the connection's next commands run in and whether
-    /// Redis has it authenticated, published by the reply side; the reader
-    /// routes pushes by it.
-    pub db: watch::Sender<Selected>,
-}
-
-/// The selected database as of the `done`-th tag the reply side finished.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Selected {
-    /// How many tags the reply side had taken when it published this.
-    pub done: u64,
-    /// `None` when unknown (a SELECT Redis took but the proxy could not
-    /// read): no route matches then.
-    pub db: Option<i64>,
-    /// Whether Redis would run a command on the connection now: the proxy
-    /// answers a routed push itself only then (see `auth`).
-    pub authed: bool,
-}
-
-impl Link {
-    /// `authed`: whether the fresh upstream connection needs no AUTH.
-    pub(super) fn new(authed: bool) -> Link {
-        Link {
-            attention: Notify::new(),
-            pubsub_sent: AtomicU64::new(0),
-            db: watch::Sender::new(Selected {
-                done: 0,
-                db: Some(0),
-                authed,
-            }),
-        }
-    }
-}
 
 /// Holds the open-connections gauge up for as long as it lives.
 struct Open;

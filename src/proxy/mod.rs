@@ -6,7 +6,7 @@
 //! - `redis_only`: forwarded only.
 //! - `dual_write`/`shadow`: forwarded; once Redis answers with an integer,
 //!   the items are queued for the group-commit
-//!   [`Mirror`](crate::redis::mirror::Mirror) as mirror copies (LPUSHX/RPUSHX
+//!   [`Mirror`](crate::mirror::Mirror) as mirror copies (LPUSHX/RPUSHX
 //!   answering 0 pushed nothing and are not mirrored).
 //!   Inside MULTI only when EXEC returns an array, and only the pushes whose
 //!   element is an integer.
@@ -72,13 +72,12 @@
 mod auth;
 mod command;
 mod connection;
-mod error;
 pub mod frame;
+mod link;
 mod reader;
 mod replies;
 mod server;
 mod session;
 mod upstream;
 
-pub use error::ProxyError;
 pub use server::{ProxyDeps, ProxyServer};

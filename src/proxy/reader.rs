@@ -27,10 +27,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::{encode, Screen, NOAUTH};
 use super::command::{classify, is_push, Cmd, LocalPush, LocalStore, MirrorPush, ReplyMode, Tag};
-use super::connection::{Link, Selected, Shared};
 use super::frame::{command_name, parse_command};
-use crate::cutover::Phase;
+use super::link::{Link, Selected, Shared};
 use crate::metrics as m;
+use crate::model::Phase;
 
 /// Routed pushes of one connection whose Postgres write runs ahead of their
 /// reply: enough to keep a pipeline busy, few enough that their items (each

@@ -24,8 +24,8 @@ use tokio::sync::mpsc::{self, error::TryRecvError};
 use tokio_util::sync::CancellationToken;
 
 use super::command::{local_reply, Cmd, LocalPush, MirrorPush, Tag};
-use super::connection::{Link, Selected, Shared};
 use super::frame::{self, Decoder, Frame};
+use super::link::{Link, Selected, Shared};
 use super::session::{may_confirm, Action, Expect, Session};
 
 mod exec;

@@ -15,16 +15,17 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{self, Gate};
-use super::connection::{self, Shared};
-use super::error::ProxyError;
+use super::connection;
 use super::frame::{Frame, Limits, DEPTH_CAP};
+use super::link::Shared;
 use super::upstream::{Stream, Upstream};
+use crate::config::tls::hint;
 use crate::config::ProxyConfig;
+use crate::error::ProxyError;
 use crate::metrics as m;
+use crate::mirror::Mirror;
 use crate::redact::redact_url;
-use crate::redis::mirror::Mirror;
-use crate::redis::routes::Routes;
-use crate::redis::tls::hint;
+use crate::routes::Routes;
 
 /// How long the start-up check waits for the upstream Redis.
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
@@ -60,7 +61,7 @@ impl ProxyServer {
     /// Listens on `listen` and checks that the upstream Redis of
     /// `deps.config.upstream` answers a PING. Errors are one line naming
     /// the address; passwords are redacted.
-    pub async fn bind(listen: &str, deps: ProxyDeps) -> crate::Result<ProxyServer> {
+    pub async fn bind(listen: &str, deps: ProxyDeps) -> crate::error::Result<ProxyServer> {
         let shown = redact_url(&deps.config.upstream);
         let upstream = Upstream::new(&deps.config.upstream, &shown, &deps.config.upstream_tls)?;
         let listener = TcpListener::bind(listen)

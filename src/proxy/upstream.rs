@@ -19,8 +19,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use super::error::ProxyError;
-use crate::redis::tls::{is_insecure, RedisTls};
+use crate::config::tls::{is_insecure, RedisTls};
+use crate::error::ProxyError;
 
 /// Where each client connection's upstream connection goes.
 pub(super) struct Upstream {

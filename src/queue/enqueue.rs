@@ -70,7 +70,7 @@ pub async fn enqueue(
         validate::job_fields(job)?;
         if let Some(m) = job.max_attempts {
             if m < 1 {
-                return Err(crate::Error::InvalidInput(format!(
+                return Err(crate::error::Error::InvalidInput(format!(
                     "max_attempts must be at least 1, got {m}"
                 )));
             }
@@ -153,7 +153,7 @@ async fn insert_chunk(
             None => match unkeyed.next() {
                 Some(id) => outcomes.push(EnqueueOutcome::Inserted(id)),
                 None => {
-                    return Err(crate::Error::InvalidInput(
+                    return Err(crate::error::Error::InvalidInput(
                         "enqueue: database returned fewer rows than inserted".into(),
                     ))
                 }

@@ -99,7 +99,7 @@ pub async fn run_once(pool: &PgPool, limit: i64) -> Result<ReapReport> {
 
 /// Runs a pass every `interval` until cancelled. Logs only passes that did something.
 pub async fn run(pool: PgPool, interval: Duration, token: CancellationToken) {
-    crate::ticker::every(interval, token, true, || async {
+    crate::periodic::every(interval, token, true, || async {
         match run_once(&pool, 1000).await {
             Ok(r) if r.requeued + r.dead_lettered > 0 => {
                 tracing::info!(

@@ -181,7 +181,7 @@ pub async fn run(
     if schedules.is_empty() {
         return;
     }
-    crate::ticker::every(tick, token, true, || async {
+    crate::periodic::every(tick, token, true, || async {
         match run_once(&pool, &schedules, payload_limit).await {
             Ok(r) => {
                 for (name, id) in r.fired {

@@ -49,7 +49,6 @@
 //! processing and dead lists together.
 
 mod keys;
-pub(crate) use keys::glob_escape;
 mod slot;
 
 use std::sync::Arc;
@@ -60,13 +59,13 @@ use sqlx::PgPool;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::tls::RedisTls;
 use crate::config::RedisConsumerConfig;
-use crate::cutover::Phase;
 use crate::error::{Error, Result};
-use crate::redis::routes::{Route, Routes};
-use crate::redis::tls::RedisTls;
+use crate::handler::Handler;
+use crate::model::Phase;
+use crate::routes::{Route, Routes};
 use crate::shadow::OutcomeRecorder;
-use crate::worker::Handler;
 
 use keys::Keys;
 use slot::Slot;
@@ -174,7 +173,7 @@ impl RedisConsumer {
                 route.name
             ))
         })?;
-        let unreachable = |e| crate::redis::producer::unreachable(redis_url, e);
+        let unreachable = |e| crate::redis::connect::unreachable(redis_url, e);
         let client = tls.client(redis_url).map_err(unreachable)?;
         if routes.phase(&route) != Phase::Decommissioned {
             let config = ::redis::AsyncConnectionConfig::new()

@@ -18,10 +18,10 @@ use bytes::Bytes;
 use sqlx::{PgConnection, PgPool};
 
 use crate::config::PushEnd;
-use crate::cutover::Phase;
 use crate::error::Result;
 use crate::metrics as m;
-use crate::redis::routes::{Route, Routes};
+use crate::model::Phase;
+use crate::routes::{Route, Routes};
 
 /// One push owed to Redis.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,7 +124,7 @@ pub async fn pay(
     conn: &mut ConnectionManager,
     route: &Route,
     owed: &[Owed],
-) -> std::result::Result<usize, crate::Error> {
+) -> std::result::Result<usize, crate::error::Error> {
     let ids: Vec<i64> = owed.iter().map(|o| o.id).collect();
     let mut tx = pool.begin().await?;
     let mine: Vec<i64> = sqlx::query_scalar(
@@ -149,7 +149,7 @@ pub async fn pay(
         .bind(&reason)
         .execute(pool)
         .await?;
-        return Err(crate::Error::Redis(reason));
+        return Err(crate::error::Error::Redis(reason));
     }
     tx.commit().await?;
     Ok(paying.len())

@@ -30,15 +30,15 @@ use ::redis::aio::ConnectionManager;
 use bytes::Bytes;
 use sqlx::{PgConnection, PgPool};
 
-use crate::cutover::Phase;
 use crate::error::{Error, Result};
+use crate::ingest::{self, Item, Stored, Via};
 use crate::metrics as m;
+use crate::model::formats::decode_bytes;
+use crate::model::Phase;
 use crate::queue::JobCopy;
-use crate::redis::formats::decode_bytes;
+use crate::redis::connect::connect_redis;
 use crate::redis::outbox::{self, Owed};
-use crate::redis::routes::{Route, Routes};
-use crate::redis::store::{self, Item, Stored, Via};
-use crate::redis::tls::RedisTls;
+use crate::routes::{Route, Routes};
 
 /// Enqueues items on routes. Cheap to clone.
 #[derive(Clone)]
@@ -84,7 +84,7 @@ impl Producer {
     /// A producer on `pool`. `redis_url` is needed while any route writes
     /// Redis; it is connected now, so an unreachable Redis is a start-up error.
     /// For a `rediss://` Redis with a private CA, connect with
-    /// [`connect_redis_with`] and use [`Producer::from_parts`].
+    /// [`connect_redis_with`](crate::redis::connect::connect_redis_with) and use [`Producer::from_parts`].
     pub async fn connect(
         pool: PgPool,
         redis_url: Option<&str>,
@@ -192,7 +192,7 @@ impl Producer {
             })
             .collect();
         let copies: Vec<JobCopy> = decoded.iter().map(|i| i.copy).collect();
-        let stored = store::store(conn, decoded, self.payload_limit).await?;
+        let stored = ingest::store(conn, decoded, self.payload_limit).await?;
         // Only new mirror copies: a known key was pushed (or owed) the first time.
         let new: Vec<(&str, &Bytes)> = stored
             .iter()
@@ -269,39 +269,4 @@ impl Pending {
         }
         Ok(enqueued)
     }
-}
-
-/// The one-line start-up error for a Redis at `url` that does not answer
-/// (password redacted; a certificate problem says so).
-pub fn unreachable(url: &str, e: ::redis::RedisError) -> Error {
-    let reason = e
-        .to_string()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
-    let hint = crate::redis::tls::hint(&reason, "redis_ca_file");
-    Error::RedisUnreachable {
-        url: crate::redact::redact_url(url),
-        reason: format!("{reason}{hint}"),
-    }
-}
-
-/// Connects to Redis with reconnects, or a clear one-line error; a
-/// `rediss://` URL trusts the operating system's CAs (see
-/// [`connect_redis_with`] for a private CA).
-pub async fn connect_redis(url: &str) -> Result<ConnectionManager> {
-    connect_redis_with(url, &RedisTls::default()).await
-}
-
-/// [`connect_redis`] trusting `tls`'s CA on `rediss://`.
-pub async fn connect_redis_with(url: &str, tls: &RedisTls) -> Result<ConnectionManager> {
-    let unreachable = |e| unreachable(url, e);
-    let client = tls.client(url).map_err(unreachable)?;
-    let config = ::redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(std::time::Duration::from_secs(3)))
-        .set_response_timeout(Some(std::time::Duration::from_secs(5)))
-        .set_number_of_retries(2);
-    ::redis::aio::ConnectionManager::new_with_config(client, config)
-        .await
-        .map_err(unreachable)
 }

@@ -8,8 +8,8 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::error::Result;
-use crate::redis::mirror::gap_key;
-use crate::redis::routes::Routes;
+use crate::redis::keys::gap_key;
+use crate::routes::Routes;
 
 /// One route's numbers.
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -102,7 +102,7 @@ pub async fn run_once(
     pool: &PgPool,
     inflight: &InFlight,
     lease: Duration,
-) -> Result<usize, crate::Error> {
+) -> Result<usize, crate::error::Error> {
     let refs = inflight.refs();
     if refs.is_empty() {
         return Ok(0);

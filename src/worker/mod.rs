@@ -1,12 +1,8 @@
-//! The worker runtime behind `qbridge run`: pools per queue that claim, run
-//! handlers and report outcomes to the batched completer, plus the heartbeat,
-//! the gauge collector and graceful shutdown.
+//! The Postgres consumer: pools per queue that claim, run handlers and
+//! report outcomes to the batched completer, plus the heartbeat and the
+//! gauge collector. The process that runs them is assembled in
+//! [`crate::app`].
 
 pub mod gauges;
-pub mod handler;
 pub mod heartbeat;
 pub mod pool;
-pub mod runtime;
-
-pub use handler::{Handler, HandlerResult, HandlerRun};
-pub use runtime::{Runtime, RuntimeReport};

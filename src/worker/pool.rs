@@ -15,15 +15,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{DualWriteMirrors, PoolConfig};
-use crate::cutover::Phase;
+use crate::handler::{Handler, HandlerResult, HandlerRun};
 use crate::metrics as m;
+use crate::model::Phase;
 use crate::queue::backoff::Backoff;
 use crate::queue::claim::claim_batch;
 use crate::queue::completer::{Finished, Outcome};
 use crate::queue::{fence, ClaimRequest, ClaimedJob, JobCopy};
-use crate::redis::routes::{Route, Routes};
+use crate::routes::{Route, Routes};
 use crate::shadow::{Mode, Outcome as RecordedOutcome, OutcomeKind, OutcomeRecorder, Side};
-use crate::worker::handler::{Handler, HandlerResult, HandlerRun};
 use crate::worker::heartbeat::{self, InFlight};
 
 /// Totals of one pool's life.

@@ -13,10 +13,10 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
-use qbridge::cutover::Phase;
 use qbridge::http::{router, AppState};
+use qbridge::ingest::Via;
+use qbridge::model::Phase;
 use qbridge::queue::NewJob;
-use qbridge::redis::store::Via;
 use qbridge::secret::Secret;
 
 use crate::producer::route_table;

@@ -15,10 +15,10 @@ use sqlx::PgPool;
 
 use qbridge::config::{Config, Overrides};
 use qbridge::cutover::store;
-use qbridge::cutover::Phase;
 use qbridge::http::{router, AppState};
+use qbridge::model::Phase;
 use qbridge::redis::producer::Producer;
-use qbridge::redis::routes::Routes;
+use qbridge::routes::Routes;
 
 use crate::support;
 

@@ -12,10 +12,10 @@ use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use qbridge::app::services::RedisSide;
 use qbridge::config::{Config, Overrides};
 use qbridge::cutover::store::{self, Change};
-use qbridge::cutover::Phase;
-use qbridge::redis::services::RedisSide;
+use qbridge::model::Phase;
 
 use crate::support;
 

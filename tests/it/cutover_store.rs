@@ -6,7 +6,7 @@ use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 
 use qbridge::cutover::store::{self, Change, PhaseError};
-use qbridge::cutover::Phase;
+use qbridge::model::Phase;
 
 use crate::support;
 
@@ -159,7 +159,8 @@ async fn a_change_is_announced_and_needs_a_known_route_and_a_reason(pool: PgPool
 
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn the_watch_follows_the_store_and_keeps_the_last_known_phase(pool: PgPool) {
-    use qbridge::cutover::{watch, PhaseView};
+    use qbridge::cutover::watch;
+    use qbridge::model::PhaseView;
     store::register(&pool, "r", Phase::DualWrite, "config")
         .await
         .unwrap();

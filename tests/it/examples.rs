@@ -18,12 +18,12 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
+use qbridge::app::services::RedisSide;
+use qbridge::app::Runtime;
 use qbridge::config::{Config, Overrides};
 use qbridge::cutover::watch;
 use qbridge::redis::producer::Producer;
-use qbridge::redis::routes::Routes;
-use qbridge::redis::services::RedisSide;
-use qbridge::worker::Runtime;
+use qbridge::routes::Routes;
 
 use crate::support;
 

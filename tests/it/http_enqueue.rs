@@ -7,9 +7,9 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
-use qbridge::cutover::Phase;
 use qbridge::http::{router, AppState};
-use qbridge::redis::store::Via;
+use qbridge::ingest::Via;
+use qbridge::model::Phase;
 
 use crate::producer::route_table;
 use crate::support;

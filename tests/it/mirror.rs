@@ -10,9 +10,10 @@ use bytes::Bytes;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
-use qbridge::cutover::Phase;
-use qbridge::redis::mirror::{gap_key, repair_gaps_once, Mirror, MirrorOptions};
-use qbridge::redis::producer::connect_redis;
+use qbridge::mirror::{repair_gaps_once, Mirror, MirrorOptions};
+use qbridge::model::Phase;
+use qbridge::redis::connect::connect_redis;
+use qbridge::redis::keys::gap_key;
 
 use crate::producer::route_table;
 use crate::servers::ThrowawayPostgres;
@@ -81,7 +82,7 @@ async fn live_stores_answer_after_their_commit(pool: PgPool) {
     assert_eq!(stored[0].key(), "a");
     assert!(matches!(
         stored[1],
-        qbridge::redis::store::Stored::Duplicate { .. }
+        qbridge::ingest::Stored::Duplicate { .. }
     ));
     // Already committed when store_live returned.
     assert_eq!(
@@ -166,10 +167,10 @@ async fn postgres_down_parks_mirror_items_in_the_gap_list_until_it_is_back() {
 }
 
 /// The same table with the route renamed (gap lists are keyed by route name).
-fn rename(routes: qbridge::redis::routes::Routes, name: &str) -> qbridge::redis::routes::Routes {
+fn rename(routes: qbridge::routes::Routes, name: &str) -> qbridge::routes::Routes {
     let mut configs: Vec<_> = routes.iter().map(|r| r.config.clone()).collect();
     configs[0].name = name.to_string();
-    qbridge::redis::routes::Routes::from_config(&configs)
+    qbridge::routes::Routes::from_config(&configs)
 }
 
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]

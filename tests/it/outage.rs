@@ -9,8 +9,8 @@ use ::redis::AsyncCommands;
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
+use qbridge::app::services::RedisSide;
 use qbridge::config::{Config, Overrides};
-use qbridge::redis::services::RedisSide;
 
 use crate::servers::ThrowawayPostgres;
 use crate::support;

@@ -9,11 +9,12 @@ use bytes::Bytes;
 use sqlx::PgPool;
 
 use qbridge::config::{Config, Overrides};
-use qbridge::cutover::Phase;
+use qbridge::ingest::Stored;
+use qbridge::model::Phase;
+use qbridge::redis::connect::connect_redis;
 use qbridge::redis::outbox;
-use qbridge::redis::producer::{connect_redis, Producer};
-use qbridge::redis::routes::Routes;
-use qbridge::redis::store::Stored;
+use qbridge::redis::producer::Producer;
+use qbridge::routes::Routes;
 
 use crate::servers::ThrowawayRedis;
 use crate::support;
@@ -365,7 +366,7 @@ async fn keys_past_the_dedup_window_are_forgotten(pool: PgPool) {
     .execute(&pool)
     .await
     .unwrap();
-    let pruned = qbridge::redis::store::prune_keys_once(&pool, &routes)
+    let pruned = qbridge::ingest::prune_keys_once(&pool, &routes)
         .await
         .unwrap();
     assert_eq!(pruned, 1);

@@ -13,7 +13,7 @@ mod select;
 
 use std::time::Duration;
 
-use qbridge::cutover::Phase;
+use qbridge::model::Phase;
 use sqlx::PgPool;
 
 use harness::{cmd, item, Raw, REDIS};
@@ -255,10 +255,10 @@ async fn an_over_limit_bulk_string_is_refused_before_it_arrives(pool: PgPool) {
 
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn an_unreachable_upstream_is_a_clear_startup_error(pool: PgPool) {
-    let (mirror, _writers) = qbridge::redis::mirror::Mirror::start(
+    let (mirror, _writers) = qbridge::mirror::Mirror::start(
         pool.clone(),
         None,
-        qbridge::redis::mirror::MirrorOptions {
+        qbridge::mirror::MirrorOptions {
             buffer_bytes: 1 << 20,
             batch_items: 10,
             writers: 1,

@@ -12,11 +12,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use qbridge::config::{HandlerConfig, PushEnd, RedisConsumerConfig, RouteConfig};
-use qbridge::cutover::Phase;
+use qbridge::handler::Handler;
+use qbridge::model::Phase;
 use qbridge::redis::consumer::{ConsumerOptions, ConsumerReport, RedisConsumer};
-use qbridge::redis::routes::{Route, Routes};
+use qbridge::routes::{Route, Routes};
 use qbridge::shadow::{OutcomeRecorder, RecorderOptions};
-use qbridge::worker::Handler;
 
 use crate::support::{sh, wait_for_count};
 

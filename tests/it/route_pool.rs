@@ -11,11 +11,11 @@ use bytes::Bytes;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use qbridge::app::Runtime;
 use qbridge::config::{Config, Overrides};
-use qbridge::cutover::Phase;
-use qbridge::redis::routes::Routes;
+use qbridge::model::Phase;
+use qbridge::routes::Routes;
 use qbridge::shadow::digest_hex;
-use qbridge::worker::Runtime;
 
 use crate::support;
 

@@ -126,7 +126,7 @@ async fn a_schedules_only_runtime_runs_until_stopped(pool: PgPool) {
     );
     let config =
         qbridge::config::Config::from_toml(&toml, &qbridge::config::Overrides::default()).unwrap();
-    let mut runtime = qbridge::worker::Runtime::build(config).await.unwrap();
+    let mut runtime = qbridge::app::Runtime::build(config).await.unwrap();
     runtime.serve_http = false;
     let stop = tokio_util::sync::CancellationToken::new();
     let handle = tokio::spawn(runtime.run_until_stopped(stop.clone()));

@@ -5,8 +5,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use qbridge::app::{Runtime, RuntimeReport};
 use qbridge::config::{Config, Overrides};
-use qbridge::worker::{Runtime, RuntimeReport};
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use qbridge::config::{Dur, HandlerConfig, PoolConfig};
+use qbridge::handler::Handler;
 use qbridge::queue::backoff::Backoff;
 use qbridge::queue::completer::{self, CompleterConfig, CompleterReport};
 use qbridge::queue::{ClaimRequest, ClaimedJob, JobRef, NewJob};
 use qbridge::worker::pool::{PoolReport, WorkerPool};
-use qbridge::worker::Handler;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::sync::Notify;

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use qbridge::app::Runtime;
 use qbridge::config::{Config, Overrides};
 use qbridge::queue::NewJob;
-use qbridge::worker::Runtime;
 use serde_json::json;
 use sqlx::PgPool;
 use tokio::task::JoinHandle;

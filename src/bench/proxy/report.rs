@@ -3,7 +3,7 @@
 
 use super::ProxyRun;
 use crate::bench::BenchReport;
-use crate::commands::output::table;
+use crate::output::table;
 
 // The issue's targets (issue 3, "Performance").
 const TARGET_RATIO: f64 = 0.5;

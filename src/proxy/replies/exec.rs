@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use super::super::command::{one_line, LocalPush, LocalStore};
-use super::super::connection::Shared;
 use super::super::frame::{self, Frame};
+use super::super::link::Shared;
 use super::super::session::{took, Entry};
 use super::Replies;
 use crate::metrics as m;

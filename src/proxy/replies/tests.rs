@@ -10,12 +10,12 @@ use tokio::task::JoinHandle;
 
 use super::*;
 use crate::config::{PushEnd, RouteConfig};
-use crate::cutover::Phase;
+use crate::mirror::{Mirror, MirrorOptions};
+use crate::model::formats::Format;
+use crate::model::Phase;
 use crate::proxy::command::{Family, LocalStore};
 use crate::proxy::frame::Limits;
-use crate::redis::formats::Format;
-use crate::redis::mirror::{Mirror, MirrorOptions};
-use crate::redis::routes::{Route, Routes};
+use crate::routes::{Route, Routes};
 
 const WAIT: Duration = Duration::from_secs(5);
 

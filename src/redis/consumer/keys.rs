@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::cutover::Phase;
-use crate::redis::formats::{Decoded, KeySource};
+use crate::model::formats::{Decoded, KeySource};
+use crate::model::Phase;
+use crate::redis::keys::glob_escape;
 
 /// Key names of one consumer of one route.
 #[derive(Debug, Clone)]
@@ -62,18 +63,6 @@ impl Keys {
     pub(super) fn client_name(&self, n: usize) -> String {
         format!("qbridge-consumer:{}:{}:{n}", self.route, self.consumer)
     }
-}
-
-/// Escapes Redis glob characters (a route or consumer name may hold them).
-pub(crate) fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// Ack: remove the item from the processing list and forget its state, in

@@ -12,12 +12,12 @@ use tokio_util::sync::CancellationToken;
 use super::keys::job_key;
 use super::{ConsumerReport, Ctx};
 use crate::config::PushEnd;
-use crate::cutover::Phase;
+use crate::handler::HandlerResult;
 use crate::metrics as m;
+use crate::model::formats::{decode_bytes, Decoded};
+use crate::model::Phase;
 use crate::queue::{ClaimedJob, JobCopy};
-use crate::redis::formats::{decode_bytes, Decoded};
 use crate::shadow::{digest_hex, Mode, Outcome, OutcomeKind, Side};
-use crate::worker::HandlerResult;
 
 /// What one [`Slot::run_once`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use qbridge::cutover::operate::Refusal;
-use qbridge::cutover::Phase;
+use qbridge::model::Phase;
+use qbridge::ops::operate::Refusal;
 
 use super::rig::{Options, Rig};
 use crate::support;

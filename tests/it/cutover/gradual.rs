@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use qbridge::cutover::operate::{self, Refusal, Request};
-use qbridge::cutover::{bucket, Phase};
+use qbridge::model::{bucket, Phase};
+use qbridge::ops::operate::{self, Refusal, Request};
 
 use super::rig::{Options, Rig};
 use crate::support;

@@ -6,16 +6,16 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use qbridge::cutover::gates::diff_since;
-use qbridge::cutover::operate::Refusal;
-use qbridge::cutover::Phase;
-use qbridge::shadow::diff::Diff;
-use qbridge::shadow::repair;
+use qbridge::model::Phase;
+use qbridge::ops::diff::Diff;
+use qbridge::ops::gates::diff_since;
+use qbridge::ops::operate::Refusal;
+use qbridge::ops::repair;
 
 use super::rig::{Options, Rig};
 use crate::support;
 
-async fn diff(rig: &Rig) -> (Diff, qbridge::shadow::redis_view::RedisView) {
+async fn diff(rig: &Rig) -> (Diff, qbridge::ops::redis_view::RedisView) {
     let mut conn = rig.redis().await;
     let since = chrono::Utc::now() - chrono::Duration::minutes(5);
     let route = rig.route();

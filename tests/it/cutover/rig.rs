@@ -13,12 +13,13 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use qbridge::app::Runtime;
 use qbridge::config::{Config, Overrides};
-use qbridge::cutover::operate::{self, Advanced, Refusal, Request};
-use qbridge::cutover::{watch, Phase};
+use qbridge::cutover::watch;
+use qbridge::model::Phase;
+use qbridge::ops::operate::{self, Advanced, Refusal, Request};
 use qbridge::redis::producer::Producer;
-use qbridge::redis::routes::{Route, Routes};
-use qbridge::worker::Runtime;
+use qbridge::routes::{Route, Routes};
 
 use crate::support;
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use qbridge::cutover::Phase;
+use qbridge::model::Phase;
 
 use super::rig::{Options, Rig};
 use crate::support;

@@ -9,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 use qbridge::config::{Config, Overrides};
 use qbridge::cutover::store::{self, Change};
-use qbridge::cutover::{watch, Phase};
+use qbridge::cutover::watch;
+use qbridge::model::Phase;
 
 use crate::servers::ThrowawayPostgres;
 

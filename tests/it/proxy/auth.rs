@@ -7,10 +7,10 @@
 use std::time::Duration;
 
 use qbridge::config::ProxyConfig;
-use qbridge::cutover::Phase;
+use qbridge::mirror::{Mirror, MirrorOptions};
+use qbridge::model::Phase;
 use qbridge::proxy::{ProxyDeps, ProxyServer};
-use qbridge::redis::mirror::{Mirror, MirrorOptions};
-use qbridge::redis::routes::Routes;
+use qbridge::routes::Routes;
 use qbridge::secret::Secret;
 use sqlx::PgPool;
 

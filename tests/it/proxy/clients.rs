@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use qbridge::cutover::Phase;
+use qbridge::model::Phase;
 use sqlx::PgPool;
 
 use super::harness;

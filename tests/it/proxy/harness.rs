@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use qbridge::config::{ProxyConfig, PushEnd, RouteConfig};
-use qbridge::cutover::Phase;
+use qbridge::mirror::{Mirror, MirrorOptions};
+use qbridge::model::formats::Format;
+use qbridge::model::Phase;
 use qbridge::proxy::frame::{Decoder, Limits};
 use qbridge::proxy::{ProxyDeps, ProxyServer};
-use qbridge::redis::formats::Format;
-use qbridge::redis::mirror::{Mirror, MirrorOptions};
-use qbridge::redis::routes::Routes;
+use qbridge::routes::Routes;
 use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

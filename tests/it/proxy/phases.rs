@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use qbridge::cutover::Phase;
+use qbridge::model::Phase;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 

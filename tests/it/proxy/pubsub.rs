@@ -3,7 +3,7 @@
 //! UNSUBSCRIBE (a routed push after them is mirrored only if it is paired
 //! with its own reply).
 
-use qbridge::cutover::Phase;
+use qbridge::model::Phase;
 use sqlx::PgPool;
 
 use super::harness::{self, cmd, item, Raw, REDIS};

@@ -4,7 +4,7 @@
 //! returns to 0, and a SELECT queued in MULTI counts from EXEC on.
 
 use qbridge::config::RouteConfig;
-use qbridge::cutover::Phase;
+use qbridge::model::Phase;
 use sqlx::PgPool;
 
 use super::harness::{self, cmd, item, Raw, REDIS};

@@ -9,10 +9,10 @@ use bytes::Bytes;
 use sqlx::PgPool;
 
 use qbridge::config::PushEnd;
-use qbridge::cutover::Phase;
+use qbridge::ingest::{self, Item, Via};
+use qbridge::model::formats::decode_bytes;
+use qbridge::model::Phase;
 use qbridge::queue::JobCopy;
-use qbridge::redis::formats::decode_bytes;
-use qbridge::redis::store::{self, Item, Via};
 
 use super::{outcomes, redis, Fixture, Running};
 use crate::support::{self, sh, wait_for, wait_for_count};
@@ -31,7 +31,7 @@ async fn identical_items_get_the_keys_the_push_side_gave_them(pool: PgPool) {
     let other = Bytes::from_static(b"other bytes");
     let items = [bytes.clone(), bytes.clone(), other.clone()];
     let mut tx = pool.begin().await.unwrap();
-    let stored = store::store(
+    let stored = ingest::store(
         &mut tx,
         items
             .iter()

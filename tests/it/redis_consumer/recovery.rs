@@ -8,7 +8,7 @@ use ::redis::AsyncCommands;
 use sqlx::PgPool;
 
 use qbridge::config::PushEnd;
-use qbridge::cutover::Phase;
+use qbridge::model::Phase;
 
 use super::{marker_dir, outcomes, redis, Fixture};
 use crate::support::{self, sh, wait_for, wait_for_count};

@@ -13,16 +13,17 @@ use bytes::Bytes;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use qbridge::config::tls::RedisTls;
 use qbridge::config::{Config, Overrides};
-use qbridge::cutover::Phase;
+use qbridge::handler::Handler;
+use qbridge::mirror::{Mirror, MirrorOptions};
+use qbridge::model::Phase;
 use qbridge::proxy::{ProxyDeps, ProxyServer};
+use qbridge::redis::connect::connect_redis_with;
 use qbridge::redis::consumer::RedisConsumer;
-use qbridge::redis::mirror::{Mirror, MirrorOptions};
-use qbridge::redis::producer::{connect_redis_with, Producer};
-use qbridge::redis::routes::Routes;
-use qbridge::redis::tls::RedisTls;
+use qbridge::redis::producer::Producer;
+use qbridge::routes::Routes;
 use qbridge::shadow::{OutcomeRecorder, RecorderOptions};
-use qbridge::worker::Handler;
 
 use super::certs::Certs;
 use crate::proxy::harness;

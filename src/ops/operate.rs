@@ -9,12 +9,13 @@ use redis::aio::ConnectionManager;
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::cutover::decommission::{self, Archived};
-use crate::cutover::gates::{self, Gate};
 use crate::cutover::store::{self, Change, PhaseError, RouteState};
-use crate::cutover::{watch, Phase};
+use crate::cutover::watch;
 use crate::error::{Error, Result};
-use crate::redis::routes::Route;
+use crate::model::Phase;
+use crate::ops::decommission::{self, Archived};
+use crate::ops::gates::{self, Gate};
+use crate::routes::Route;
 
 /// Who and why.
 #[derive(Debug, Clone)]

@@ -173,8 +173,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::worker::handler::tests::job;
-    use crate::worker::Handler;
+    use crate::handler::tests::job;
+    use crate::handler::Handler;
 
     fn sh(script: &str, timeout: Duration) -> Handler {
         Handler::Command {

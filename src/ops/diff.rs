@@ -20,8 +20,8 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::error::Result;
-use crate::redis::routes::Route;
-use crate::shadow::redis_view::RedisView;
+use crate::ops::redis_view::RedisView;
+use crate::routes::Route;
 
 /// Jobs and attempts one side shows in the window.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]

@@ -16,10 +16,10 @@ use sqlx::PgPool;
 
 use crate::config::PushEnd;
 use crate::error::Result;
-use crate::redis::consumer::glob_escape;
-use crate::redis::formats::{decode_bytes, KeySource};
-use crate::redis::mirror::gap_key;
-use crate::redis::routes::Route;
+use crate::model::formats::{decode_bytes, KeySource};
+use crate::redis::keys::gap_key;
+use crate::redis::keys::glob_escape;
+use crate::routes::Route;
 
 /// Most items read from one route's lists; past it the view says it is
 /// truncated and the diff counts only what it read.

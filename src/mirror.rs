@@ -25,11 +25,12 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, Mutex, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
+use crate::ingest::{self, Item, Stored, Via};
 use crate::metrics as m;
+use crate::model::formats::decode_bytes;
 use crate::queue::JobCopy;
-use crate::redis::formats::decode_bytes;
-use crate::redis::routes::{Route, Routes};
-use crate::redis::store::{self, Item, Stored, Via};
+use crate::redis::keys::gap_key;
+use crate::routes::{Route, Routes};
 
 /// Tuning of the writers; see `[proxy]` in the config.
 #[derive(Debug, Clone, Copy)]
@@ -246,17 +247,17 @@ impl Breaker {
 }
 
 /// Errors that mean "Postgres is not there" (as opposed to a bad batch).
-fn is_unavailable(err: &crate::Error) -> bool {
+fn is_unavailable(err: &crate::error::Error) -> bool {
     matches!(
         err,
-        crate::Error::Db(
+        crate::error::Error::Db(
             sqlx::Error::Io(_)
                 | sqlx::Error::PoolTimedOut
                 | sqlx::Error::PoolClosed
                 | sqlx::Error::Tls(_)
                 | sqlx::Error::Protocol(_)
         )
-    ) || matches!(err, crate::Error::Db(sqlx::Error::Database(e)) if e.code().is_some_and(|c| c.starts_with("57") || c.starts_with("08") || c == "55P03"))
+    ) || matches!(err, crate::error::Error::Db(sqlx::Error::Database(e)) if e.code().is_some_and(|c| c.starts_with("57") || c.starts_with("08") || c == "55P03"))
 }
 
 /// Where [`Mirror::start_probed`] puts lag samples, in seconds.
@@ -379,7 +380,7 @@ async fn write_batch(
     batch: &[Request],
     payload_limit: usize,
     chunk: usize,
-) -> crate::Result<Vec<Stored>> {
+) -> crate::error::Result<Vec<Stored>> {
     let all: Vec<(&Request, &Bytes)> = batch
         .iter()
         .flat_map(|r| r.items.iter().map(move |bytes| (r, bytes)))
@@ -402,15 +403,10 @@ async fn write_batch(
                 via: r.via,
             })
             .collect();
-        stored.extend(store::store(&mut tx, items, payload_limit).await?);
+        stored.extend(ingest::store(&mut tx, items, payload_limit).await?);
     }
     tx.commit().await?;
     Ok(stored)
-}
-
-/// The Redis list where a route's unmirrored items wait for Postgres.
-pub fn gap_key(route: &Route) -> String {
-    format!("qbridge:gap:{}", route.name)
 }
 
 async fn spool(
@@ -438,8 +434,8 @@ pub async fn repair_gaps_once(
     conn: &mut ConnectionManager,
     routes: &Routes,
     payload_limit: usize,
-) -> crate::Result<u64> {
-    let redis_err = |e: ::redis::RedisError| crate::Error::Redis(format!("gap repair: {e}"));
+) -> crate::error::Result<u64> {
+    let redis_err = |e: ::redis::RedisError| crate::error::Error::Redis(format!("gap repair: {e}"));
     let mut repaired = 0;
     for route in routes.iter() {
         let key = gap_key(route);
@@ -481,11 +477,11 @@ async fn repair_route(
     route: &Route,
     key: &str,
     payload_limit: usize,
-) -> crate::Result<u64> {
+) -> crate::error::Result<u64> {
     let taken: Vec<Vec<u8>> = conn
         .lrange(key, 0, REPAIR_BATCH as isize - 1)
         .await
-        .map_err(|e| crate::Error::Redis(format!("gap repair: {e}")))?;
+        .map_err(|e| crate::error::Error::Redis(format!("gap repair: {e}")))?;
     if taken.is_empty() {
         return Ok(0);
     }
@@ -499,14 +495,14 @@ async fn repair_route(
         })
         .collect();
     let mut tx = pool.begin().await?;
-    store::store(&mut tx, items, payload_limit).await?;
+    ingest::store(&mut tx, items, payload_limit).await?;
     tx.commit().await?;
     // Written: now drop them from the head. If this trim fails they are
     // written again next pass, and their keys make that a no-op (content-hash
     // items would get a second occurrence: counted as a duplicate by the diff).
     conn.ltrim::<_, ()>(key, taken.len() as isize, -1)
         .await
-        .map_err(|e| crate::Error::Redis(format!("gap repair: {e}")))?;
+        .map_err(|e| crate::error::Error::Redis(format!("gap repair: {e}")))?;
     Ok(taken.len() as u64)
 }
 

@@ -29,7 +29,7 @@ pub(super) fn decode(item: &[u8], key_pointer: &str) -> Result<Parts, Flag> {
 
 #[cfg(test)]
 mod tests {
-    use crate::redis::formats::{decode, original_from_payload, Format, KeySource};
+    use crate::model::formats::{decode, original_from_payload, Format, KeySource};
     use serde_json::json;
 
     fn by(pointer: &str) -> Format {

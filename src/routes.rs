@@ -8,8 +8,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::config::{PushEnd, RouteConfig};
-use crate::cutover::{Phase, PhaseView};
-use crate::redis::formats::{decode_bytes, Decoded, Format, KeySource};
+use crate::model::formats::{decode_bytes, Decoded, Format, KeySource};
+use crate::model::{Phase, PhaseView};
 use crate::shadow::Digester;
 
 /// One route, as the producer paths and consumers use it.

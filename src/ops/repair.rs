@@ -20,14 +20,14 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::config::PushEnd;
-use crate::cutover::Phase;
 use crate::error::Result;
+use crate::ingest::{self, Item, Stored, Via};
+use crate::model::formats::decode_bytes;
+use crate::model::Phase;
+use crate::ops::diff::{ONLY_POSTGRES_SQL, UNKNOWN_KEYS_SQL};
+use crate::ops::redis_view::{self, RedisView};
 use crate::queue::JobCopy;
-use crate::redis::formats::decode_bytes;
-use crate::redis::routes::Route;
-use crate::redis::store::{self, Item, Stored, Via};
-use crate::shadow::diff::{ONLY_POSTGRES_SQL, UNKNOWN_KEYS_SQL};
-use crate::shadow::redis_view::{self, RedisView};
+use crate::routes::Route;
 
 /// How long a re-push marker lives: longer than any sane Redis backlog, so
 /// the same loss is never re-pushed twice, short enough to forget.
@@ -207,7 +207,7 @@ async fn mirror_waiting(
         })
         .collect();
     let mut tx = db.begin().await?;
-    let stored = store::store(&mut tx, items, payload_limit).await?;
+    let stored = ingest::store(&mut tx, items, payload_limit).await?;
     tx.commit().await?;
     Ok(stored
         .iter()

@@ -19,9 +19,9 @@ use sqlx::PgConnection;
 
 use crate::error::Result;
 use crate::metrics as m;
+use crate::model::formats::{Decoded, KeySource};
 use crate::queue::{enqueue, validate, EnqueueOutcome, JobCopy, NewJob};
-use crate::redis::formats::{Decoded, KeySource};
-use crate::redis::routes::Route;
+use crate::routes::Route;
 
 /// The path an item came in by (the `via` of `job_keys`, a metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -373,10 +373,7 @@ const PRUNE_BATCH: i64 = 10_000;
 
 /// Forgets job keys older than their route's dedup window (a re-push after
 /// that is a new job); returns how many were deleted. A maintenance pass.
-pub async fn prune_keys_once(
-    pool: &sqlx::PgPool,
-    routes: &crate::redis::routes::Routes,
-) -> Result<u64> {
+pub async fn prune_keys_once(pool: &sqlx::PgPool, routes: &crate::routes::Routes) -> Result<u64> {
     let mut pruned = 0;
     for route in routes.iter() {
         let done = sqlx::query(

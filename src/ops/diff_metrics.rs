@@ -7,12 +7,12 @@
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 
-use crate::cutover::gates::diff_since;
-use crate::cutover::Phase;
 use crate::error::Result;
 use crate::metrics as m;
+use crate::model::Phase;
+use crate::ops::gates::diff_since;
 use crate::queue::leader;
-use crate::redis::routes::Routes;
+use crate::routes::Routes;
 
 /// Computes each compared route's diff over its gate window and sets the
 /// gauges, if no other process is doing it; says whether it did.

@@ -30,7 +30,7 @@ pub(super) fn flagged_payload(item: &[u8], reason: Flag) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use crate::redis::formats::{decode, original_from_payload, Format, KeySource};
+    use crate::model::formats::{decode, original_from_payload, Format, KeySource};
     use serde_json::json;
 
     /// Binary with invalid UTF-8 (a lone continuation byte, an overlong

@@ -102,7 +102,7 @@ fn is_json(content_type: Option<&Value>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use crate::redis::formats::{decode, original_from_payload, Format, KeySource};
+    use crate::model::formats::{decode, original_from_payload, Format, KeySource};
     use serde_json::json;
 
     /// `add.delay(2, 3)` with Celery 5 (task protocol 2) as kombu 5 pushes it:

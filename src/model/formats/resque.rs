@@ -27,7 +27,7 @@ pub(super) fn decode(item: &[u8]) -> Result<Parts, Flag> {
 
 #[cfg(test)]
 mod tests {
-    use crate::redis::formats::{decode, Format, KeySource};
+    use crate::model::formats::{decode, Format, KeySource};
     use serde_json::json;
 
     /// `Resque.enqueue(Archive, 35, "tar")`.

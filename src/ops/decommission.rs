@@ -13,13 +13,13 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::error::Result;
+use crate::ingest::{self, Item, Stored, Via};
+use crate::model::formats::decode_bytes;
+use crate::ops::redis_view::scan;
 use crate::queue::JobCopy;
-use crate::redis::consumer::glob_escape;
-use crate::redis::formats::decode_bytes;
-use crate::redis::mirror::gap_key;
-use crate::redis::routes::Route;
-use crate::redis::store::{self, Item, Stored, Via};
-use crate::shadow::redis_view::scan;
+use crate::redis::keys::gap_key;
+use crate::redis::keys::glob_escape;
+use crate::routes::Route;
 
 /// What decommissioning archived and deleted.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -92,7 +92,7 @@ pub async fn archive_and_delete(
                 })
                 .collect();
             let mut tx = db.begin().await?;
-            let stored = store::store(&mut tx, batch, payload_limit).await?;
+            let stored = ingest::store(&mut tx, batch, payload_limit).await?;
             tx.commit().await?;
             for s in stored {
                 match s {

@@ -21,11 +21,11 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 
 use crate::cutover::store::RouteState;
-use crate::cutover::Phase;
 use crate::error::Result;
-use crate::redis::routes::Route;
-use crate::shadow::diff::{self, Diff, DiffInput};
-use crate::shadow::redis_view;
+use crate::model::Phase;
+use crate::ops::diff::{self, Diff, DiffInput};
+use crate::ops::redis_view;
+use crate::routes::Route;
 
 /// One measured condition.
 #[derive(Debug, Clone, Serialize, PartialEq)]

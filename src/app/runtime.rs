@@ -11,17 +11,18 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::app::services::RedisSide;
 use crate::config::Config;
 use crate::error::Result;
+use crate::handler::Handler;
+use crate::ingest::Via;
+use crate::periodic;
 use crate::queue::completer::{self, CompleterConfig, CompleterReport};
 use crate::queue::listener::{self, Wakers};
 use crate::queue::{history, reaper, schedule};
-use crate::redis::services::RedisSide;
-use crate::redis::store::Via;
 use crate::shadow::{OutcomeRecorder, RecorderOptions};
-use crate::ticker;
+use crate::worker::gauges;
 use crate::worker::pool::{PoolReport, RouteRuns, WorkerPool};
-use crate::worker::{gauges, Handler};
 
 /// Totals after a run.
 #[derive(Debug, Default, Clone, Copy)]
@@ -71,7 +72,7 @@ impl Runtime {
             history::run_once(&self.db, cfg.history.retention_days).await?;
             let (db, days) = (self.db.clone(), cfg.history.retention_days);
             let hourly = Duration::from_secs(3600);
-            background.push(tokio::spawn(ticker::every(
+            background.push(tokio::spawn(periodic::every(
                 hourly,
                 maintenance.clone(),
                 false,
@@ -186,7 +187,7 @@ impl Runtime {
             // Jobs that raced with the tenant setting get their tenant here.
             let db = self.db.clone();
             let minute = Duration::from_secs(60);
-            background.push(tokio::spawn(ticker::every(
+            background.push(tokio::spawn(periodic::every(
                 minute,
                 maintenance.clone(),
                 false,

@@ -17,18 +17,19 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::cutover::Phase;
 use crate::error::Result;
+use crate::handler::Handler;
+use crate::mirror::{self, Mirror, MirrorOptions};
+use crate::model::Phase;
+use crate::periodic;
 use crate::proxy::{ProxyDeps, ProxyServer};
+use crate::redis::connect::connect_redis_with;
 use crate::redis::consumer::{ConsumerOptions, ConsumerReport, RedisConsumer};
-use crate::redis::mirror::{self, Mirror, MirrorOptions};
 use crate::redis::outbox;
-use crate::redis::producer::{connect_redis_with, Producer};
-use crate::redis::routes::Routes;
+use crate::redis::producer::Producer;
+use crate::routes::Routes;
 use crate::shadow::outcomes::WriterReport;
 use crate::shadow::{OutcomeRecorder, RecorderOptions};
-use crate::ticker;
-use crate::worker::Handler;
 
 /// How often owed pushes and parked mirror items are retried.
 const REPAIR_EVERY: Duration = Duration::from_secs(5);
@@ -81,14 +82,14 @@ impl RedisSide {
         let mut tasks: Vec<JoinHandle<()>> = watch.into_iter().collect();
         if !routes.is_empty() {
             let (db, routes) = (db.clone(), routes.clone());
-            tasks.push(tokio::spawn(ticker::every(
+            tasks.push(tokio::spawn(periodic::every(
                 Duration::from_secs(60),
                 maintenance.clone(),
                 true,
                 move || {
                     let (db, routes) = (db.clone(), routes.clone());
                     async move {
-                        match crate::redis::store::prune_keys_once(&db, &routes).await {
+                        match crate::ingest::prune_keys_once(&db, &routes).await {
                             Ok(0) => {}
                             Ok(n) => {
                                 tracing::info!(keys = n, "forgot job keys past their dedup window")
@@ -111,7 +112,7 @@ impl RedisSide {
         };
         if let (Some(conn), false) = (&redis, routes.is_empty()) {
             let (db, conn, routes) = (db.clone(), conn.clone(), routes.clone());
-            tasks.push(tokio::spawn(ticker::every(
+            tasks.push(tokio::spawn(periodic::every(
                 REPAIR_EVERY,
                 maintenance.clone(),
                 true,
@@ -129,7 +130,7 @@ impl RedisSide {
         }
         if let (Some(conn), false) = (&redis, routes.is_empty()) {
             let (db, conn, routes) = (db.clone(), conn.clone(), routes.clone());
-            tasks.push(tokio::spawn(ticker::every(
+            tasks.push(tokio::spawn(periodic::every(
                 DIFF_EVERY,
                 maintenance.clone(),
                 false,
@@ -137,7 +138,7 @@ impl RedisSide {
                     let (db, mut conn, routes) = (db.clone(), conn.clone(), routes.clone());
                     async move {
                         if let Err(e) =
-                            crate::shadow::diff_metrics::publish_once(&db, &mut conn, &routes).await
+                            crate::ops::diff_metrics::publish_once(&db, &mut conn, &routes).await
                         {
                             tracing::debug!(error = %e, "diff metrics deferred");
                         }
@@ -203,7 +204,7 @@ impl RedisSide {
         );
         for route in &routes {
             let handler_cfg = route.config.handler.as_ref().ok_or_else(|| {
-                crate::Error::Config(format!(
+                crate::error::Error::Config(format!(
                     "route {:?}: redis_consumer needs a handler",
                     route.name
                 ))
@@ -238,7 +239,7 @@ impl RedisSide {
         intake: CancellationToken,
     ) -> Result<std::net::SocketAddr> {
         let Some((mirror, _)) = &self.mirror else {
-            return Err(crate::Error::Config(
+            return Err(crate::error::Error::Config(
                 "the proxy needs the mirror writers: start the Redis side with the proxy enabled"
                     .into(),
             ));

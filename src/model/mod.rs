@@ -1,0 +1,8 @@
+//! The vocabulary of a migration, with no I/O: the phases a route walks
+//! through ([`phase`]) and how one list item of a route becomes a job — its
+//! job key and its byte-exact payload ([`formats`]).
+
+pub mod formats;
+pub mod phase;
+
+pub use phase::{bucket, Phase, PhaseView};

@@ -1,0 +1,20 @@
+//! The operator layer: what `qbridge cutover`, `qbridge diff` and the admin
+//! API do, above the runtime pieces they inspect.
+//!
+//! - [`redis_view`]: what a route still holds in Redis.
+//! - [`diff`]: the two sides of a route compared over a window;
+//!   [`diff_metrics`] publishes it as gauges; [`repair`] fills what is
+//!   missing on one side.
+//! - [`gates`]: the measured numbers each advance needs.
+//! - [`operate`]: advance, rollback and the percent ramp;
+//!   [`decommission`] archives and deletes a route's Redis keys.
+//! - [`window`]: where a diff's window starts.
+
+pub mod decommission;
+pub mod diff;
+pub mod diff_metrics;
+pub mod gates;
+pub mod operate;
+pub mod redis_view;
+pub mod repair;
+pub mod window;
