@@ -23,6 +23,24 @@ pub enum Error {
     #[error("{0}")]
     InvalidInput(String),
 
+    /// A well-formed request that the current state refuses: a phase
+    /// change a route's phase does not allow (no phase before it, a lost
+    /// compare-and-swap, `--force` without a reason), a step that needs
+    /// Redis when none is reachable. The admin API answers it with 409.
+    #[error("{0}")]
+    Refused(String),
+
+    /// A check qbridge runs on itself failed: the drill lost or doubled a
+    /// job, a fault scenario's fault did not show, a benchmark's invariant
+    /// broke. Exits non-zero with what it saw.
+    #[error("{0}")]
+    CheckFailed(String),
+
+    /// This machine lacks what a command needs to run at all (a server
+    /// binary, a database it may create): says what to install or pass.
+    #[error("{0}")]
+    Environment(String),
+
     /// A configuration file or flag that does not validate.
     #[error("config: {0}")]
     Config(String),
@@ -35,9 +53,19 @@ pub enum Error {
     #[error("cannot connect to Redis at {url}: {reason} (is it running? check --redis-url / QBRIDGE_REDIS_URL)")]
     RedisUnreachable { url: String, reason: String },
 
-    /// A Redis command failed.
+    /// A Redis command failed. Kept typed, so a caller can tell an outage
+    /// from a refused command ([`Error::is_unavailable`]).
     #[error("Redis: {0}")]
-    Redis(String),
+    Redis(#[from] redis::RedisError),
+
+    /// A Redis command failed while qbridge was `doing` something.
+    #[error("Redis: {doing}: {source}")]
+    RedisWhile {
+        /// What qbridge was doing, for the message.
+        doing: String,
+        /// Redis's error.
+        source: redis::RedisError,
+    },
 
     /// The schema is older than this binary.
     #[error("database schema is not current: run `qbridge migrate` first")]
@@ -60,9 +88,50 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
-impl From<redis::RedisError> for Error {
-    fn from(e: redis::RedisError) -> Self {
-        Error::Redis(e.to_string())
+impl Error {
+    /// A Redis error with what qbridge was doing when it happened.
+    pub fn redis(doing: impl Into<String>, source: redis::RedisError) -> Error {
+        Error::RedisWhile {
+            doing: doing.into(),
+            source,
+        }
+    }
+
+    /// Whether this error means "the server is not there" (Postgres or
+    /// Redis down, unreachable, restarting, or out of connections) as
+    /// opposed to a request it refused: the first is worth waiting out and
+    /// retrying, the second is not.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Error::Db(e) => is_postgres_unavailable(e),
+            Error::Unreachable { .. } | Error::RedisUnreachable { .. } => true,
+            Error::Redis(e) | Error::RedisWhile { source: e, .. } => {
+                e.is_io_error()
+                    || e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Postgres errors that mean "the server is not there": I/O, the pool,
+/// TLS, the protocol, and the SQLSTATE classes 57 (operator intervention:
+/// shutdown, admin termination), 08 (connection exception) and 55P03
+/// (lock not available, which the mirror's `lock_timeout` raises when a
+/// batch is stuck behind a lock).
+fn is_postgres_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(e) => e
+            .code()
+            .is_some_and(|c| c.starts_with("57") || c.starts_with("08") || c == "55P03"),
+        _ => false,
     }
 }
 

@@ -1,12 +1,23 @@
-//! The one place a qbridge process is put together from its config.
+//! The one place a qbridge process is put together from its config. Lower
+//! layers never import `app`; `commands` (the CLI), the drill and the
+//! benchmarks start processes through it.
 //!
-//! - [`runtime`]: `qbridge run` — pools, the completer, the LISTEN
-//!   connection, maintenance, the HTTP listener and the Redis side.
-//! - [`services`]: the Redis side of a process (route table, producer,
-//!   proxy with its mirror writers, Redis consumers, repair loops), which
-//!   `qbridge run` and `qbridge proxy` share.
+//! - [`runtime`]: `qbridge run` — pools, the completer, the Redis side, the
+//!   HTTP listener and the background services, and their ordered shutdown.
+//! - [`proxy`]: `qbridge proxy` — the RESP proxy with its mirror writers,
+//!   the route maintenance and the HTTP listener.
+//! - [`redis_side`]: the Redis side both share (route table and phase
+//!   watch, producer, proxy and mirror writers, Redis consumers, the
+//!   route maintenance services).
+//! - [`pools`]: the Postgres consumer's pools, built from the config.
+//! - [`maintenance`]: the queue's background services (history, LISTEN,
+//!   reaper, schedules, tenant backfill, gauges).
 
+pub mod maintenance;
+pub mod pools;
+pub mod proxy;
+pub mod redis_side;
 pub mod runtime;
-pub mod services;
 
+pub use redis_side::RedisSide;
 pub use runtime::{Runtime, RuntimeReport};

@@ -1,28 +1,30 @@
-//! The worker runtime: builds everything `qbridge run` runs — pools, the batched
-//! completer, the LISTEN connection, reaper, scheduler, history retention, gauges
-//! and the HTTP listener — and shuts it down in order: stop intake, drain
-//! handlers under the deadline, flush completions, stop maintenance, close the pool.
+//! `qbridge run`: builds everything the process runs — the Redis side
+//! ([`super::redis_side`]), the HTTP listener, the batched completer, the
+//! pools ([`super::pools`]) and the queue's background services
+//! ([`super::maintenance`]) — and shuts it down in order: stop intake, drain
+//! handlers under the deadline, flush completions, finish the Redis side,
+//! stop the background services, close the pool.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::services::RedisSide;
+use super::redis_side::RedisSide;
+use super::{maintenance, pools};
 use crate::config::Config;
 use crate::error::Result;
 use crate::handler::Handler;
-use crate::ingest::Via;
-use crate::periodic;
+use crate::http::AppState;
+use crate::periodic::Services;
 use crate::queue::completer::{self, CompleterConfig, CompleterReport};
-use crate::queue::listener::{self, Wakers};
-use crate::queue::{history, reaper, schedule};
-use crate::shadow::{OutcomeRecorder, RecorderOptions};
-use crate::worker::gauges;
-use crate::worker::pool::{PoolReport, RouteRuns, WorkerPool};
+use crate::worker::pool::PoolReport;
+
+/// How long background services get to stop once everything else has.
+const SERVICES_GRACE: Duration = Duration::from_secs(5);
+/// How long the outcome writer gets to write what the pools recorded.
+const OUTCOMES_GRACE: Duration = Duration::from_secs(10);
 
 /// Totals after a run.
 #[derive(Debug, Default, Clone, Copy)]
@@ -64,46 +66,20 @@ impl Runtime {
     /// Runs until `stop` is cancelled, then shuts down gracefully.
     pub async fn run_until_stopped(self, stop: CancellationToken) -> Result<RuntimeReport> {
         let cfg = &self.config;
-        let maintenance = CancellationToken::new();
-        let mut background = Vec::new();
-
-        if cfg.history.retention_days > 0 {
-            // Before any completion, so today's partition exists.
-            history::run_once(&self.db, cfg.history.retention_days).await?;
-            let (db, days) = (self.db.clone(), cfg.history.retention_days);
-            let hourly = Duration::from_secs(3600);
-            background.push(tokio::spawn(periodic::every(
-                hourly,
-                maintenance.clone(),
-                false,
-                move || {
-                    let db = db.clone();
-                    async move {
-                        if let Err(err) = history::run_once(&db, days).await {
-                            tracing::warn!(error = %err, "history maintenance failed");
-                        }
-                    }
-                },
-            )));
-        }
+        let mut services = Services::new();
+        maintenance::start_history(&mut services, cfg, &self.db).await?;
         let mut redis_side =
-            RedisSide::start(cfg, &self.db, cfg.proxy.enabled, &maintenance).await?;
+            RedisSide::start(cfg, &self.db, cfg.proxy.enabled, &mut services).await?;
         if cfg.proxy.enabled {
             redis_side.start_proxy(cfg, None, stop.clone()).await?;
         }
         redis_side.start_consumers(cfg, &self.db, &stop).await?;
         if self.serve_http {
-            let mut state =
-                crate::http::AppState::new(self.db.clone(), crate::telemetry::prometheus());
-            state.producer = redis_side.producer.clone().map(|p| p.with_via(Via::Http));
-            state.payload_limit = cfg.payload_limit;
-            state.max_body = cfg.http.max_body.0;
-            state.admin_token = cfg.admin_token.clone();
-            state.enqueue_requires_token = cfg.http.enqueue_requires_token;
-            background
-                .push(crate::http::serve(&cfg.http.listen, state, maintenance.clone()).await?);
+            let state = AppState::from_config(cfg, self.db.clone(), redis_side.producer.clone());
+            let http =
+                crate::http::serve(&cfg.http.listen, state, services.token().clone()).await?;
+            services.adopt("http listener", http);
         }
-
         let (done_tx, done_rx) = completer::spawn(
             self.db.clone(),
             CompleterConfig {
@@ -113,138 +89,40 @@ impl Runtime {
                 ..Default::default()
             },
         );
-
-        // A route's pool records its live attempts for the shadow comparison;
-        // the writer ends once the pools (every recorder clone) are gone.
-        let route_queues: Vec<&str> = cfg.routes.iter().map(|r| r.queue.as_str()).collect();
-        let is_route_pool = |pc: &crate::config::PoolConfig| {
-            pc.queues.iter().all(|q| route_queues.contains(&q.as_str()))
-        };
-        let (recorder, outcome_writer) = if cfg.pools.iter().any(is_route_pool) {
-            let (recorder, writer) = OutcomeRecorder::spawn(
-                self.db.clone(),
-                RecorderOptions::default(),
-                CancellationToken::new(),
-            );
-            (Some(recorder), Some(writer))
-        } else {
-            (None, None)
-        };
-        let mut shadow_handlers = HashMap::new();
-        for route in &cfg.routes {
-            if let Some(h) = &route.cutover.shadow.handler {
-                shadow_handlers.insert(route.name.clone(), Arc::new(Handler::from_config(h)?));
-            }
-        }
-        let mut wakers = Wakers::default();
-        let mut pools = Vec::new();
-        for pc in &cfg.pools {
-            let waker = Arc::new(Notify::new());
-            wakers.register(&pc.queues, waker.clone());
-            pools.push(WorkerPool {
-                config: pc.clone(),
-                db: self.db.clone(),
-                handler: match &self.handler_override {
-                    Some(h) => h.clone(),
-                    None => Arc::new(Handler::from_config(&pc.handler)?),
-                },
-                completer: done_tx.clone(),
-                waker,
-                worker_id: cfg.worker_id.clone(),
-                routes: recorder
-                    .clone()
-                    .filter(|_| is_route_pool(pc))
-                    .map(|recorder| RouteRuns {
-                        recorder,
-                        routes: redis_side.routes.clone(),
-                        shadow_handlers: shadow_handlers.clone(),
-                    }),
-            });
-        }
+        let built = pools::build(
+            cfg,
+            &self.db,
+            &redis_side.routes,
+            &done_tx,
+            self.handler_override.as_ref(),
+        )?;
+        // Only the pools hold the completer's sender now: once they stop,
+        // the completer flushes what is left and returns.
         drop(done_tx);
-        drop(recorder);
-
-        if self.listen {
-            background.push(tokio::spawn(listener::run(
-                cfg.database_url.clone(),
-                wakers,
-                maintenance.clone(),
-            )));
-        }
-        background.push(tokio::spawn(reaper::run(
-            self.db.clone(),
-            cfg.reaper_interval,
-            maintenance.clone(),
-        )));
-        background.push(tokio::spawn(schedule::run(
-            self.db.clone(),
-            cfg.schedules.clone(),
-            cfg.payload_limit,
-            Duration::from_secs(1),
-            maintenance.clone(),
-        )));
-        if cfg.pools.iter().any(|p| p.tenant.is_some()) {
-            // Jobs that raced with the tenant setting get their tenant here.
-            let db = self.db.clone();
-            let minute = Duration::from_secs(60);
-            background.push(tokio::spawn(periodic::every(
-                minute,
-                maintenance.clone(),
-                false,
-                move || {
-                    let db = db.clone();
-                    async move {
-                        if let Err(err) = crate::queue::tenants::backfill(&db).await {
-                            tracing::warn!(error = %err, "tenant backfill failed");
-                        }
-                    }
-                },
-            )));
-        }
-        background.push(tokio::spawn(gauges::run(
-            self.db.clone(),
+        maintenance::start(
+            &mut services,
+            cfg,
+            &self.db,
+            built.wakers,
+            self.listen,
             self.gauge_interval,
-            maintenance.clone(),
-        )));
+        );
+        tracing::info!(pools = built.pools.len(), worker = %cfg.worker_id, "worker runtime started");
 
-        tracing::info!(pools = pools.len(), worker = %cfg.worker_id, "worker runtime started");
-        let deadline = cfg.shutdown_deadline;
-        let running: Vec<_> = pools
-            .into_iter()
-            .map(|p| tokio::spawn(p.run(stop.clone(), deadline)))
-            .collect();
-
-        let mut report = RuntimeReport::default();
-        if running.is_empty() {
-            // Schedules, maintenance, the proxy or consumers only: nothing
-            // ends on its own.
-            stop.cancelled().await;
-        }
-        for handle in running {
-            let r: PoolReport = handle.await.unwrap_or_default();
-            report.claimed += r.claimed;
-            report.handed_back += r.handed_back;
-        }
-        // Every pool (and so every completer sender) is gone: the completer
-        // flushes what is left and returns.
+        let mut report = run_pools(built.pools, &stop, cfg.shutdown_deadline).await;
         report.completer = done_rx.await.unwrap_or_default();
-        if let Some(mut writer) = outcome_writer {
-            if tokio::time::timeout(Duration::from_secs(10), &mut writer)
+        if let Some(mut writer) = built.outcome_writer {
+            if tokio::time::timeout(OUTCOMES_GRACE, &mut writer)
                 .await
                 .is_err()
             {
                 writer.abort();
             }
         }
-        redis_side.finish(&maintenance, cfg.shutdown_deadline).await;
-        // A maintenance pass stuck on a half-open connection must not hold the
-        // process: give them a moment, then abort.
-        let grace = tokio::time::Instant::now() + Duration::from_secs(5);
-        for mut handle in background {
-            if tokio::time::timeout_at(grace, &mut handle).await.is_err() {
-                handle.abort();
-            }
-        }
+        redis_side.finish(cfg.shutdown_deadline).await;
+        // A maintenance pass stuck on a half-open connection must not hold
+        // the process: the services get a moment, then are aborted.
+        services.stop(SERVICES_GRACE).await;
         if tokio::time::timeout(Duration::from_secs(5), self.db.close())
             .await
             .is_err()
@@ -259,4 +137,29 @@ impl Runtime {
         );
         Ok(report)
     }
+}
+
+/// Runs every pool until `stop`, each draining its handlers under
+/// `deadline`, and sums their reports. With no pools (schedules,
+/// maintenance, the proxy or consumers only) nothing ends on its own, so
+/// it waits for `stop`.
+async fn run_pools(
+    pools: Vec<crate::worker::pool::WorkerPool>,
+    stop: &CancellationToken,
+    deadline: Duration,
+) -> RuntimeReport {
+    let running: Vec<_> = pools
+        .into_iter()
+        .map(|p| tokio::spawn(p.run(stop.clone(), deadline)))
+        .collect();
+    let mut report = RuntimeReport::default();
+    if running.is_empty() {
+        stop.cancelled().await;
+    }
+    for handle in running {
+        let r: PoolReport = handle.await.unwrap_or_default();
+        report.claimed += r.claimed;
+        report.handed_back += r.handed_back;
+    }
+    report
 }

@@ -285,7 +285,7 @@ async fn cleanup(db: &PgPool, redis_url: &str, key: &str) -> Result<()> {
 }
 
 async fn del_key(redis_url: &str, key: &[u8]) -> Result<()> {
-    let redis = |e: ::redis::RedisError| Error::Redis(e.to_string());
+    let redis = Error::Redis;
     let client = ::redis::Client::open(redis_url).map_err(redis)?;
     let mut conn = client
         .get_multiplexed_async_connection()

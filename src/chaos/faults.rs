@@ -151,7 +151,7 @@ pub async fn idle_in_transaction(rig: &mut Rig, span: Duration) -> Result<String
     // The gauges are read every 5 s by each worker, later on a loaded
     // machine: the transaction must show, with at least 3 s of age.
     if seen < 3.0 {
-        return Err(Error::InvalidInput(format!(
+        return Err(Error::CheckFailed(format!(
             "{} peaked at {seen:.0}s while a transaction was held for {held:.0}s",
             crate::metrics::OLDEST_XACT
         )));
@@ -207,7 +207,7 @@ pub async fn notify_queue_full(rig: &mut Rig, span: Duration, fill_mb: u64) -> R
     .fetch_one(&mut flood)
     .await?;
     if !skipping {
-        return Err(Error::InvalidInput(format!(
+        return Err(Error::CheckFailed(format!(
             "the queue reached only {:.3}%: below the skip threshold, the fallback was not exercised",
             usage * 100.0
         )));
@@ -237,7 +237,7 @@ pub async fn exhaust_connections(rig: &mut Rig, span: Duration) -> Result<String
         }
     }
     let Some(first) = held.first_mut() else {
-        return Err(Error::InvalidInput(
+        return Err(Error::CheckFailed(
             "the server refused every connection: nothing to exhaust".into(),
         ));
     };
@@ -278,13 +278,13 @@ pub async fn flip_phases(rig: &mut Rig, span: Duration, route: &Route) -> Result
                 .await
                 .map(|a| a.state.phase)
                 .map_err(|r| match r {
-                    Refusal::Gate(_) => Error::InvalidInput("a forced advance was refused".into()),
+                    Refusal::Gate(_) => Error::CheckFailed("a forced advance was refused".into()),
                     Refusal::Error(e) => e,
                 })?,
             false => operate::rollback(&rig.db, route, &req).await?.phase,
         };
         if reached != to {
-            return Err(Error::InvalidInput(format!(
+            return Err(Error::CheckFailed(format!(
                 "expected {to}, the route is in {reached}"
             )));
         }

@@ -238,7 +238,7 @@ async fn diff_and_repair(rig: &Rig) -> Result<String> {
     };
     let json = |out: std::process::Output| -> Result<serde_json::Value> {
         serde_json::from_slice(&out.stdout).map_err(|e| {
-            Error::InvalidInput(format!(
+            Error::CheckFailed(format!(
                 "qbridge diff did not answer JSON ({e}): {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             ))

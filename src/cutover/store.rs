@@ -87,7 +87,10 @@ impl From<PhaseError> for Error {
     fn from(e: PhaseError) -> Self {
         match e {
             PhaseError::Db(e) => e,
-            other => Error::InvalidInput(other.to_string()),
+            // A change without a reason is a bad request; the rest are
+            // refusals by the route's current state.
+            PhaseError::NoReason => Error::InvalidInput(e.to_string()),
+            other => Error::Refused(other.to_string()),
         }
     }
 }

@@ -66,7 +66,7 @@ fn choose_servers(input: &DemoInput) -> Result<Servers> {
     .map(|(_, n)| n)
     .collect();
     if !missing.is_empty() {
-        return Err(Error::InvalidInput(format!(
+        return Err(Error::Environment(format!(
             "nothing answers on 127.0.0.1:5432/6379 and {} is not installed; install it with: {}",
             missing.join(" and "),
             servers::install_hint()
@@ -80,13 +80,13 @@ fn choose_servers(input: &DemoInput) -> Result<Servers> {
         started: Vec::new(),
     };
     if need_pg {
-        let pg = servers::ThrowawayPostgres::try_start().map_err(Error::InvalidInput)?;
+        let pg = servers::ThrowawayPostgres::try_start().map_err(Error::Environment)?;
         out.database_url = pg.url();
         out._pg = Some(pg);
         out.started.push("Postgres");
     }
     if need_redis {
-        let redis = servers::ThrowawayRedis::try_start().map_err(Error::InvalidInput)?;
+        let redis = servers::ThrowawayRedis::try_start().map_err(Error::Environment)?;
         out.redis_url = redis.url();
         out._redis = Some(redis);
         out.started.push("Redis");
@@ -113,7 +113,7 @@ async fn create_database(url: &str) -> Result<(String, String)> {
         .execute(&admin)
         .await
         .map_err(|e| {
-            Error::InvalidInput(format!(
+            Error::Environment(format!(
                 "cannot create the demo database on {}: {e} (the demo needs CREATEDB; or give --database-url of a user that has it)",
                 redact_url(url)
             ))
@@ -184,7 +184,7 @@ pub async fn run(input: DemoInput) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::InvalidInput(format!(
+        Err(Error::CheckFailed(format!(
             "the drill lost {} and ran {} jobs live twice",
             summary.lost, summary.duplicates
         )))

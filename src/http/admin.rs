@@ -105,11 +105,11 @@ fn bad(message: &str) -> Failure {
     error_reply(StatusCode::BAD_REQUEST, message)
 }
 
-/// Errors of `operate`: invalid input there means the route's current state
-/// does not allow the step (the request itself was checked here first).
+/// Errors of `operate`: a refusal by the route's current state is 409, bad
+/// input 400, the rest (Postgres or Redis down) 503.
 fn refused(e: Error) -> Failure {
     match e {
-        Error::InvalidInput(m) => error_reply(StatusCode::CONFLICT, &m),
+        Error::Refused(m) => error_reply(StatusCode::CONFLICT, &m),
         other => service_error(other),
     }
 }

@@ -32,6 +32,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
+use crate::config::Config;
+use crate::ingest::Via;
 use crate::queue::validate::DEFAULT_PAYLOAD_LIMIT;
 use crate::redis::producer::Producer;
 use crate::secret::Secret;
@@ -54,6 +56,20 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The state of a process's listener: its config's limits and token,
+    /// and the process's producer (recording HTTP as the path items came in by).
+    pub fn from_config(cfg: &Config, db: PgPool, producer: Option<Producer>) -> AppState {
+        AppState {
+            db,
+            prometheus: crate::telemetry::prometheus(),
+            producer: producer.map(|p| p.with_via(Via::Http)),
+            payload_limit: cfg.payload_limit,
+            max_body: cfg.http.max_body.0,
+            admin_token: cfg.admin_token.clone(),
+            enqueue_requires_token: cfg.http.enqueue_requires_token,
+        }
+    }
+
     /// State with no routes and default limits.
     pub fn new(db: PgPool, prometheus: PrometheusHandle) -> AppState {
         AppState {

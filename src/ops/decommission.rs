@@ -17,8 +17,7 @@ use crate::ingest::{self, Item, Stored, Via};
 use crate::model::formats::decode_bytes;
 use crate::ops::redis_view::scan;
 use crate::queue::JobCopy;
-use crate::redis::keys::gap_key;
-use crate::redis::keys::glob_escape;
+use crate::redis::keys::RouteKeys;
 use crate::routes::Route;
 
 /// What decommissioning archived and deleted.
@@ -53,21 +52,17 @@ pub async fn archive_and_delete(
     payload_limit: usize,
 ) -> Result<Archived> {
     let mut report = Archived::default();
-    let name = glob_escape(&route.name);
+    let keys = RouteKeys::of(route);
     let main = String::from_utf8_lossy(&route.redis_key).into_owned();
-    let mut runnable = vec![main, gap_key(route)];
-    runnable.extend(scan(redis, &format!("qbridge:processing:{name}:*")).await?);
+    let mut runnable = vec![main, keys.gap()];
+    runnable.extend(scan(redis, &keys.any_processing()).await?);
     // Renamed away first, atomically, under a fresh name (never over a list
     // an interrupted run left): a push that still arrives (a producer not
     // behind qbridge) lands in a new list instead of being deleted unread;
     // `qbridge cutover status` counts it and running `qbridge cutover
     // advance` on the decommissioned route archives it.
     for list in &runnable {
-        let moved = format!(
-            "qbridge:archiving:{}:{}",
-            route.name,
-            uuid::Uuid::new_v4().simple()
-        );
+        let moved = keys.new_archiving();
         let exists: bool = redis::cmd("EXISTS").arg(list).query_async(redis).await?;
         if exists {
             redis::cmd("RENAME")
@@ -78,7 +73,7 @@ pub async fn archive_and_delete(
         }
     }
     // Also what an interrupted earlier run left renamed.
-    let archiving = scan(redis, &format!("qbridge:archiving:{name}:*")).await?;
+    let archiving = scan(redis, &keys.any_archiving()).await?;
     for list in &archiving {
         let items = all_items(redis, list).await?;
         if !items.is_empty() {
@@ -104,7 +99,7 @@ pub async fn archive_and_delete(
         let n: usize = redis::cmd("DEL").arg(list).query_async(redis).await?;
         report.keys_deleted += n;
     }
-    let dead_list = format!("qbridge:dead:{}", route.name);
+    let dead_list = keys.dead();
     let dead = all_items(redis, &dead_list).await?;
     if !dead.is_empty() {
         let mut tx = db.begin().await?;
@@ -129,8 +124,8 @@ pub async fn archive_and_delete(
         report.dead = dead.len();
     }
     let mut doomed = vec![dead_list];
-    doomed.extend(scan(redis, &format!("qbridge:inflight:{name}:*")).await?);
-    doomed.extend(scan(redis, &format!("qbridge:repushed:{name}:*")).await?);
+    doomed.extend(scan(redis, &keys.any_inflight()).await?);
+    doomed.extend(scan(redis, &keys.any_repushed()).await?);
     for key in doomed {
         let n: usize = redis::cmd("DEL").arg(&key).query_async(redis).await?;
         report.keys_deleted += n;

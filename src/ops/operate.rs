@@ -92,7 +92,7 @@ pub async fn advance(
     let state = state_of(db, route, req.by).await?;
     let gate = gates::evaluate(db, redis.as_deref_mut(), route, &state)
         .await?
-        .ok_or_else(|| Error::InvalidInput(format!("route {:?}: no gate", route.name)))?;
+        .ok_or_else(|| Error::Refused(format!("route {:?}: no gate", route.name)))?;
     if state.phase == Phase::Decommissioned {
         // Nothing after it: archive what reached Redis since (a producer not
         // behind qbridge, or a run interrupted midway). Idempotent.
@@ -125,7 +125,7 @@ pub async fn advance(
         (_, false) => "gate passed".to_string(),
     };
     if req.percent.is_some() && gate.to != Phase::PostgresOnly {
-        return Err(Error::InvalidInput(format!(
+        return Err(Error::Refused(format!(
             "--percent applies to the step into postgres_only, not {} → {}",
             gate.from, gate.to
         ))
@@ -163,7 +163,7 @@ pub async fn advance(
 }
 
 fn no_redis() -> Error {
-    Error::InvalidInput(
+    Error::Refused(
         "decommissioning archives the route's Redis keys: Redis must be reachable (check --redis-url)"
             .into(),
     )
@@ -173,7 +173,7 @@ fn no_redis() -> Error {
 pub async fn rollback(db: &PgPool, route: &Route, req: &Request<'_>) -> Result<RouteState> {
     let state = state_of(db, route, req.by).await?;
     let to = gates::previous(state.phase).ok_or_else(|| {
-        Error::InvalidInput(format!(
+        Error::Refused(format!(
             "route {:?} is {}: there is no phase before it",
             route.name, state.phase
         ))

@@ -17,8 +17,7 @@ use sqlx::PgPool;
 use crate::config::PushEnd;
 use crate::error::Result;
 use crate::model::formats::{decode_bytes, KeySource};
-use crate::redis::keys::gap_key;
-use crate::redis::keys::glob_escape;
+use crate::redis::keys::{inflight_beside, RouteKeys};
 use crate::routes::Route;
 
 /// Most items read from one route's lists; past it the view says it is
@@ -100,23 +99,25 @@ pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> R
     if route.push == PushEnd::Lpush {
         items.reverse();
     }
-    let pattern = format!("qbridge:processing:{}:*", glob_escape(&route.name));
-    let lists: Vec<String> = scan(conn, &pattern).await?;
+    let keys = RouteKeys::of(route);
+    let lists: Vec<String> = scan(conn, &keys.any_processing()).await?;
     let mut processing = Vec::new();
     for list in lists {
-        let known: Option<String> = redis::cmd("HGET")
-            .arg(list.replacen("qbridge:processing:", "qbridge:inflight:", 1))
-            .arg("key")
-            .query_async(conn)
-            .await?;
+        let known: Option<String> = match inflight_beside(&list) {
+            Some(inflight) => {
+                redis::cmd("HGET")
+                    .arg(inflight)
+                    .arg("key")
+                    .query_async(conn)
+                    .await?
+            }
+            None => None,
+        };
         for item in read_list(conn, &list, &mut budget, &mut view.truncated).await? {
             processing.push((known.clone(), item));
         }
     }
-    let gap: usize = redis::cmd("LLEN")
-        .arg(gap_key(route))
-        .query_async(conn)
-        .await?;
+    let gap: usize = redis::cmd("LLEN").arg(keys.gap()).query_async(conn).await?;
     view.parked = gap;
 
     // Processing items were numbered when popped (their inflight hash says

@@ -27,6 +27,7 @@ use crate::model::Phase;
 use crate::ops::diff::{ONLY_POSTGRES_SQL, UNKNOWN_KEYS_SQL};
 use crate::ops::redis_view::{self, RedisView};
 use crate::queue::JobCopy;
+use crate::redis::keys::RouteKeys;
 use crate::routes::Route;
 
 /// How long a re-push marker lives: longer than any sane Redis backlog, so
@@ -128,8 +129,9 @@ pub async fn repair(
         PushEnd::Rpush => "RPUSH",
     };
     let script = redis::Script::new(REPUSH_LUA);
+    let keys = RouteKeys::of(route);
     for (key, original) in rows {
-        let marker = format!("qbridge:repushed:{}:{key}", route.name);
+        let marker = keys.repushed(&key);
         let pushed: i64 = script
             .key(&list)
             .key(&marker)

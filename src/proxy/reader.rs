@@ -323,6 +323,7 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
                     .store_live(route, items)
                     .await
                     .map(|stored| stored.len())
+                    .map_err(|e| e.to_string())
             }))
         };
         Ok(Routing::Local(Tag::Local(LocalPush {

@@ -7,10 +7,7 @@
 //! job that completed, heartbeated or was claimed again in the meantime is left
 //! alone. A stale worker's later complete/heartbeat then fails its own fence.
 
-use std::time::Duration;
-
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
 use crate::queue::leader;
@@ -97,20 +94,18 @@ pub async fn run_once(pool: &PgPool, limit: i64) -> Result<ReapReport> {
     Ok(report)
 }
 
-/// Runs a pass every `interval` until cancelled. Logs only passes that did something.
-pub async fn run(pool: PgPool, interval: Duration, token: CancellationToken) {
-    crate::periodic::every(interval, token, true, || async {
-        match run_once(&pool, 1000).await {
-            Ok(r) if r.requeued + r.dead_lettered > 0 => {
-                tracing::info!(
-                    requeued = r.requeued,
-                    dead_lettered = r.dead_lettered,
-                    "reaped expired leases"
-                );
-            }
-            Ok(_) => {}
-            Err(err) => tracing::warn!(error = %err, "reaper pass failed"),
+/// One pass of the reaper service (run every `reaper_interval`). Logs only
+/// passes that did something.
+pub async fn pass(pool: &PgPool) {
+    match run_once(pool, 1000).await {
+        Ok(r) if r.requeued + r.dead_lettered > 0 => {
+            tracing::info!(
+                requeued = r.requeued,
+                dead_lettered = r.dead_lettered,
+                "reaped expired leases"
+            );
         }
-    })
-    .await
+        Ok(_) => {}
+        Err(err) => tracing::warn!(error = %err, "reaper pass failed"),
+    }
 }

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::queue::job::NewJob;
@@ -170,28 +169,17 @@ async fn fire_one(
     Ok(job_id)
 }
 
-/// Runs a pass every `tick` until cancelled.
-pub async fn run(
-    pool: PgPool,
-    schedules: Vec<Schedule>,
-    payload_limit: usize,
-    tick: Duration,
-    token: CancellationToken,
-) {
-    if schedules.is_empty() {
-        return;
-    }
-    crate::periodic::every(tick, token, true, || async {
-        match run_once(&pool, &schedules, payload_limit).await {
-            Ok(r) => {
-                for (name, id) in r.fired {
-                    tracing::info!(schedule = %name, job.id = id, "schedule fired");
-                }
+/// One pass of the schedule service (run every second): fires what is due
+/// and logs it.
+pub async fn pass(pool: &PgPool, schedules: &[Schedule], payload_limit: usize) {
+    match run_once(pool, schedules, payload_limit).await {
+        Ok(r) => {
+            for (name, id) in r.fired {
+                tracing::info!(schedule = %name, job.id = id, "schedule fired");
             }
-            Err(err) => tracing::warn!(error = %err, "schedule pass failed"),
         }
-    })
-    .await
+        Err(err) => tracing::warn!(error = %err, "schedule pass failed"),
+    }
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@
 //! its job key, error class, response digest and attempt number through the
 //! [`OutcomeRecorder`], which never blocks. Content-hash keys (resque, raw,
 //! flagged items) are numbered by pop occurrence, the way the push side
-//! numbers pushes (see `keys::job_key`, including why `redis_only` does not
+//! numbers pushes (see `numbering::job_key`, including why `redis_only` does not
 //! number).
 //!
 //! **Phases.** It runs in every phase but `decommissioned`; in
@@ -48,7 +48,8 @@
 //! Redis Cluster is not supported: BLMOVE and the scripts touch the source,
 //! processing and dead lists together.
 
-mod keys;
+mod numbering;
+mod scripts;
 mod slot;
 
 use std::sync::Arc;
@@ -64,10 +65,10 @@ use crate::config::RedisConsumerConfig;
 use crate::error::{Error, Result};
 use crate::handler::Handler;
 use crate::model::Phase;
+use crate::redis::keys::{ConsumerKeys, RouteKeys};
 use crate::routes::{Route, Routes};
 use crate::shadow::OutcomeRecorder;
 
-use keys::Keys;
 use slot::Slot;
 
 /// Timing of a consumer; the defaults suit production.
@@ -135,7 +136,8 @@ struct Ctx {
     outcomes: OutcomeRecorder,
     config: RedisConsumerConfig,
     opts: ConsumerOptions,
-    keys: Keys,
+    keys: ConsumerKeys,
+    route_keys: RouteKeys,
     ack: Script,
     dead: Script,
 }
@@ -188,7 +190,8 @@ impl RedisConsumer {
                 .await
                 .map_err(unreachable)?;
         }
-        let keys = Keys::new(&route.name, &config.consumer_name);
+        let route_keys = RouteKeys::of(&route);
+        let keys = route_keys.consumer(&config.consumer_name);
         Ok(RedisConsumer {
             ctx: Ctx {
                 route,
@@ -200,8 +203,9 @@ impl RedisConsumer {
                 config,
                 opts: ConsumerOptions::default(),
                 keys,
-                ack: Script::new(keys::ACK_LUA),
-                dead: Script::new(keys::DEAD_LUA),
+                route_keys,
+                ack: Script::new(scripts::ACK_LUA),
+                dead: Script::new(scripts::DEAD_LUA),
             },
         })
     }

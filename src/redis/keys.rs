@@ -1,10 +1,173 @@
-//! Every Redis key qbridge reads or writes, built in one place.
+//! Every Redis key qbridge reads or writes, built in one place. Decommission,
+//! repair and the diff must find exactly what the consumer, the mirror and
+//! the outbox wrote: one misspelled name and jobs are stranded in a key
+//! nothing reads. So no other file spells a `qbridge:` key.
+//!
+//! | key | type | written by | read by |
+//! | --- | --- | --- | --- |
+//! | the route's `redis_key` | list | producers, the outbox, repair | the consumer, the diff, decommission |
+//! | `qbridge:gap:<route>` | list | the mirror (Postgres down) | gap repair, the diff, decommission, stats |
+//! | `qbridge:gap:<route>:lock` | string | gap repair | gap repair |
+//! | `qbridge:processing:<route>:<consumer>:<n>` | list | the consumer (BLMOVE) | the consumer's recovery, the diff, decommission |
+//! | `qbridge:inflight:<route>:<consumer>:<n>` | hash | the consumer | the consumer, the diff, decommission |
+//! | `qbridge:dead:<route>` | list | the consumer | decommission |
+//! | `qbridge:repushed:<route>:<job key>` | string (TTL) | repair | repair, decommission |
+//! | `qbridge:archiving:<route>:<id>` | list | decommission | decommission |
+//! | `qbridge:paid:<outbox token>` | string (TTL) | the outbox | the outbox |
+//!
+//! Route and consumer names are held to `A-Z a-z 0-9 _ . -` by the config
+//! (no `:`, no glob characters), so one route's keys never match another's
+//! pattern; patterns still escape them in case a name ever widens.
 
 use crate::routes::Route;
 
-/// The Redis list where a route's unmirrored items wait for Postgres.
-pub fn gap_key(route: &Route) -> String {
-    format!("qbridge:gap:{}", route.name)
+const PREFIX: &str = "qbridge:";
+
+/// The keys of one route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteKeys {
+    route: String,
+}
+
+impl RouteKeys {
+    /// The keys of `route`.
+    pub fn of(route: &Route) -> RouteKeys {
+        RouteKeys::named(&route.name)
+    }
+
+    /// The keys of the route named `route`.
+    pub fn named(route: &str) -> RouteKeys {
+        RouteKeys {
+            route: route.to_string(),
+        }
+    }
+
+    /// `qbridge:gap:<route>`: items Redis took whose mirror write failed
+    /// (Postgres down), waiting for gap repair.
+    pub fn gap(&self) -> String {
+        format!("{PREFIX}gap:{}", self.route)
+    }
+
+    /// `qbridge:gap:<route>:lock`: one process at a time repairs the gap.
+    pub fn gap_lock(&self) -> String {
+        format!("{}:lock", self.gap())
+    }
+
+    /// `qbridge:dead:<route>`: items the consumer gave up on.
+    pub fn dead(&self) -> String {
+        format!("{PREFIX}dead:{}", self.route)
+    }
+
+    /// `qbridge:repushed:<route>:<job key>`: repair pushed this job back
+    /// already (so a second repair does not push it twice).
+    pub fn repushed(&self, job_key: &str) -> String {
+        format!("{PREFIX}repushed:{}:{job_key}", self.route)
+    }
+
+    /// A fresh `qbridge:archiving:<route>:<id>`: where decommission renames a
+    /// list before archiving it, so a late push lands in a new list instead
+    /// of being deleted unread.
+    pub fn new_archiving(&self) -> String {
+        format!(
+            "{PREFIX}archiving:{}:{}",
+            self.route,
+            uuid::Uuid::new_v4().simple()
+        )
+    }
+
+    /// The keys of one consumer of this route.
+    pub fn consumer(&self, consumer: &str) -> ConsumerKeys {
+        ConsumerKeys {
+            route: self.route.clone(),
+            consumer: consumer.to_string(),
+        }
+    }
+
+    /// SCAN pattern: every processing list of every consumer of the route.
+    pub fn any_processing(&self) -> String {
+        self.pattern("processing")
+    }
+
+    /// SCAN pattern: every inflight hash of every consumer of the route.
+    pub fn any_inflight(&self) -> String {
+        self.pattern("inflight")
+    }
+
+    /// SCAN pattern: every repushed marker of the route.
+    pub fn any_repushed(&self) -> String {
+        self.pattern("repushed")
+    }
+
+    /// SCAN pattern: every list an interrupted decommission left renamed.
+    pub fn any_archiving(&self) -> String {
+        self.pattern("archiving")
+    }
+
+    fn pattern(&self, kind: &str) -> String {
+        format!("{PREFIX}{kind}:{}:*", glob_escape(&self.route))
+    }
+}
+
+/// The keys of one consumer (`consumer_name`) of one route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerKeys {
+    route: String,
+    consumer: String,
+}
+
+impl ConsumerKeys {
+    /// `qbridge:processing:<route>:<consumer>:<n>`: the item slot `n` is
+    /// working on, moved there by BLMOVE so a crash cannot lose it.
+    pub fn processing(&self, n: usize) -> String {
+        format!("{}{n}", self.processing_prefix())
+    }
+
+    /// `qbridge:inflight:<route>:<consumer>:<n>`: a hash beside the
+    /// processing list with the item's job key and attempts so far, so both
+    /// survive a crash (a content-hash key was numbered when it was popped;
+    /// numbering it again after a restart would give it another key).
+    pub fn inflight(&self, n: usize) -> String {
+        format!("{PREFIX}inflight:{}:{}:{n}", self.route, self.consumer)
+    }
+
+    /// SCAN pattern of every processing list of this consumer, whatever its
+    /// concurrency was when it wrote them.
+    pub fn processing_pattern(&self) -> String {
+        format!(
+            "{PREFIX}processing:{}:{}:*",
+            glob_escape(&self.route),
+            glob_escape(&self.consumer)
+        )
+    }
+
+    /// The slot number of a processing list found by the pattern.
+    pub fn slot_of(&self, list: &str) -> Option<usize> {
+        list.strip_prefix(&self.processing_prefix())?.parse().ok()
+    }
+
+    /// The connection name shown by `CLIENT LIST` (operators, tests).
+    pub fn client_name(&self, n: usize) -> String {
+        format!("qbridge-consumer:{}:{}:{n}", self.route, self.consumer)
+    }
+
+    fn processing_prefix(&self) -> String {
+        format!("{PREFIX}processing:{}:{}:", self.route, self.consumer)
+    }
+}
+
+/// The inflight hash beside a processing list (`qbridge:processing:r:c:3` →
+/// `qbridge:inflight:r:c:3`); `None` for a key that is no processing list.
+pub fn inflight_beside(processing_list: &str) -> Option<String> {
+    let rest = processing_list
+        .strip_prefix(PREFIX)?
+        .strip_prefix("processing:")?;
+    Some(format!("{PREFIX}inflight:{rest}"))
+}
+
+/// `qbridge:paid:<token>`: the outbox row with this token was pushed (its
+/// reply may have been lost; the marker keeps a retry from pushing twice).
+pub fn paid(token: &uuid::Uuid) -> String {
+    format!("{PREFIX}paid:{token}")
 }
 
 /// Escapes Redis glob characters (a route or consumer name may hold them).
@@ -18,3 +181,6 @@ pub fn glob_escape(s: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

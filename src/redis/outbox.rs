@@ -110,7 +110,7 @@ async fn push_once(
     });
     invocation.arg(PAID_TTL_SECS);
     for row in rows {
-        invocation.arg(format!("qbridge:paid:{}", row.token));
+        invocation.arg(crate::redis::keys::paid(&row.token));
         invocation.arg(row.original.as_ref());
     }
     invocation.invoke_async(conn).await
@@ -142,6 +142,7 @@ pub async fn pay(
     if let Err(e) = push_once(conn, route, &paying).await {
         tx.rollback().await?;
         let reason = format!("Redis push failed: {e}");
+        let error = crate::error::Error::redis("Redis push failed", e);
         sqlx::query(
             "UPDATE qbridge.redis_outbox SET attempts = attempts + 1, last_error = $2 WHERE id = ANY($1)",
         )
@@ -149,7 +150,7 @@ pub async fn pay(
         .bind(&reason)
         .execute(pool)
         .await?;
-        return Err(crate::error::Error::Redis(reason));
+        return Err(error);
     }
     tx.commit().await?;
     Ok(paying.len())

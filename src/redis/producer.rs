@@ -245,10 +245,13 @@ impl Pending {
             outbox::push_items(&mut conn, &self.route, &refs)
                 .await
                 .map_err(|e| {
-                    Error::Redis(format!(
-                        "push to route {:?} failed, nothing was enqueued: {e}",
-                        self.route.name
-                    ))
+                    Error::redis(
+                        format!(
+                            "push to route {:?} failed, nothing was enqueued",
+                            self.route.name
+                        ),
+                        e,
+                    )
                 })?;
             enqueued.pushed = self.direct.len();
         }

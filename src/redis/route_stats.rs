@@ -8,7 +8,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::error::Result;
-use crate::redis::keys::gap_key;
+use crate::redis::keys::RouteKeys;
 use crate::routes::Routes;
 
 /// One route's numbers.
@@ -57,7 +57,7 @@ pub async fn collect(
         let (mut redis_list, mut gap_list) = (None, None);
         if let Some(conn) = redis.as_mut() {
             redis_list = conn.llen(route.redis_key.as_ref()).await.ok();
-            gap_list = conn.llen(gap_key(route)).await.ok();
+            gap_list = conn.llen(RouteKeys::of(route).gap()).await.ok();
         }
         out.push(RouteStats {
             route: route.name.clone(),

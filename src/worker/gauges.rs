@@ -3,10 +3,8 @@
 //! are set back to zero rather than left at their last value.
 
 use std::collections::HashSet;
-use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
 use crate::metrics as m;
@@ -55,16 +53,11 @@ impl Gauges {
     }
 }
 
-/// Collects every `interval` until cancelled.
-pub async fn run(pool: PgPool, interval: Duration, token: CancellationToken) {
-    let mut gauges = Gauges::default();
-    loop {
-        if let Err(err) = gauges.run_once(&pool).await {
+impl Gauges {
+    /// One pass of the gauge service: collects, and logs a failure.
+    pub async fn pass(&mut self, pool: &PgPool) {
+        if let Err(err) = self.run_once(pool).await {
             tracing::warn!(error = %err, "gauge collection failed");
-        }
-        tokio::select! {
-            _ = token.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
         }
     }
 }

@@ -12,10 +12,11 @@ use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use qbridge::app::services::RedisSide;
+use qbridge::app::RedisSide;
 use qbridge::config::{Config, Overrides};
 use qbridge::cutover::store::{self, Change};
 use qbridge::model::Phase;
+use qbridge::periodic::Services;
 
 use crate::support;
 
@@ -96,9 +97,9 @@ async fn the_proxy_follows_a_phase_flip_within_a_second(pool: PgPool) {
     let cfg = Config::from_toml(&toml, &overrides).expect("config");
     // The Redis side gets its own pool (the test's is capped at 5).
     let db = support::extra_pool(&pool, 8).await;
-    let maintenance = CancellationToken::new();
+    let mut maintenance = Services::new();
     let intake = CancellationToken::new();
-    let mut side = RedisSide::start(&cfg, &db, true, &maintenance)
+    let mut side = RedisSide::start(&cfg, &db, true, &mut maintenance)
         .await
         .expect("redis side");
     let addr = side
@@ -200,7 +201,8 @@ async fn the_proxy_follows_a_phase_flip_within_a_second(pool: PgPool) {
 
     drop(proxy);
     intake.cancel();
-    side.finish(&maintenance, Duration::from_secs(10)).await;
+    side.finish(Duration::from_secs(10)).await;
+    maintenance.stop(Duration::from_secs(5)).await;
     db.close().await;
     let mut keys: Vec<String> = ::redis::cmd("KEYS")
         .arg(format!("qbridge:*:{route}*"))

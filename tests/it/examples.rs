@@ -18,10 +18,11 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
-use qbridge::app::services::RedisSide;
+use qbridge::app::RedisSide;
 use qbridge::app::Runtime;
 use qbridge::config::{Config, Overrides};
 use qbridge::cutover::watch;
+use qbridge::periodic::Services;
 use qbridge::redis::producer::Producer;
 use qbridge::routes::Routes;
 
@@ -345,9 +346,9 @@ async fn python_producer_through_the_proxy_reaches_redis_and_postgres(pool: PgPo
     let cfg = Config::from_toml(&toml, &overrides(&pool)).expect("config");
     // The Redis side gets its own pool (the test's is capped at 5).
     let db = support::extra_pool(&pool, 8).await;
-    let maintenance = CancellationToken::new();
+    let mut maintenance = Services::new();
     let intake = CancellationToken::new();
-    let mut side = RedisSide::start(&cfg, &db, true, &maintenance)
+    let mut side = RedisSide::start(&cfg, &db, true, &mut maintenance)
         .await
         .expect("redis side");
     let addr = side
@@ -408,7 +409,8 @@ async fn python_producer_through_the_proxy_reaches_redis_and_postgres(pool: PgPo
     assert_eq!(via_proxy, 5);
 
     intake.cancel();
-    side.finish(&maintenance, Duration::from_secs(10)).await;
+    side.finish(Duration::from_secs(10)).await;
+    maintenance.stop(Duration::from_secs(5)).await;
     db.close().await;
     delete_redis_keys(&[&list], &[&route]).await;
 }

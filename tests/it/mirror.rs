@@ -13,11 +13,17 @@ use sqlx::PgPool;
 use qbridge::mirror::{repair_gaps_once, Mirror, MirrorOptions};
 use qbridge::model::Phase;
 use qbridge::redis::connect::connect_redis;
-use qbridge::redis::keys::gap_key;
+use qbridge::redis::keys::RouteKeys;
+use qbridge::routes::Route;
 
 use crate::producer::route_table;
 use crate::servers::ThrowawayPostgres;
 use crate::support;
+
+/// The route's gap list, as the mirror's spool names it.
+fn gap_key(route: &Route) -> String {
+    RouteKeys::of(route).gap()
+}
 
 fn opts() -> MirrorOptions {
     MirrorOptions {

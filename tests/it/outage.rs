@@ -9,8 +9,9 @@ use ::redis::AsyncCommands;
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
-use qbridge::app::services::RedisSide;
+use qbridge::app::RedisSide;
 use qbridge::config::{Config, Overrides};
+use qbridge::periodic::Services;
 
 use crate::servers::ThrowawayPostgres;
 use crate::support;
@@ -34,9 +35,9 @@ async fn postgres_down_in_dual_write_keeps_pushes_working_and_fills_the_gap_late
         server.url()
     );
     let cfg = Config::from_toml(&toml, &Overrides::default()).expect("config");
-    let maintenance = CancellationToken::new();
+    let mut maintenance = Services::new();
     let intake = CancellationToken::new();
-    let mut side = RedisSide::start(&cfg, &db, true, &maintenance)
+    let mut side = RedisSide::start(&cfg, &db, true, &mut maintenance)
         .await
         .expect("redis side");
     let addr = side
@@ -95,6 +96,7 @@ async fn postgres_down_in_dual_write_keeps_pushes_working_and_fills_the_gap_late
     assert_eq!(redis.llen::<_, i64>(&list).await.unwrap(), 10);
 
     intake.cancel();
-    side.finish(&maintenance, Duration::from_secs(10)).await;
+    side.finish(Duration::from_secs(10)).await;
+    maintenance.stop(Duration::from_secs(5)).await;
     let _: () = redis.del(&list).await.unwrap();
 }

@@ -99,7 +99,8 @@ pub(super) async fn store(shared: Arc<Shared>, push: LocalPush) -> Result<usize,
             .mirror
             .store_live(Arc::clone(&push.route), items)
             .await
-            .map(|stored| stored.len()),
+            .map(|stored| stored.len())
+            .map_err(|e| e.to_string()),
     };
     let label = if result.is_ok() { "ok" } else { "error" };
     metrics::counter!(m::PROXY_POSTGRES_WRITES, "route" => route, "result" => label)

@@ -9,7 +9,7 @@ use ::redis::{AsyncConnectionConfig, RedisResult};
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
-use super::keys::job_key;
+use super::numbering::job_key;
 use super::{ConsumerReport, Ctx};
 use crate::config::PushEnd;
 use crate::handler::HandlerResult;
@@ -301,7 +301,7 @@ impl Slot {
     ) -> RedisResult<()> {
         let mut call = script.key(processing);
         call.key(inflight)
-            .key(self.ctx.keys.dead())
+            .key(self.ctx.route_keys.dead())
             .arg(&decoded.original[..]);
         let removed: i64 = call.invoke_async(conn).await?;
         if removed == 0 {

@@ -1,10 +1,9 @@
-//! The Redis-side services of a process, built from the config: the route
-//! table, the producer (HTTP enqueue uses it), the outbox repair loop, and —
-//! when asked — the RESP proxy with its mirror writers and gap repair, and
-//! the Redis consumers with their outcome recorder.
+//! The Redis side of a process, built from the config: the route table
+//! (following the stored phase flag), the producer (HTTP enqueue uses it),
+//! the route maintenance services (key pruning, outbox repair, the diff
+//! gauges), and — when asked — the RESP proxy with its mirror writers and
+//! gap repair, and the Redis consumers with their outcome recorder.
 //! `qbridge run` (with `[proxy] enabled`) and `qbridge proxy` both use it.
-//!
-//! The route table reads the stored phase flag ([`crate::cutover::watch`]).
 //!
 //! Redis is connected only while some route still needs it: when every route
 //! is `decommissioned` and no proxy runs, qbridge opens no Redis connection.
@@ -12,16 +11,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ::redis::aio::ConnectionManager;
 use sqlx::PgPool;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::error::Result;
+use crate::cutover::watch;
+use crate::error::{Error, Result};
 use crate::handler::Handler;
 use crate::mirror::{self, Mirror, MirrorOptions};
 use crate::model::Phase;
-use crate::periodic;
+use crate::periodic::{Services, Start};
 use crate::proxy::{ProxyDeps, ProxyServer};
 use crate::redis::connect::connect_redis_with;
 use crate::redis::consumer::{ConsumerOptions, ConsumerReport, RedisConsumer};
@@ -35,9 +36,15 @@ use crate::shadow::{OutcomeRecorder, RecorderOptions};
 const REPAIR_EVERY: Duration = Duration::from_secs(5);
 /// How often the diff gauges are refreshed.
 const DIFF_EVERY: Duration = Duration::from_secs(60);
+/// How often job keys past their dedup window are forgotten.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// How old an owed push must be before the repair loop makes it (so a
 /// producer still pushing after its commit is not raced).
 const OUTBOX_GRACE: Duration = Duration::from_secs(30);
+
+/// The proxy's mirror writers: the handle the proxy queues into, and the
+/// writer tasks that end once every handle is dropped.
+type MirrorWriters = (Mirror, JoinSet<()>);
 
 /// The running Redis side of a process.
 pub struct RedisSide {
@@ -46,9 +53,7 @@ pub struct RedisSide {
     /// Phase-aware enqueue; `None` without routes.
     pub producer: Option<Producer>,
     /// The proxy's writers, when the proxy runs.
-    pub mirror: Option<(Mirror, JoinSet<()>)>,
-    /// Repair loops; they stop with the maintenance token.
-    tasks: Vec<JoinHandle<()>>,
+    mirror: Option<MirrorWriters>,
     /// The RESP proxy, once started; it stops with the intake token.
     proxy: Option<JoinHandle<()>>,
     /// Redis consumers, once started; they stop with the intake token.
@@ -58,18 +63,22 @@ pub struct RedisSide {
 }
 
 impl RedisSide {
-    /// Connects what the routes need and starts the repair loops under
-    /// `maintenance`. `with_mirror` also starts the proxy's mirror writers.
+    /// Connects what the routes need and starts their maintenance into
+    /// `services` (they stop with it). `with_mirror` also starts the proxy's
+    /// mirror writers and the gap repair.
     pub async fn start(
         cfg: &Config,
         db: &PgPool,
         with_mirror: bool,
-        maintenance: &CancellationToken,
+        services: &mut Services,
     ) -> Result<RedisSide> {
         // The stored phases, kept current: a phase change reaches every
         // path of this process (proxy, producer, HTTP, both consumers).
-        let (phases, watch) =
-            crate::cutover::watch::attach(db, &cfg.routes, &cfg.worker_id, maintenance).await?;
+        let (phases, watcher) =
+            watch::attach(db, &cfg.routes, &cfg.worker_id, services.token()).await?;
+        if let Some(watcher) = watcher {
+            services.adopt("phase watch", watcher);
+        }
         let routes = Routes::new(&cfg.routes, phases);
         let needs_redis = with_mirror
             || routes
@@ -79,98 +88,20 @@ impl RedisSide {
             true => Some(connect_redis_with(&cfg.redis_url, &cfg.redis_tls).await?),
             false => None,
         };
-        let mut tasks: Vec<JoinHandle<()>> = watch.into_iter().collect();
         if !routes.is_empty() {
-            let (db, routes) = (db.clone(), routes.clone());
-            tasks.push(tokio::spawn(periodic::every(
-                Duration::from_secs(60),
-                maintenance.clone(),
-                true,
-                move || {
-                    let (db, routes) = (db.clone(), routes.clone());
-                    async move {
-                        match crate::ingest::prune_keys_once(&db, &routes).await {
-                            Ok(0) => {}
-                            Ok(n) => {
-                                tracing::info!(keys = n, "forgot job keys past their dedup window")
-                            }
-                            Err(e) => tracing::warn!(error = %e, "job key pruning failed"),
-                        }
-                    }
-                },
-            )));
+            start_route_maintenance(services, db, &routes, redis.as_ref());
         }
-        let producer = if routes.is_empty() {
-            None
-        } else {
-            Some(Producer::from_parts(
-                db.clone(),
-                redis.clone(),
-                routes.clone(),
-                cfg.payload_limit,
-            ))
-        };
-        if let (Some(conn), false) = (&redis, routes.is_empty()) {
-            let (db, conn, routes) = (db.clone(), conn.clone(), routes.clone());
-            tasks.push(tokio::spawn(periodic::every(
-                REPAIR_EVERY,
-                maintenance.clone(),
-                true,
-                move || {
-                    let (db, mut conn, routes) = (db.clone(), conn.clone(), routes.clone());
-                    async move {
-                        if let Err(e) =
-                            outbox::repair_once(&db, &mut conn, &routes, OUTBOX_GRACE).await
-                        {
-                            tracing::debug!(error = %e, "outbox repair deferred");
-                        }
-                    }
-                },
-            )));
-        }
-        if let (Some(conn), false) = (&redis, routes.is_empty()) {
-            let (db, conn, routes) = (db.clone(), conn.clone(), routes.clone());
-            tasks.push(tokio::spawn(periodic::every(
-                DIFF_EVERY,
-                maintenance.clone(),
-                false,
-                move || {
-                    let (db, mut conn, routes) = (db.clone(), conn.clone(), routes.clone());
-                    async move {
-                        if let Err(e) =
-                            crate::ops::diff_metrics::publish_once(&db, &mut conn, &routes).await
-                        {
-                            tracing::debug!(error = %e, "diff metrics deferred");
-                        }
-                    }
-                },
-            )));
-        }
+        let producer = (!routes.is_empty()).then(|| {
+            Producer::from_parts(db.clone(), redis.clone(), routes.clone(), cfg.payload_limit)
+        });
         let mirror = match (with_mirror, &redis) {
-            (true, Some(conn)) => {
-                let opts = MirrorOptions {
-                    buffer_bytes: cfg.proxy.mirror_buffer,
-                    batch_items: cfg.proxy.mirror_batch,
-                    writers: cfg.proxy.mirror_writers,
-                    payload_limit: cfg.payload_limit,
-                };
-                tasks.push(tokio::spawn(mirror::repair_gaps(
-                    db.clone(),
-                    conn.clone(),
-                    routes.clone(),
-                    cfg.payload_limit,
-                    REPAIR_EVERY,
-                    maintenance.clone(),
-                )));
-                Some(Mirror::start(db.clone(), Some(conn.clone()), opts))
-            }
+            (true, Some(conn)) => Some(start_mirror(cfg, db, conn, &routes, services)),
             _ => None,
         };
         Ok(RedisSide {
             routes,
             producer,
             mirror,
-            tasks,
             proxy: None,
             consumers: Vec::new(),
             outcomes: None,
@@ -204,7 +135,7 @@ impl RedisSide {
         );
         for route in &routes {
             let handler_cfg = route.config.handler.as_ref().ok_or_else(|| {
-                crate::error::Error::Config(format!(
+                Error::Config(format!(
                     "route {:?}: redis_consumer needs a handler",
                     route.name
                 ))
@@ -239,7 +170,7 @@ impl RedisSide {
         intake: CancellationToken,
     ) -> Result<std::net::SocketAddr> {
         let Some((mirror, _)) = &self.mirror else {
-            return Err(crate::error::Error::Config(
+            return Err(Error::Config(
                 "the proxy needs the mirror writers: start the Redis side with the proxy enabled"
                     .into(),
             ));
@@ -256,12 +187,13 @@ impl RedisSide {
     }
 
     /// Shuts the Redis side down in order, once intake was cancelled: the
-    /// proxy answers what it read, the mirror writers write what was queued,
-    /// then `maintenance` is cancelled and the repair loops stop.
-    pub async fn finish(mut self, maintenance: &CancellationToken, deadline: Duration) {
-        // Each stage gets its own budget: a proxy that used all of its drain
-        // must not leave the mirror writers no time to write (or park) what
-        // Redis already took.
+    /// proxy answers what it read, the consumers finish or leave their items
+    /// in their processing lists, their outcomes are written, the mirror
+    /// writers write (or park) what was queued. Each stage gets `deadline`
+    /// of its own: a proxy that used all of its drain must not leave the
+    /// mirror writers no time to write what Redis already took. The route
+    /// maintenance stops later, with the process's services.
+    pub async fn finish(mut self, deadline: Duration) {
         let stage = || tokio::time::Instant::now() + deadline;
         if let Some(mut proxy) = self.proxy.take() {
             if tokio::time::timeout_at(stage(), &mut proxy).await.is_err() {
@@ -296,12 +228,84 @@ impl RedisSide {
                 writers.abort_all();
             }
         }
-        maintenance.cancel();
-        let until = tokio::time::Instant::now() + Duration::from_secs(5);
-        for mut task in self.tasks {
-            if tokio::time::timeout_at(until, &mut task).await.is_err() {
-                task.abort();
-            }
-        }
     }
+}
+
+/// What every route needs while it migrates: job keys past their dedup
+/// window forgotten; with Redis, the owed producer pushes made and the diff
+/// gauges refreshed.
+fn start_route_maintenance(
+    services: &mut Services,
+    db: &PgPool,
+    routes: &Routes,
+    redis: Option<&ConnectionManager>,
+) {
+    let state = (db.clone(), routes.clone());
+    services.every(
+        "job key pruning",
+        PRUNE_EVERY,
+        Start::Now,
+        state,
+        |(db, routes)| async move {
+            match crate::ingest::prune_keys_once(&db, &routes).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(keys = n, "forgot job keys past their dedup window"),
+                Err(e) => tracing::warn!(error = %e, "job key pruning failed"),
+            }
+        },
+    );
+    let Some(conn) = redis else {
+        return;
+    };
+    let state = (db.clone(), conn.clone(), routes.clone());
+    services.every(
+        "outbox repair",
+        REPAIR_EVERY,
+        Start::Now,
+        state.clone(),
+        |(db, mut conn, routes)| async move {
+            if let Err(e) = outbox::repair_once(&db, &mut conn, &routes, OUTBOX_GRACE).await {
+                tracing::debug!(error = %e, "outbox repair deferred");
+            }
+        },
+    );
+    services.every(
+        "diff gauges",
+        DIFF_EVERY,
+        Start::AfterOnePeriod,
+        state,
+        |(db, mut conn, routes)| async move {
+            if let Err(e) = crate::ops::diff_metrics::publish_once(&db, &mut conn, &routes).await {
+                tracing::debug!(error = %e, "diff metrics deferred");
+            }
+        },
+    );
+}
+
+/// The proxy's mirror writers, and the gap repair that writes what they
+/// parked while Postgres was down.
+fn start_mirror(
+    cfg: &Config,
+    db: &PgPool,
+    conn: &ConnectionManager,
+    routes: &Routes,
+    services: &mut Services,
+) -> MirrorWriters {
+    let opts = MirrorOptions {
+        buffer_bytes: cfg.proxy.mirror_buffer,
+        batch_items: cfg.proxy.mirror_batch,
+        writers: cfg.proxy.mirror_writers,
+        payload_limit: cfg.payload_limit,
+    };
+    let limit = cfg.payload_limit;
+    services.every(
+        "gap repair",
+        REPAIR_EVERY,
+        Start::Now,
+        (db.clone(), conn.clone(), routes.clone()),
+        move |(db, mut conn, routes)| async move {
+            mirror::gap_repair_pass(&db, &mut conn, &routes, limit).await
+        },
+    );
+    Mirror::start(db.clone(), Some(conn.clone()), opts)
 }

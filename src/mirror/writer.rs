@@ -1,0 +1,352 @@
+//! The mirror's handle and its group-commit writers. A request (one push's
+//! items) takes room in a byte budget, then waits in a channel; each writer
+//! takes one request, gathers whatever else is queued up to the batch size,
+//! and stores the whole batch in one transaction. Under load batches fill
+//! while the previous one commits, so the commit rate, not the push rate,
+//! sets the number of transactions.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ::redis::aio::ConnectionManager;
+use bytes::Bytes;
+use sqlx::PgPool;
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+
+use super::breaker::Breaker;
+use super::spool;
+use crate::error::Error;
+use crate::ingest::{self, Item, Stored, Via};
+use crate::metrics as m;
+use crate::model::formats::decode_bytes;
+use crate::queue::JobCopy;
+use crate::routes::Route;
+
+/// Tuning of the writers; see `[proxy]` in the config.
+#[derive(Debug, Clone, Copy)]
+pub struct MirrorOptions {
+    /// Bytes of items queued at most.
+    pub buffer_bytes: usize,
+    /// Items per transaction at most.
+    pub batch_items: usize,
+    /// Transactions in flight at once.
+    pub writers: usize,
+    /// The queue's payload limit (larger items are stored flagged).
+    pub payload_limit: usize,
+}
+
+/// Why a live store failed. Its text is one line, safe to send to a Redis
+/// client (the proxy answers `-ERR qbridge: <it>` so the producer retries).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The writers have stopped (shutdown).
+    #[error(transparent)]
+    Closed(#[from] MirrorClosed),
+    /// The transaction failed; the reason is the database error's one line.
+    #[error("Postgres write failed: {0}")]
+    Failed(String),
+}
+
+/// A handle to the writers. Cheap to clone; the writers stop once every
+/// handle is dropped and the queue is drained.
+#[derive(Clone)]
+pub struct Mirror {
+    tx: async_channel::Sender<Request>,
+    budget: Arc<Semaphore>,
+    budget_units: u32,
+}
+
+struct Request {
+    route: Arc<Route>,
+    items: Vec<Bytes>,
+    copy: JobCopy,
+    via: Via,
+    /// When Redis acknowledged the push (mirror lag starts here).
+    acked_at: Instant,
+    reply: Option<oneshot::Sender<Result<Vec<Stored>, StoreError>>>,
+    /// Returned to the budget when the request is done.
+    _permit: OwnedSemaphorePermit,
+}
+
+/// The budget is counted in KiB so a u32 of permits covers any buffer size.
+const UNIT: usize = 1024;
+
+/// The writers are gone (shutdown): nothing more can be queued.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("qbridge is shutting down: the mirror writer has stopped")]
+pub struct MirrorClosed;
+
+impl Mirror {
+    /// Starts `opts.writers` writers on `pool`. `spool` is the Redis
+    /// connection of the gap lists; without one, items a failed transaction
+    /// could not write are counted as lost (their Redis copies still run).
+    pub fn start(
+        pool: PgPool,
+        spool: Option<ConnectionManager>,
+        opts: MirrorOptions,
+    ) -> (Mirror, JoinSet<()>) {
+        Mirror::start_probed(pool, spool, opts, None)
+    }
+
+    /// [`Mirror::start`] that also appends every mirror copy's lag (seconds
+    /// from Redis's acknowledgement to commit) to `probe`: the benchmark
+    /// reads exact percentiles there instead of histogram buckets.
+    pub fn start_probed(
+        pool: PgPool,
+        spool: Option<ConnectionManager>,
+        opts: MirrorOptions,
+        probe: Option<LagProbe>,
+    ) -> (Mirror, JoinSet<()>) {
+        let units = u32::try_from((opts.buffer_bytes / UNIT).max(1)).unwrap_or(u32::MAX);
+        // Every request holds at least one unit of the byte budget, so the
+        // budget bounds the requests queued too; the channel must not be the
+        // tighter bound (it would cap one-item pushes far below the buffer).
+        let (tx, rx) = async_channel::bounded(units as usize);
+        let mut writers = JoinSet::new();
+        let breaker = Breaker::new();
+        for _ in 0..opts.writers.max(1) {
+            let writer = Writer {
+                pool: pool.clone(),
+                spool: spool.clone(),
+                rx: rx.clone(),
+                opts,
+                probe: probe.clone(),
+                breaker: breaker.clone(),
+            };
+            writers.spawn(writer.run());
+        }
+        let mirror = Mirror {
+            tx,
+            budget: Arc::new(Semaphore::new(units as usize)),
+            budget_units: units,
+        };
+        (mirror, writers)
+    }
+
+    /// Queues items Redis has taken, as mirror copies. Returns once they are
+    /// queued (waiting for buffer room), not once they are written.
+    pub async fn mirror(
+        &self,
+        route: Arc<Route>,
+        items: Vec<Bytes>,
+        acked_at: Instant,
+    ) -> Result<(), MirrorClosed> {
+        let (name, n) = (route.name.clone(), items.len() as u64);
+        let queued = self
+            .send(route, items, JobCopy::Mirror, Via::Proxy, acked_at, None)
+            .await;
+        if queued.is_err() {
+            // Redis has the item and runs it; only its mirror copy is
+            // missing, and the diff reports it.
+            metrics::counter!(m::MIRROR_LOST, "route" => name).increment(n);
+        }
+        queued
+    }
+
+    /// Writes items as live copies and waits for the commit.
+    pub async fn store_live(
+        &self,
+        route: Arc<Route>,
+        items: Vec<Bytes>,
+    ) -> Result<Vec<Stored>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(
+            route,
+            items,
+            JobCopy::Live,
+            Via::Proxy,
+            Instant::now(),
+            Some(reply),
+        )
+        .await?;
+        rx.await.map_err(|_| MirrorClosed)?
+    }
+
+    async fn send(
+        &self,
+        route: Arc<Route>,
+        items: Vec<Bytes>,
+        copy: JobCopy,
+        via: Via,
+        acked_at: Instant,
+        reply: Option<oneshot::Sender<Result<Vec<Stored>, StoreError>>>,
+    ) -> Result<(), MirrorClosed> {
+        let bytes: usize = items.iter().map(|i| i.len() + 64).sum();
+        let units = u32::try_from(bytes.div_ceil(UNIT))
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.budget_units);
+        let permit = Arc::clone(&self.budget)
+            .acquire_many_owned(units)
+            .await
+            .map_err(|_| MirrorClosed)?;
+        let request = Request {
+            route,
+            items,
+            copy,
+            via,
+            acked_at,
+            reply,
+            _permit: permit,
+        };
+        self.tx.send(request).await.map_err(|_| MirrorClosed)
+    }
+}
+
+struct Writer {
+    pool: PgPool,
+    spool: Option<ConnectionManager>,
+    rx: async_channel::Receiver<Request>,
+    opts: MirrorOptions,
+    probe: Option<LagProbe>,
+    breaker: Breaker,
+}
+
+/// Where [`Mirror::start_probed`] puts lag samples, in seconds.
+pub type LagProbe = Arc<std::sync::Mutex<Vec<f64>>>;
+
+impl Writer {
+    async fn run(mut self) {
+        while let Some(batch) = self.gather().await {
+            self.write(batch).await;
+        }
+    }
+
+    /// Waits for one request, then takes whatever else is queued, up to the
+    /// batch size: under load batches fill while the last one commits.
+    async fn gather(&self) -> Option<Vec<Request>> {
+        let rx = &self.rx;
+        let first = rx.recv().await.ok()?;
+        let mut count = first.items.len();
+        let mut batch = vec![first];
+        while count < self.opts.batch_items {
+            match rx.try_recv() {
+                Ok(request) => {
+                    count += request.items.len();
+                    batch.push(request);
+                }
+                Err(_) => break,
+            }
+        }
+        Some(batch)
+    }
+
+    async fn write(&mut self, batch: Vec<Request>) {
+        let count: usize = batch.iter().map(|r| r.items.len()).sum();
+        metrics::histogram!(m::MIRROR_BATCH_ITEMS).record(count as f64);
+        // While Postgres is known to be down, do not make every batch wait
+        // out a connect timeout: park it at once and probe again later.
+        if self.breaker.is_open() {
+            for request in batch {
+                self.fail(
+                    request,
+                    "Postgres unavailable (a recent write failed; retrying shortly)",
+                )
+                .await;
+            }
+            return;
+        }
+        let result = write_batch(
+            &self.pool,
+            &batch,
+            self.opts.payload_limit,
+            self.opts.batch_items,
+        )
+        .await;
+        match &result {
+            Ok(_) => self.breaker.close(),
+            Err(e) if e.is_unavailable() => self.breaker.open(),
+            Err(_) => {}
+        }
+        match result {
+            Ok(mut results) => {
+                let now = Instant::now();
+                for request in batch.into_iter().rev() {
+                    let mine = results.split_off(results.len() - request.items.len());
+                    if request.copy == JobCopy::Mirror {
+                        let lag = now.duration_since(request.acked_at).as_secs_f64();
+                        metrics::histogram!(m::MIRROR_LAG, "route" => request.route.name.clone())
+                            .record(lag);
+                        if let Some(probe) = &self.probe {
+                            if let Ok(mut samples) = probe.lock() {
+                                samples.extend(std::iter::repeat_n(lag, request.items.len()));
+                            }
+                        }
+                    }
+                    if let Some(reply) = request.reply {
+                        let _ = reply.send(Ok(mine));
+                    }
+                }
+            }
+            Err(err) => {
+                let reason = err.to_string();
+                tracing::warn!(items = count, error = %reason, "mirror write failed");
+                for request in batch {
+                    self.fail(request, &reason).await;
+                }
+            }
+        }
+    }
+
+    async fn fail(&mut self, request: Request, reason: &str) {
+        let route = request.route.name.clone();
+        metrics::counter!(m::MIRROR_FAILURES, "route" => route.clone())
+            .increment(request.items.len() as u64);
+        if let Some(reply) = request.reply {
+            let _ = reply.send(Err(StoreError::Failed(reason.to_string())));
+            return;
+        }
+        let n = request.items.len() as u64;
+        match &mut self.spool {
+            Some(conn) => match spool::park(conn, &request.route, &request.items).await {
+                Ok(()) => metrics::counter!(m::MIRROR_SPOOLED, "route" => route).increment(n),
+                Err(e) => {
+                    tracing::error!(route = %route, items = n, error = %e,
+                        "could not park unmirrored items in the gap list; the diff will report them");
+                    metrics::counter!(m::MIRROR_LOST, "route" => route).increment(n);
+                }
+            },
+            None => metrics::counter!(m::MIRROR_LOST, "route" => route).increment(n),
+        }
+    }
+}
+
+/// Decodes and stores every item of `batch` in one transaction; results in
+/// request order, items in order. Items are decoded and stored `chunk` at a
+/// time: one push may carry a million items, and decoding them all at once
+/// (payloads, keys, bind arrays) cost about 3 KiB each, far past the mirror
+/// buffer. Chunks of one transaction see each other's rows, so keys and
+/// duplicates come out as in one statement.
+async fn write_batch(
+    pool: &PgPool,
+    batch: &[Request],
+    payload_limit: usize,
+    chunk: usize,
+) -> Result<Vec<Stored>, Error> {
+    let all: Vec<(&Request, &Bytes)> = batch
+        .iter()
+        .flat_map(|r| r.items.iter().map(move |bytes| (r, bytes)))
+        .collect();
+    let mut tx = pool.begin().await?;
+    // A batch stuck behind a lock (a business transaction holding a key it
+    // shares, a manual LOCK TABLE) fails over to the gap list instead of
+    // stalling every proxy client behind the mirror buffer.
+    sqlx::query("SET LOCAL lock_timeout = '2s'")
+        .execute(&mut *tx)
+        .await?;
+    let mut stored = Vec::with_capacity(all.len());
+    for part in all.chunks(chunk.max(1)) {
+        let items: Vec<Item<'_>> = part
+            .iter()
+            .map(|&(r, bytes)| Item {
+                route: &r.route,
+                decoded: decode_bytes(&r.route.format, bytes.clone()),
+                copy: r.copy,
+                via: r.via,
+            })
+            .collect();
+        stored.extend(ingest::store(&mut tx, items, payload_limit).await?);
+    }
+    tx.commit().await?;
+    Ok(stored)
+}

@@ -1,0 +1,23 @@
+//! The Lua scripts that finish a consumer's item atomically: the item
+//! leaves its processing list and its inflight state in one step, so a crash
+//! between the two cannot leave an item with stale state or state without
+//! its item.
+
+/// Ack: remove the item from the processing list and forget its state, in
+/// one step. KEYS: processing, inflight. ARGV: item. Returns items removed.
+pub(super) const ACK_LUA: &str = r#"
+local n = redis.call('LREM', KEYS[1], -1, ARGV[1])
+redis.call('DEL', KEYS[2])
+return n
+"#;
+
+/// Dead: move the item from the processing list to the dead list and forget
+/// its state, in one step; an item no longer in the processing list is not
+/// pushed (it would be a second copy). KEYS: processing, inflight, dead.
+/// ARGV: item. Returns items moved.
+pub(super) const DEAD_LUA: &str = r#"
+local n = redis.call('LREM', KEYS[1], -1, ARGV[1])
+if n > 0 then redis.call('LPUSH', KEYS[3], ARGV[1]) end
+redis.call('DEL', KEYS[2])
+return n
+"#;
