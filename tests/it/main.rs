@@ -16,6 +16,7 @@ mod enqueue;
 mod examples;
 mod fence;
 mod http_enqueue;
+mod keys;
 mod lock_key;
 mod maintenance;
 mod mirror;
