@@ -2,7 +2,7 @@
 //!
 //! Every mirrored item needs two things from its route's [`Format`]:
 //!
-//! - a stable **job key** (DESIGN.md), so the Redis copy and the Postgres copy
+//! - a stable **job key** (ARCHITECTURE.md, "Vocabulary"), so the Redis copy and the Postgres copy
 //!   of a job can be matched and a re-push (a Sidekiq retry, a producer retry)
 //!   is not mistaken for a new job;
 //! - its **original bytes, exactly**, so a rollback can push the item back to

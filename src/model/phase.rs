@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 
-/// Where a route is in its migration (DESIGN.md), in order.
+/// Where a route is in its migration (ARCHITECTURE.md, "Vocabulary"), in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {

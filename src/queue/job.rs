@@ -40,7 +40,7 @@ pub struct NewJob {
     pub original: Option<bytes::Bytes>,
 }
 
-/// Which copy of a job a row is (DESIGN.md: live copy / mirror copy).
+/// Which copy of a job a row is (ARCHITECTURE.md, "Vocabulary": live copy / mirror copy).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, sqlx::Type, Serialize, Deserialize)]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 #[serde(rename_all = "lowercase")]

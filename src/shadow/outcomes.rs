@@ -121,7 +121,7 @@ impl FromStr for OutcomeKind {
 pub struct Outcome {
     /// The route's Postgres queue.
     pub queue: String,
-    /// The job key (DESIGN.md), the same on both sides.
+    /// The job key (ARCHITECTURE.md, "Vocabulary"), the same on both sides.
     pub key: String,
     /// Which consumer ran it.
     pub side: Side,

@@ -222,7 +222,7 @@ impl AttemptCtx {
     /// only ever called in shadow mode (in `shadow`, or in `dual_write` when
     /// the route asks for it; also the leftovers of those phases in
     /// `postgres_only`) or completed without a call, which still proves
-    /// claims and throughput (DESIGN.md).
+    /// claims and throughput (ARCHITECTURE.md, "Vocabulary").
     fn plan(&self, job: &ClaimedJob) -> Plan {
         let Some(runs) = &self.routes else {
             return match job.copy {
