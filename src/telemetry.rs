@@ -1,5 +1,6 @@
 //! Logging and the Prometheus recorder, each installed once per process.
 
+use std::io::IsTerminal;
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -20,12 +21,20 @@ pub fn init_logging(format: LogFormat, default_level: &str) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour_wanted(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR")))
         .with_writer(std::io::stderr);
     // try_init: a second call (tests) keeps the first subscriber.
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Colour codes only on a terminal: a log written to a file or a pipe (systemd,
+/// Kubernetes, `2> log`) must stay plain text. `NO_COLOR` (any non-empty value,
+/// no-color.org) turns colour off on a terminal too.
+fn colour_wanted(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// Installs the Prometheus recorder on first call and returns its handle.
@@ -51,4 +60,17 @@ pub fn prometheus() -> PrometheusHandle {
             }
         })
         .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colour_wanted;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour_wanted(true, None));
+        assert!(!colour_wanted(false, None));
+        assert!(!colour_wanted(true, Some("1".into())));
+        assert!(colour_wanted(true, Some("".into())));
+    }
 }

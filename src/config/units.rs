@@ -12,33 +12,28 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dur(pub Duration);
 
-/// Parses a duration string (see [`Dur`]).
+/// Parses a duration string (see [`Dur`]). The units and the integer forms
+/// are humantime's (`"30s"`, `"5min"`, `"1h 30m"`; it refuses overflow); a
+/// decimal such as `"1.5s"`, which humantime does not take, is the number
+/// times humantime's length of one unit.
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let t = text.trim();
+    let bad = |why: &dyn std::fmt::Display| {
+        Error::Config(format!(
+            "bad duration {text:?}: {why} (use e.g. \"500ms\", \"30s\", \"5m\")"
+        ))
+    };
     let split = t
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let value: f64 = num.parse().map_err(|_| {
-        Error::Config(format!(
-            "bad duration {text:?}: use e.g. \"500ms\", \"30s\", \"5m\""
-        ))
-    })?;
-    let secs = match unit.trim() {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        "d" => value * 86400.0,
-        _ => {
-            return Err(Error::Config(format!(
-                "bad duration {text:?}: unit must be ms, s, m, h or d"
-            )))
-        }
-    };
+    if !num.contains('.') {
+        return humantime::parse_duration(t).map_err(|e| bad(&e));
+    }
+    let value: f64 = num.parse().map_err(|_| bad(&"not a number"))?;
+    let one = humantime::parse_duration(&format!("1{unit}")).map_err(|e| bad(&e))?;
     // try_: from_secs_f64 panics on a finite value too large for a Duration.
-    Duration::try_from_secs_f64(secs)
-        .map_err(|_| Error::Config(format!("bad duration {text:?}: out of range")))
+    Duration::try_from_secs_f64(value * one.as_secs_f64()).map_err(|_| bad(&"out of range"))
 }
 
 impl<'de> Deserialize<'de> for Dur {
@@ -51,6 +46,10 @@ impl<'de> Deserialize<'de> for Dur {
 }
 
 /// A size written as bytes (`1048576`) or with a unit (`"1MiB"`, `"64KiB"`).
+///
+/// Parsed here rather than by `bytesize`: that crate multiplies through an
+/// `f64` and casts, so a size too large for the machine saturates or rounds
+/// silently, where a limit such as `mirror_buffer` must be exact or refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bytes(pub usize);
 

@@ -107,33 +107,11 @@ pub(super) fn url_credentials(url: &str) -> Option<(Bytes, Bytes)> {
     ))
 }
 
-/// URL user info is percent-encoded; Redis wants the raw bytes.
+/// URL user info is percent-encoded; Redis wants the raw bytes. A `%` not
+/// followed by two hex digits stays as it is, and `+` is not a space here
+/// (that is form encoding, not URL user info).
 pub(super) fn percent_decode(s: &str) -> Vec<u8> {
-    let bytes = s.as_bytes();
-    let hex = |b: u8| {
-        char::from(b)
-            .to_digit(16)
-            .and_then(|d| u8::try_from(d).ok())
-    };
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let decoded = match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
-            (b'%', Some(&hi), Some(&lo)) => hex(hi).zip(hex(lo)).map(|(h, l)| h << 4 | l),
-            _ => None,
-        };
-        match decoded {
-            Some(b) => {
-                out.push(b);
-                i += 3;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    out
+    percent_encoding::percent_decode_str(s).collect()
 }
 
 /// The proxy's password and what passing it unlocks upstream.
