@@ -21,7 +21,10 @@ pub fn init_logging(format: LogFormat, default_level: &str) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(colour_wanted(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR")))
+        .with_ansi(colour_wanted(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR"),
+        ))
         .with_writer(std::io::stderr);
     // try_init: a second call (tests) keeps the first subscriber.
     let _ = match format {
