@@ -1,0 +1,276 @@
+//! The diff's SQL: each query reads one number (or count and sample) of
+//! the window, joined by job key; `compute` in the parent puts them together.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use super::{Mismatch, SideCounts};
+use crate::error::Result;
+
+type SideRow = (String, i64, i64, i64, i64, i64, Option<f64>, Option<f64>);
+
+/// Per side in one pass: jobs, acks, failed attempts, dead jobs, jobs that
+/// succeeded more than once, and push-to-first-outcome percentiles (hash
+/// aggregation per key, no sort of the window).
+const SIDES_SQL: &str = r#"
+WITH per_key AS (
+    SELECT side, key,
+           count(*) FILTER (WHERE outcome = 'ok') AS oks,
+           count(*) FILTER (WHERE outcome = 'failed') AS fails,
+           bool_or(outcome = 'dead') AS dead,
+           min(recorded_at) AS first_at
+      FROM qbridge.outcomes
+     WHERE queue = $1 AND recorded_at >= $2 AND mode <> 'noise'
+     GROUP BY side, key)
+SELECT p.side, count(*), sum(p.oks)::int8, sum(p.fails)::int8,
+       count(*) FILTER (WHERE p.dead), count(*) FILTER (WHERE p.oks > 1),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM p.first_at - k.seen_at)),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM p.first_at - k.seen_at))
+  FROM per_key p LEFT JOIN qbridge.job_keys k ON k.queue = $1 AND k.key = p.key
+ GROUP BY p.side
+"#;
+
+const RAN_TWICE_SQL: &str = r#"
+SELECT key FROM qbridge.outcomes
+ WHERE queue = $1 AND recorded_at >= $2 AND mode <> 'noise' AND outcome = 'ok'
+ GROUP BY side, key HAVING count(*) > 1
+ ORDER BY key LIMIT $3
+"#;
+
+const ONLY_REDIS_RAN_SQL: &str = r#"
+SELECT count(*) OVER (), o.key FROM (
+    SELECT DISTINCT key FROM qbridge.outcomes
+     WHERE queue = $1 AND side = 'redis' AND recorded_at >= $2 AND recorded_at < $3) o
+ WHERE NOT EXISTS (SELECT 1 FROM qbridge.job_keys k WHERE k.queue = $1 AND k.key = o.key)
+ ORDER BY o.key LIMIT $4
+"#;
+
+/// Keys held in Redis that Postgres never got (`--repair` mirrors them).
+pub(crate) const UNKNOWN_KEYS_SQL: &str = r#"
+SELECT t.key FROM unnest($2::text[]) AS t(key)
+ WHERE NOT EXISTS (SELECT 1 FROM qbridge.job_keys k WHERE k.queue = $1 AND k.key = t.key)
+"#;
+
+/// Mirror copies whose Redis copy is unaccounted for: no final Redis
+/// outcome (ok or dead; a failed attempt is retried from a processing list,
+/// which a Redis restart can lose too) and not held in Redis now.
+/// `original IS NOT NULL` narrows the scan (a final Redis outcome clears
+/// it), but the outcome check itself is what counts:
+/// the Redis consumer can finish a job before its mirror row commits, and
+/// then nothing cleared that row's bytes.
+pub(crate) const ONLY_POSTGRES_SQL: &str = r#"
+SELECT k.key FROM qbridge.job_keys k
+ WHERE k.queue = $1 AND k.copy = 'mirror' AND k.original IS NOT NULL
+   AND k.seen_at >= $2 AND k.seen_at < $3 AND NOT (k.key = ANY($4::text[]))
+   AND NOT EXISTS (SELECT 1 FROM qbridge.outcomes o
+                    WHERE o.queue = k.queue AND o.key = k.key AND o.side = 'redis'
+                      AND o.outcome IN ('ok', 'dead'))
+ ORDER BY k.seen_at, k.key
+"#;
+
+/// Compared jobs and mismatches counted in SQL; only a sample of the
+/// mismatched rows (plus one row carrying the counts) comes back.
+const MISMATCH_SQL: &str = r#"
+WITH last AS (
+    SELECT DISTINCT ON (key, side) key, side, outcome, digest
+      FROM qbridge.outcomes
+     WHERE queue = $1 AND recorded_at >= $2 AND mode <> 'noise' AND outcome <> 'failed'
+     ORDER BY key, side, recorded_at DESC, id DESC),
+pairs AS (
+    SELECT r.key, r.outcome AS redis, p.outcome AS postgres,
+           (r.digest IS NOT NULL AND p.digest IS NOT NULL AND r.digest <> p.digest) AS digest_differs
+      FROM last r JOIN last p ON p.key = r.key AND p.side = 'postgres'
+     WHERE r.side = 'redis'),
+ranked AS (
+    SELECT *, (redis <> postgres OR digest_differs) AS bad,
+           count(*) OVER () AS compared,
+           count(*) FILTER (WHERE redis <> postgres OR digest_differs) OVER () AS mismatched,
+           row_number() OVER (PARTITION BY (redis <> postgres OR digest_differs) ORDER BY key) AS n
+      FROM pairs)
+SELECT key, redis, postgres, digest_differs, bad, compared, mismatched
+  FROM ranked WHERE n <= $3 AND (bad OR n = 1)
+"#;
+
+/// Count and sample of a key query: `SELECT count(*) OVER (), key … LIMIT`.
+fn count_and_sample(rows: Vec<(i64, String)>) -> (i64, Vec<String>) {
+    let total = rows.first().map_or(0, |r| r.0);
+    (total, rows.into_iter().map(|r| r.1).collect())
+}
+
+const NOISE_SQL: &str = r#"
+SELECT count(*),
+       count(*) FILTER (WHERE s.outcome <> n.outcome OR s.digest IS DISTINCT FROM n.digest)
+  FROM qbridge.outcomes n
+  JOIN LATERAL (
+        SELECT outcome, digest FROM qbridge.outcomes s
+         WHERE s.queue = n.queue AND s.key = n.key AND s.side = 'postgres'
+           AND s.mode = 'shadow' AND s.attempt IS NOT DISTINCT FROM n.attempt
+         ORDER BY s.id DESC LIMIT 1) s ON true
+ WHERE n.queue = $1 AND n.mode = 'noise' AND n.recorded_at >= $2
+"#;
+
+/// The window a diff reads, shared by every query.
+pub(super) struct Window<'a> {
+    pub queue: &'a str,
+    pub since: DateTime<Utc>,
+    /// Outcomes before this are settled: a job without one is one-sided.
+    pub settled: DateTime<Utc>,
+    /// Every key Redis holds now.
+    pub held_keys: Vec<String>,
+    /// Sample keys kept per list.
+    pub samples: usize,
+}
+
+impl Window<'_> {
+    fn limit(&self) -> i64 {
+        self.samples as i64
+    }
+}
+
+/// Keys the route enqueued in Postgres in the window, and how many of them
+/// are mirror copies.
+pub(super) async fn enqueued(db: &PgPool, w: &Window<'_>) -> Result<(i64, i64)> {
+    Ok(sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE copy = 'mirror') \
+           FROM qbridge.job_keys WHERE queue = $1 AND seen_at >= $2",
+    )
+    .bind(w.queue)
+    .bind(w.since)
+    .fetch_one(db)
+    .await?)
+}
+
+/// The counts of each side: (redis, postgres).
+pub(super) async fn side_counts(db: &PgPool, w: &Window<'_>) -> Result<(SideCounts, SideCounts)> {
+    let mut redis = SideCounts::default();
+    let mut postgres = SideCounts::default();
+    let rows: Vec<SideRow> = sqlx::query_as(SIDES_SQL)
+        .bind(w.queue)
+        .bind(w.since)
+        .fetch_all(db)
+        .await?;
+    for (side, jobs, acks, failures, dead, twice, lag_p50, lag_p99) in rows {
+        let counts = SideCounts {
+            jobs,
+            acks,
+            failures,
+            dead,
+            ran_twice: twice,
+            lag_p50,
+            lag_p99,
+        };
+        match side.as_str() {
+            "redis" => redis = counts,
+            _ => postgres = counts,
+        }
+    }
+    Ok((redis, postgres))
+}
+
+/// Sample keys of jobs that succeeded more than once.
+pub(super) async fn ran_twice_sample(db: &PgPool, w: &Window<'_>) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(RAN_TWICE_SQL)
+        .bind(w.queue)
+        .bind(w.since)
+        .bind(w.limit())
+        .fetch_all(db)
+        .await?)
+}
+
+/// Jobs seen on one side only, each count with a sample of keys.
+pub(super) struct OneSided {
+    pub only_redis_ran: i64,
+    pub ran_sample: Vec<String>,
+    pub only_redis_waiting: i64,
+    pub waiting_sample: Vec<String>,
+    pub only_postgres: i64,
+    pub postgres_sample: Vec<String>,
+}
+
+pub(super) async fn one_sided(db: &PgPool, w: &Window<'_>) -> Result<OneSided> {
+    let (only_redis_ran, ran_sample) = count_and_sample(
+        sqlx::query_as(ONLY_REDIS_RAN_SQL)
+            .bind(w.queue)
+            .bind(w.since)
+            .bind(w.settled)
+            .bind(w.limit())
+            .fetch_all(db)
+            .await?,
+    );
+    let (only_redis_waiting, waiting_sample) = count_and_sample(
+        sqlx::query_as(&format!(
+            "SELECT count(*) OVER (), key FROM ({UNKNOWN_KEYS_SQL}) unknown LIMIT $3"
+        ))
+        .bind(w.queue)
+        .bind(&w.held_keys)
+        .bind(w.limit())
+        .fetch_all(db)
+        .await?,
+    );
+    let (only_postgres, postgres_sample) = count_and_sample(
+        sqlx::query_as(&format!(
+            "SELECT count(*) OVER (), key FROM ({ONLY_POSTGRES_SQL}) one_sided LIMIT $5"
+        ))
+        .bind(w.queue)
+        .bind(w.since)
+        .bind(w.settled)
+        .bind(&w.held_keys)
+        .bind(w.limit())
+        .fetch_all(db)
+        .await?,
+    );
+    Ok(OneSided {
+        only_redis_ran,
+        ran_sample,
+        only_redis_waiting,
+        waiting_sample,
+        only_postgres,
+        postgres_sample,
+    })
+}
+
+/// Keys compared across the sides, how many disagree, and a sample of them.
+pub(super) async fn mismatches(db: &PgPool, w: &Window<'_>) -> Result<(i64, i64, Vec<Mismatch>)> {
+    type PairRow = (String, String, String, bool, bool, i64, i64);
+    let pair_rows: Vec<PairRow> = sqlx::query_as(MISMATCH_SQL)
+        .bind(w.queue)
+        .bind(w.since)
+        .bind(w.limit().max(1))
+        .fetch_all(db)
+        .await?;
+    let (compared, mismatched) = pair_rows.first().map_or((0, 0), |r| (r.5, r.6));
+    let sample = pair_rows
+        .into_iter()
+        .filter(|r| r.4)
+        .take(w.samples)
+        .map(|(key, redis, postgres, digest_differs, ..)| Mismatch {
+            key,
+            redis,
+            postgres,
+            digest_differs,
+        })
+        .collect();
+    Ok((compared, mismatched, sample))
+}
+
+/// Noise calls in the window and how many disagreed with the live run.
+pub(super) async fn noise(db: &PgPool, w: &Window<'_>) -> Result<(i64, i64)> {
+    Ok(sqlx::query_as(NOISE_SQL)
+        .bind(w.queue)
+        .bind(w.since)
+        .fetch_one(db)
+        .await?)
+}
+
+/// How many of the keys Redis holds have a Redis-side outcome already.
+pub(super) async fn reported_held(db: &PgPool, w: &Window<'_>) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(DISTINCT key) FROM qbridge.outcomes \
+          WHERE queue = $1 AND side = 'redis' AND recorded_at >= $2 AND key = ANY($3::text[])",
+    )
+    .bind(w.queue)
+    .bind(w.since)
+    .bind(&w.held_keys)
+    .fetch_one(db)
+    .await?)
+}
