@@ -140,7 +140,6 @@ pub async fn evaluate(
     // A decommissioned route has no next phase; its "gate" only says
     // whether anything landed in Redis since (advance archives it).
     let to = next(state.phase).unwrap_or(state.phase);
-    let g = &route.config.cutover.gates;
     let mut gate = Gate {
         route: route.name.clone(),
         from: state.phase,
@@ -162,130 +161,177 @@ pub async fn evaluate(
     match state.phase {
         Phase::RedisOnly => {}
         Phase::Decommissioned => {
-            let held = redis_view::read(redis, db, route).await?;
-            let left = held.waiting.len() + held.processing.len() + held.parked;
-            gate.checks.push(check(
-                "nothing in Redis since",
-                left == 0,
-                format!("{left} items (run `qbridge cutover advance` again to archive them)"),
-                "0".into(),
-            ));
+            decommissioned_checks(db, redis, route, &mut gate.checks).await?;
         }
         Phase::DualWrite => {
-            let (d, _) =
-                diff_since(db, redis, route, state.phase, window_start(route, state)).await?;
-            gate.checks.push(check(
-                "redis-side jobs in window",
-                d.redis_seen as u64 >= g.min_jobs,
-                d.redis_seen.to_string(),
-                format!(">= {}", g.min_jobs),
-            ));
-            gate.checks.push(check(
-                "mirror completeness",
-                d.mirror_completeness >= g.mirror_completeness,
-                format!("{:.4}%", d.mirror_completeness * 100.0),
-                format!(">= {:.4}%", g.mirror_completeness * 100.0),
-            ));
-            gate.diff = Some(d);
+            gate.diff = dual_write_checks(db, redis, route, state, &mut gate.checks).await?;
         }
         Phase::Shadow => {
-            let since = window_start(route, state);
-            let in_phase = (Utc::now() - state.since).to_std().unwrap_or_default();
-            gate.checks.push(check(
-                "time in shadow",
-                in_phase >= g.window,
-                format!("{}s", in_phase.as_secs()),
-                format!(">= {}s (gates.window)", g.window.as_secs()),
-            ));
-            let (d, _) = diff_since(db, redis, route, state.phase, since).await?;
-            let (r, p) = (d.redis.acks, d.postgres.acks);
-            let ack_gap = (r - p).abs() as f64 / r.max(1) as f64;
-            gate.checks.push(check(
-                "ack counts",
-                r > 0 && ack_gap <= g.ack_tolerance,
-                format!("redis {r}, postgres {p} ({:.3}% apart)", ack_gap * 100.0),
-                format!("<= {:.3}% apart", g.ack_tolerance * 100.0),
-            ));
-            gate.checks.push(check(
-                "jobs compared",
-                d.compared as u64 >= g.min_jobs,
-                d.compared.to_string(),
-                format!(">= {}", g.min_jobs),
-            ));
-            let excess = (d.mismatch_rate - d.noise_rate).max(0.0);
-            gate.checks.push(check(
-                "outcome mismatch rate above noise",
-                excess <= g.max_mismatch_rate,
-                format!(
-                    "{:.3}% ({} of {}; noise {:.3}%)",
-                    excess * 100.0,
-                    d.mismatched,
-                    d.compared,
-                    d.noise_rate * 100.0
-                ),
-                format!("<= {:.3}%", g.max_mismatch_rate * 100.0),
-            ));
-            let lag = d.postgres.lag_p99.unwrap_or(f64::INFINITY);
-            gate.checks.push(check(
-                "postgres push-to-outcome p99",
-                lag <= g.max_postgres_lag.as_secs_f64(),
-                if lag.is_finite() {
-                    format!("{lag:.3}s")
-                } else {
-                    "no Postgres outcomes".into()
-                },
-                format!("<= {:.3}s", g.max_postgres_lag.as_secs_f64()),
-            ));
-            gate.diff = Some(d);
+            gate.diff = shadow_checks(db, redis, route, state, &mut gate.checks).await?;
         }
         Phase::PostgresOnly => {
-            gate.checks.push(check(
-                "keys flipped to Postgres",
-                state.percent == 100,
-                format!("{}%", state.percent),
-                "100% (qbridge cutover percent R 100)".into(),
-            ));
-            let held = redis_view::read(redis, db, route).await?;
-            let in_redis = held.waiting.len() + held.processing.len() + held.parked;
-            gate.checks.push(check(
-                "items left in Redis",
-                in_redis == 0 && !held.truncated,
-                format!(
-                    "{} waiting, {} in processing lists, {} parked",
-                    held.waiting.len(),
-                    held.processing.len(),
-                    held.parked
-                ),
-                "all empty".into(),
-            ));
-            let owed: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM qbridge.redis_outbox WHERE queue = $1")
-                    .bind(&route.queue)
-                    .fetch_one(db)
-                    .await?;
-            gate.checks.push(check(
-                "Redis pushes owed",
-                owed == 0,
-                owed.to_string(),
-                "0".into(),
-            ));
-            let last: Option<DateTime<Utc>> = sqlx::query_scalar(
-                "SELECT max(recorded_at) FROM qbridge.outcomes WHERE queue = $1 AND side = 'redis'",
-            )
-            .bind(&route.queue)
-            .fetch_one(db)
-            .await?;
-            let quiet_since = last.map_or(state.since, |t| t.max(state.since));
-            let quiet = (Utc::now() - quiet_since).to_std().unwrap_or_default();
-            gate.checks.push(check(
-                "quiet on Redis",
-                quiet >= g.quiet_period,
-                format!("{}s since the last Redis-side job", quiet.as_secs()),
-                format!(">= {}s (gates.quiet_period)", g.quiet_period.as_secs()),
-            ));
+            gate.diff = postgres_only_checks(db, redis, route, state, &mut gate.checks).await?;
         }
     }
     Ok(Some(gate))
+}
+
+/// Nothing landed in Redis since the route was decommissioned.
+async fn decommissioned_checks(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    checks: &mut Vec<Check>,
+) -> Result<()> {
+    let held = redis_view::read(redis, db, route).await?;
+    let left = held.waiting.len() + held.processing.len() + held.parked;
+    checks.push(check(
+        "nothing in Redis since",
+        left == 0,
+        format!("{left} items (run `qbridge cutover advance` again to archive them)"),
+        "0".into(),
+    ));
+    Ok(())
+}
+
+/// Out of dual_write: enough Redis-side jobs, and the mirror holds them.
+async fn dual_write_checks(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    state: &RouteState,
+    checks: &mut Vec<Check>,
+) -> Result<Option<Diff>> {
+    let g = &route.config.cutover.gates;
+    let (d, _) = diff_since(db, redis, route, state.phase, window_start(route, state)).await?;
+    checks.push(check(
+        "redis-side jobs in window",
+        d.redis_seen as u64 >= g.min_jobs,
+        d.redis_seen.to_string(),
+        format!(">= {}", g.min_jobs),
+    ));
+    checks.push(check(
+        "mirror completeness",
+        d.mirror_completeness >= g.mirror_completeness,
+        format!("{:.4}%", d.mirror_completeness * 100.0),
+        format!(">= {:.4}%", g.mirror_completeness * 100.0),
+    ));
+    Ok(Some(d))
+}
+
+/// Out of shadow: time in phase, ack counts, jobs compared, mismatches above noise, Postgres lag.
+async fn shadow_checks(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    state: &RouteState,
+    checks: &mut Vec<Check>,
+) -> Result<Option<Diff>> {
+    let g = &route.config.cutover.gates;
+    let since = window_start(route, state);
+    let in_phase = (Utc::now() - state.since).to_std().unwrap_or_default();
+    checks.push(check(
+        "time in shadow",
+        in_phase >= g.window,
+        format!("{}s", in_phase.as_secs()),
+        format!(">= {}s (gates.window)", g.window.as_secs()),
+    ));
+    let (d, _) = diff_since(db, redis, route, state.phase, since).await?;
+    let (r, p) = (d.redis.acks, d.postgres.acks);
+    let ack_gap = (r - p).abs() as f64 / r.max(1) as f64;
+    checks.push(check(
+        "ack counts",
+        r > 0 && ack_gap <= g.ack_tolerance,
+        format!("redis {r}, postgres {p} ({:.3}% apart)", ack_gap * 100.0),
+        format!("<= {:.3}% apart", g.ack_tolerance * 100.0),
+    ));
+    checks.push(check(
+        "jobs compared",
+        d.compared as u64 >= g.min_jobs,
+        d.compared.to_string(),
+        format!(">= {}", g.min_jobs),
+    ));
+    let excess = (d.mismatch_rate - d.noise_rate).max(0.0);
+    checks.push(check(
+        "outcome mismatch rate above noise",
+        excess <= g.max_mismatch_rate,
+        format!(
+            "{:.3}% ({} of {}; noise {:.3}%)",
+            excess * 100.0,
+            d.mismatched,
+            d.compared,
+            d.noise_rate * 100.0
+        ),
+        format!("<= {:.3}%", g.max_mismatch_rate * 100.0),
+    ));
+    let lag = d.postgres.lag_p99.unwrap_or(f64::INFINITY);
+    checks.push(check(
+        "postgres push-to-outcome p99",
+        lag <= g.max_postgres_lag.as_secs_f64(),
+        if lag.is_finite() {
+            format!("{lag:.3}s")
+        } else {
+            "no Postgres outcomes".into()
+        },
+        format!("<= {:.3}s", g.max_postgres_lag.as_secs_f64()),
+    ));
+    Ok(Some(d))
+}
+
+/// Out of postgres_only: every key flipped, Redis empty, no push owed, Redis quiet.
+async fn postgres_only_checks(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    state: &RouteState,
+    checks: &mut Vec<Check>,
+) -> Result<Option<Diff>> {
+    let g = &route.config.cutover.gates;
+    checks.push(check(
+        "keys flipped to Postgres",
+        state.percent == 100,
+        format!("{}%", state.percent),
+        "100% (qbridge cutover percent R 100)".into(),
+    ));
+    let held = redis_view::read(redis, db, route).await?;
+    let in_redis = held.waiting.len() + held.processing.len() + held.parked;
+    checks.push(check(
+        "items left in Redis",
+        in_redis == 0 && !held.truncated,
+        format!(
+            "{} waiting, {} in processing lists, {} parked",
+            held.waiting.len(),
+            held.processing.len(),
+            held.parked
+        ),
+        "all empty".into(),
+    ));
+    let owed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM qbridge.redis_outbox WHERE queue = $1")
+            .bind(&route.queue)
+            .fetch_one(db)
+            .await?;
+    checks.push(check(
+        "Redis pushes owed",
+        owed == 0,
+        owed.to_string(),
+        "0".into(),
+    ));
+    let last: Option<DateTime<Utc>> = sqlx::query_scalar(
+        "SELECT max(recorded_at) FROM qbridge.outcomes WHERE queue = $1 AND side = 'redis'",
+    )
+    .bind(&route.queue)
+    .fetch_one(db)
+    .await?;
+    let quiet_since = last.map_or(state.since, |t| t.max(state.since));
+    let quiet = (Utc::now() - quiet_since).to_std().unwrap_or_default();
+    checks.push(check(
+        "quiet on Redis",
+        quiet >= g.quiet_period,
+        format!("{}s since the last Redis-side job", quiet.as_secs()),
+        format!(">= {}s (gates.quiet_period)", g.quiet_period.as_secs()),
+    ));
+    Ok(None)
 }
 
 /// The phase after `phase`.
