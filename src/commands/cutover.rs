@@ -2,14 +2,18 @@
 //! phase flag. Advances are gated (the failing numbers are printed and the
 //! exit code is non-zero); `--force --reason` overrides and is audited.
 
-use crate::cli::CutoverCommand;
+use redis::aio::ConnectionManager;
+use sqlx::PgPool;
+
+use crate::cli::{CutoverArgs, CutoverCommand};
 use crate::commands::diff::stored_routes;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::ops::gates;
-use crate::ops::operate::{self, Refusal, Request};
+use crate::ops::operate::{self, Advanced, Refusal, Request};
 use crate::output;
 use crate::redis::connect::connect_redis_with;
+use crate::routes::Routes;
 
 /// `$USER@host`, the default `changed_by`.
 fn operator(args_by: Option<&str>) -> String {
@@ -35,115 +39,10 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
     // Gates and decommissioning read Redis; status still works without it.
     let mut redis = connect_redis_with(&config.redis_url, &config.redis_tls).await;
     match cmd {
-        CutoverCommand::Status => {
-            let mut rows = Vec::new();
-            let mut report = Vec::new();
-            for route in routes.iter() {
-                let state = operate::state_of(&db, route, &operator(None)).await?;
-                let gate = gates::evaluate(&db, redis.as_mut().ok(), route, &state).await?;
-                let gate_text = match &gate {
-                    None => "-".to_string(),
-                    Some(g) if g.from == g.to && g.passed() => "archived; Redis empty".to_string(),
-                    Some(g) if g.passed() => format!("{} → {}: passes", g.from, g.to),
-                    Some(g) => format!(
-                        "{} → {}: refuses ({})",
-                        g.from,
-                        g.to,
-                        g.checks
-                            .iter()
-                            .filter(|c| !c.passed)
-                            .map(|c| format!("{} {}", c.name, c.value))
-                            .collect::<Vec<_>>()
-                            .join("; ")
-                    ),
-                };
-                let phase = match (state.phase, state.percent) {
-                    (crate::model::Phase::PostgresOnly, p) if p < 100 => {
-                        format!("postgres_only ({p}% of keys)")
-                    }
-                    (phase, _) => phase.to_string(),
-                };
-                rows.push(vec![
-                    state.route.clone(),
-                    phase,
-                    state.since.format("%Y-%m-%d %H:%M:%S").to_string(),
-                    state.changed_by.clone(),
-                    gate_text,
-                ]);
-                report.push(serde_json::json!({ "state": state, "gate": gate }));
-            }
-            if as_json {
-                output::json(&serde_json::json!({ "routes": report }));
-            } else {
-                println!(
-                    "{}",
-                    output::table(&["route", "phase", "since", "changed by", "next"], &rows)
-                );
-            }
-            Ok(())
-        }
+        CutoverCommand::Status => status(&db, redis.as_mut().ok(), &routes, as_json).await,
         CutoverCommand::Advance(args) => {
-            let route = find(&routes, &args.route)?;
-            let by = operator(args.by.as_deref());
-            let req = Request {
-                by: &by,
-                reason: args.reason.as_deref(),
-                force: args.force,
-                percent: args.percent,
-            };
             let redis = redis.as_mut().ok();
-            match operate::advance(&db, redis, &route, &req, config.payload_limit).await {
-                Ok(done) => {
-                    if as_json {
-                        output::json(&done);
-                    } else {
-                        println!(
-                            "{}: {} → {}{}",
-                            route.name,
-                            done.gate.from,
-                            done.gate.to,
-                            if done.forced {
-                                " (FORCED past a refusing gate; audited)"
-                            } else {
-                                " (gate passed)"
-                            }
-                        );
-                        for c in &done.gate.checks {
-                            println!(
-                                "  {} {}: {} (needs {})",
-                                if c.passed { "ok  " } else { "FAIL" },
-                                c.name,
-                                c.value,
-                                c.needs
-                            );
-                        }
-                        if let Some(a) = &done.archived {
-                            println!(
-                                "  archived {} items into Postgres ({} already there), {} dead items into jobs_dead; deleted {} Redis keys",
-                                a.enqueued, a.duplicates, a.dead, a.keys_deleted
-                            );
-                        }
-                    }
-                    Ok(())
-                }
-                Err(Refusal::Gate(gate)) => {
-                    if as_json {
-                        output::json(&gate);
-                    } else {
-                        println!("{}: {} → {} refused:", route.name, gate.from, gate.to);
-                        println!("{}", gate.failures());
-                    }
-                    Err(Error::InvalidInput(format!(
-                        "gate {} → {} refused for route {:?} ({} of {} checks failed); wait and retry, or --force --reason",
-                        gate.from,
-                        gate.to,
-                        route.name,
-                        gate.checks.iter().filter(|c| !c.passed).count(),
-                        gate.checks.len()
-                    )))
-                }
-                Err(Refusal::Error(e)) => Err(e),
-            }
+            advance(&db, redis, &routes, &args, config.payload_limit, as_json).await
         }
         CutoverCommand::Percent(args) => {
             let route = find(&routes, &args.route)?;
@@ -169,6 +68,135 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
                 &format!("{}: rolled back to {}", route.name, state.phase),
             );
             Ok(())
+        }
+    }
+}
+
+/// `cutover status`: each route's phase and what its next gate says.
+async fn status(
+    db: &PgPool,
+    mut redis: Option<&mut ConnectionManager>,
+    routes: &Routes,
+    as_json: bool,
+) -> Result<()> {
+    let mut rows = Vec::new();
+    let mut report = Vec::new();
+    for route in routes.iter() {
+        let state = operate::state_of(db, route, &operator(None)).await?;
+        let gate = gates::evaluate(db, redis.as_deref_mut(), route, &state).await?;
+        let gate_text = match &gate {
+            None => "-".to_string(),
+            Some(g) if g.from == g.to && g.passed() => "archived; Redis empty".to_string(),
+            Some(g) if g.passed() => format!("{} → {}: passes", g.from, g.to),
+            Some(g) => format!(
+                "{} → {}: refuses ({})",
+                g.from,
+                g.to,
+                g.checks
+                    .iter()
+                    .filter(|c| !c.passed)
+                    .map(|c| format!("{} {}", c.name, c.value))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        };
+        let phase = match (state.phase, state.percent) {
+            (crate::model::Phase::PostgresOnly, p) if p < 100 => {
+                format!("postgres_only ({p}% of keys)")
+            }
+            (phase, _) => phase.to_string(),
+        };
+        rows.push(vec![
+            state.route.clone(),
+            phase,
+            state.since.format("%Y-%m-%d %H:%M:%S").to_string(),
+            state.changed_by.clone(),
+            gate_text,
+        ]);
+        report.push(serde_json::json!({ "state": state, "gate": gate }));
+    }
+    if as_json {
+        output::json(&serde_json::json!({ "routes": report }));
+    } else {
+        println!(
+            "{}",
+            output::table(&["route", "phase", "since", "changed by", "next"], &rows)
+        );
+    }
+    Ok(())
+}
+
+/// `cutover advance`: the gate, then the change (or the refusal and why).
+async fn advance(
+    db: &PgPool,
+    redis: Option<&mut ConnectionManager>,
+    routes: &Routes,
+    args: &CutoverArgs,
+    payload_limit: usize,
+    as_json: bool,
+) -> Result<()> {
+    let route = find(routes, &args.route)?;
+    let by = operator(args.by.as_deref());
+    let req = Request {
+        by: &by,
+        reason: args.reason.as_deref(),
+        force: args.force,
+        percent: args.percent,
+    };
+    match operate::advance(db, redis, &route, &req, payload_limit).await {
+        Ok(done) => {
+            print_advanced(&route.name, &done, as_json);
+            Ok(())
+        }
+        Err(Refusal::Gate(gate)) => {
+            if as_json {
+                output::json(&gate);
+            } else {
+                println!("{}: {} → {} refused:", route.name, gate.from, gate.to);
+                println!("{}", gate.failures());
+            }
+            Err(Error::InvalidInput(format!(
+                "gate {} → {} refused for route {:?} ({} of {} checks failed); wait and retry, or --force --reason",
+                gate.from,
+                gate.to,
+                route.name,
+                gate.checks.iter().filter(|c| !c.passed).count(),
+                gate.checks.len()
+            )))
+        }
+        Err(Refusal::Error(e)) => Err(e),
+    }
+}
+
+fn print_advanced(name: &str, done: &Advanced, as_json: bool) {
+    if as_json {
+        output::json(&done);
+    } else {
+        println!(
+            "{}: {} → {}{}",
+            name,
+            done.gate.from,
+            done.gate.to,
+            if done.forced {
+                " (FORCED past a refusing gate; audited)"
+            } else {
+                " (gate passed)"
+            }
+        );
+        for c in &done.gate.checks {
+            println!(
+                "  {} {}: {} (needs {})",
+                if c.passed { "ok  " } else { "FAIL" },
+                c.name,
+                c.value,
+                c.needs
+            );
+        }
+        if let Some(a) = &done.archived {
+            println!(
+                "  archived {} items into Postgres ({} already there), {} dead items into jobs_dead; deleted {} Redis keys",
+                a.enqueued, a.duplicates, a.dead, a.keys_deleted
+            );
         }
     }
 }
