@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -102,13 +102,7 @@ impl WorkerPool {
                 _ = intake.cancelled() => break,
                 p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             };
-            let mut permits = vec![first];
-            while (permits.len() as i64) < self.config.batch_size {
-                match slots.clone().try_acquire_owned() {
-                    Ok(p) => permits.push(p),
-                    Err(_) => break,
-                }
-            }
+            let mut permits = self.more_permits(&slots, first);
             let req = ClaimRequest {
                 queues: &self.config.queues,
                 kinds: self.config.kinds.as_deref(),
@@ -149,27 +143,14 @@ impl WorkerPool {
             if got > 0 {
                 claimed_total.increment(got as u64);
             }
-            for (job, permit) in jobs.into_iter().zip(permits.drain(..)) {
-                let cancel = inflight.insert(job.job_ref());
-                let ctx = AttemptCtx {
-                    db: self.db.clone(),
-                    handler: self.handler.clone(),
-                    completer: self.completer.clone(),
-                    inflight: inflight.clone(),
-                    backoff: self.config.backoff,
-                    to_start: to_start.clone(),
-                    routes: self.routes.clone(),
-                    queue: if self.config.queues.len() == 1 {
-                        queue_label.clone()
-                    } else {
-                        Arc::from(job.queue.as_str())
-                    },
-                };
-                tracker.spawn(async move {
-                    ctx.run(job, cancel).await;
-                    drop(permit);
-                });
-            }
+            self.spawn_attempts(
+                jobs,
+                &mut permits,
+                &tracker,
+                &inflight,
+                &to_start,
+                &queue_label,
+            );
             drop(permits);
             if !claimed.more {
                 // The queue looked empty: sleep until a wake-up or the poll
@@ -185,6 +166,65 @@ impl WorkerPool {
             }
         }
 
+        report.handed_back = self.settle(&tracker, &inflight, deadline).await;
+        beat_stop.cancel();
+        let _ = beat.await;
+        report
+    }
+
+    /// The free slot `first` plus as many more as are free now, up to a batch.
+    fn more_permits(
+        &self,
+        slots: &Arc<Semaphore>,
+        first: OwnedSemaphorePermit,
+    ) -> Vec<OwnedSemaphorePermit> {
+        let mut permits = vec![first];
+        while (permits.len() as i64) < self.config.batch_size {
+            match slots.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        permits
+    }
+
+    /// Starts one attempt per claimed job, each holding one slot until it is
+    /// settled.
+    fn spawn_attempts(
+        &self,
+        jobs: Vec<ClaimedJob>,
+        permits: &mut Vec<OwnedSemaphorePermit>,
+        tracker: &TaskTracker,
+        inflight: &InFlight,
+        to_start: &metrics::Histogram,
+        queue_label: &Arc<str>,
+    ) {
+        for (job, permit) in jobs.into_iter().zip(permits.drain(..)) {
+            let cancel = inflight.insert(job.job_ref());
+            let ctx = AttemptCtx {
+                db: self.db.clone(),
+                handler: self.handler.clone(),
+                completer: self.completer.clone(),
+                inflight: inflight.clone(),
+                backoff: self.config.backoff,
+                to_start: to_start.clone(),
+                routes: self.routes.clone(),
+                queue: if self.config.queues.len() == 1 {
+                    queue_label.clone()
+                } else {
+                    Arc::from(job.queue.as_str())
+                },
+            };
+            tracker.spawn(async move {
+                ctx.run(job, cancel).await;
+                drop(permit);
+            });
+        }
+    }
+
+    /// Waits up to `deadline` for the running attempts, then cancels the rest
+    /// and hands their jobs back; returns how many were handed back.
+    async fn settle(&self, tracker: &TaskTracker, inflight: &InFlight, deadline: Duration) -> u64 {
         tracker.close();
         if tokio::time::timeout(deadline, tracker.wait())
             .await
@@ -193,13 +233,11 @@ impl WorkerPool {
             let left = inflight.len();
             tracing::warn!(pool = %self.config.name, running = left,
                 "shutdown deadline passed; cancelling handlers and handing their jobs back");
-            report.handed_back = left as u64;
             inflight.cancel_all();
             tracker.wait().await;
+            return left as u64;
         }
-        beat_stop.cancel();
-        let _ = beat.await;
-        report
+        0
     }
 }
 
