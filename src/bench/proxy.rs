@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::mirror::{repair_gaps_once, LagProbe, Mirror, MirrorOptions};
 use crate::proxy::{ProxyDeps, ProxyServer};
 use crate::redis::connect::connect_redis;
+use crate::redis::keys::RouteKeys;
 use crate::routes::Routes;
 
 mod clients;
@@ -97,48 +98,14 @@ pub struct ProxyRun {
 
 pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
     let stalls = !args.slow_postgres.is_zero();
-    if args.clients == 0 || args.depth == 0 {
-        return Err(Error::InvalidInput(
-            "--clients and --depth must be at least 1".into(),
-        ));
-    }
-    if stalls && args.duration < args.slow_postgres + STALL_AT + Duration::from_secs(1) {
-        return Err(Error::InvalidInput(
-            "--duration must be at least --slow-postgres + 3s (the lock starts 2s in)".into(),
-        ));
-    }
+    check_args(args)?;
     let upstream = redis_addr(&config.proxy.upstream)?;
     let key = format!("qbridge:bench:{}", uuid::Uuid::new_v4());
-    let db = crate::db::connect(&config.database_url, 2).await?;
-    crate::db::migrate(&db).await?;
-    cleanup(&db, &config.proxy.upstream, &key).await?;
-    // Earlier runs' deleted rows would slow this one (a server with
-    // autovacuum off keeps them): start from vacuumed tables.
-    sqlx::query("VACUUM (ANALYZE) qbridge.jobs, qbridge.job_keys")
-        .execute(&db)
-        .await?;
-
-    // The route, exactly as a config file would declare it.
-    let snippet = format!(
-        "[[routes]]\nname = \"{PROXY_QUEUE}\"\nredis_key = \"{key}\"\nqueue = \"{PROXY_QUEUE}\"\n\
-         format = \"json:/id\"\nphase = \"{}\"\n",
-        args.phase
-    );
+    let db = prepare(config, &key).await?;
+    let routes = bench_route(args, &key)?;
     let mirrors = args.phase == "dual_write";
-    let routes = Routes::from_config(&Config::from_toml(&snippet, &Overrides::default())?.routes);
     let repair_routes = routes.clone();
-    let opts = MirrorOptions {
-        buffer_bytes: config.proxy.mirror_buffer,
-        batch_items: args
-            .mirror_batch
-            .unwrap_or(config.proxy.mirror_batch)
-            .max(1),
-        writers: args
-            .mirror_writers
-            .unwrap_or(config.proxy.mirror_writers)
-            .max(1),
-        payload_limit: config.payload_limit,
-    };
+    let opts = mirror_options(config, args);
     // The writers get their own pool, one connection each, like `qbridge proxy`.
     let mirror_db = crate::db::connect(&config.database_url, opts.writers as u32 + 1).await?;
     let probe: LagProbe = Arc::default();
@@ -147,7 +114,7 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
     // below, as `qbridge proxy`'s repair loop would; the final count check
     // proves nothing was lost on the way.
     let mut spool = connect_redis(&config.proxy.upstream).await?;
-    let (mirror, mut writers) =
+    let (mirror, writers) =
         Mirror::start_probed(mirror_db, Some(spool.clone()), opts, Some(probe.clone()));
     let deps = ProxyDeps {
         config: config.proxy.clone(),
@@ -195,43 +162,19 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
     // Every proxy push (warm-up included) must become exactly one job.
     let pushed = if mirrors { warm.ops + proxy.ops } else { 0 };
     let deadline = Duration::from_secs(30) + args.slow_postgres;
-    let mut mirrored = 0;
-    let until = Instant::now() + deadline;
-    while Instant::now() < until {
-        // Quiet unless something was parked (a --slow-postgres stall).
-        while repair_gaps_once(&db, &mut spool, &repair_routes, config.payload_limit).await? > 0 {}
-        mirrored = count_jobs(&db).await?;
-        if mirrored >= pushed as i64 || !mirrors {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    if mirrored < pushed as i64 && mirrors {
-        use ::redis::AsyncCommands;
-        let gap: i64 = spool
-            .llen(format!("qbridge:gap:{PROXY_QUEUE}"))
-            .await
-            .unwrap_or(-1);
-        tracing::warn!(
-            gap_list = gap,
-            missing = pushed as i64 - mirrored,
-            "mirror count short after the wait"
-        );
-    }
+    let mirrored = if mirrors {
+        let limit = config.payload_limit;
+        wait_for_mirror(&db, &mut spool, &repair_routes, pushed, deadline, limit).await?
+    } else {
+        count_jobs(&db).await?
+    };
     rss_stop.cancel();
     let rss_peak_mib = rss.await.unwrap_or(0.0);
     let mut lag_ms: Vec<f64> = take_lags(&probe).into_iter().map(|s| s * 1e3).collect();
     lag_ms.sort_by(f64::total_cmp);
-
-    // Shut down in order: the proxy answers what it read, then the writers
-    // write what was queued once the last mirror handle is gone.
     stop.cancel();
     proxy_task.await.map_err(join_err)?;
-    drop(mirror);
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        while writers.join_next().await.is_some() {}
-    })
-    .await;
+    finish_mirror(mirror, writers).await;
     cleanup(&db, &config.proxy.upstream, &key_text).await?;
     Ok(ProxyRun {
         args: args.clone(),
@@ -247,6 +190,107 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
         rss_peak_mib,
         stall: stall_report,
     })
+}
+
+/// A migrated database without the previous runs' rows and key.
+async fn prepare(config: &Config, key: &str) -> Result<PgPool> {
+    let db = crate::db::connect(&config.database_url, 2).await?;
+    crate::db::migrate(&db).await?;
+    cleanup(&db, &config.proxy.upstream, key).await?;
+    // Earlier runs' deleted rows would slow this one (a server with
+    // autovacuum off keeps them): start from vacuumed tables.
+    sqlx::query("VACUUM (ANALYZE) qbridge.jobs, qbridge.job_keys")
+        .execute(&db)
+        .await?;
+    Ok(db)
+}
+
+/// The bench's route, exactly as a config file would declare it.
+fn bench_route(args: &ProxyArgs, key: &str) -> Result<Routes> {
+    let snippet = format!(
+        "[[routes]]\nname = \"{PROXY_QUEUE}\"\nredis_key = \"{key}\"\nqueue = \"{PROXY_QUEUE}\"\n\
+         format = \"json:/id\"\nphase = \"{}\"\n",
+        args.phase
+    );
+    Ok(Routes::from_config(
+        &Config::from_toml(&snippet, &Overrides::default())?.routes,
+    ))
+}
+
+/// Shuts the mirror down in order (after the proxy answered what it read):
+/// the writers write what was queued once the last handle is gone.
+async fn finish_mirror(mirror: Mirror, mut writers: tokio::task::JoinSet<()>) {
+    drop(mirror);
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while writers.join_next().await.is_some() {}
+    })
+    .await;
+}
+
+fn check_args(args: &ProxyArgs) -> Result<()> {
+    if args.clients == 0 || args.depth == 0 {
+        return Err(Error::InvalidInput(
+            "--clients and --depth must be at least 1".into(),
+        ));
+    }
+    if !args.slow_postgres.is_zero()
+        && args.duration < args.slow_postgres + STALL_AT + Duration::from_secs(1)
+    {
+        return Err(Error::InvalidInput(
+            "--duration must be at least --slow-postgres + 3s (the lock starts 2s in)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The mirror's settings: the config's, with the bench's overrides.
+fn mirror_options(config: &Config, args: &ProxyArgs) -> MirrorOptions {
+    MirrorOptions {
+        buffer_bytes: config.proxy.mirror_buffer,
+        batch_items: args
+            .mirror_batch
+            .unwrap_or(config.proxy.mirror_batch)
+            .max(1),
+        writers: args
+            .mirror_writers
+            .unwrap_or(config.proxy.mirror_writers)
+            .max(1),
+        payload_limit: config.payload_limit,
+    }
+}
+
+/// Waits up to `deadline` until every push became a job, repairing what a
+/// stall parked in the gap list meanwhile; returns the jobs counted.
+async fn wait_for_mirror(
+    db: &PgPool,
+    spool: &mut ::redis::aio::ConnectionManager,
+    routes: &Routes,
+    pushed: u64,
+    deadline: Duration,
+    payload_limit: usize,
+) -> Result<i64> {
+    let mut mirrored = 0;
+    let until = Instant::now() + deadline;
+    while Instant::now() < until {
+        // Quiet unless something was parked (a --slow-postgres stall).
+        while repair_gaps_once(db, spool, routes, payload_limit).await? > 0 {}
+        mirrored = count_jobs(db).await?;
+        if mirrored >= pushed as i64 {
+            return Ok(mirrored);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    use ::redis::AsyncCommands;
+    let gap: i64 = spool
+        .llen(RouteKeys::named(PROXY_QUEUE).gap())
+        .await
+        .unwrap_or(-1);
+    tracing::warn!(
+        gap_list = gap,
+        missing = pushed as i64 - mirrored,
+        "mirror count short after the wait"
+    );
+    Ok(mirrored)
 }
 
 /// Holds an EXCLUSIVE lock on `qbridge.job_keys` (every mirror write inserts
