@@ -201,30 +201,7 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
                     Routing::Forward(push) => Cmd::Push(push),
                     Routing::NotRouted => classify(&name, &args),
                 };
-                let moves_db = match cmd {
-                    Cmd::Select(_) => {
-                        self.fence.select_in_multi |= in_multi;
-                        true
-                    }
-                    Cmd::Reset => {
-                        self.fence.select_in_multi = false;
-                        true
-                    }
-                    Cmd::Exec | Cmd::Discard => std::mem::take(&mut self.fence.select_in_multi),
-                    // Whether a routed push may be answered here depends on
-                    // Redis's answer to these.
-                    Cmd::Auth | Cmd::Hello => true,
-                    _ => false,
-                };
-                match cmd {
-                    Cmd::ClientReply(ReplyMode::Off | ReplyMode::Skip) => {
-                        self.maybe_silenced = true
-                    }
-                    Cmd::Multi => in_multi = true,
-                    Cmd::Exec | Cmd::Discard | Cmd::Reset => in_multi = false,
-                    Cmd::Monitor => monitor = true,
-                    _ => {}
-                }
+                let moves_db = self.track_state(&cmd, &mut in_multi, &mut monitor);
                 batch.out.extend_from_slice(&bytes);
                 batch.tags.push(sent(cmd));
                 if moves_db {
@@ -252,6 +229,35 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
                 buf.reserve(READ_SIZE);
             }
         }
+    }
+
+    /// Follows what a forwarded command does to the connection's state
+    /// (MULTI, CLIENT REPLY, MONITOR) and says whether it may move the
+    /// connection's database, which fences the pushes behind it.
+    fn track_state(&mut self, cmd: &Cmd, in_multi: &mut bool, monitor: &mut bool) -> bool {
+        let moves_db = match cmd {
+            Cmd::Select(_) => {
+                self.fence.select_in_multi |= *in_multi;
+                true
+            }
+            Cmd::Reset => {
+                self.fence.select_in_multi = false;
+                true
+            }
+            Cmd::Exec | Cmd::Discard => std::mem::take(&mut self.fence.select_in_multi),
+            // Whether a routed push may be answered here depends on
+            // Redis's answer to these.
+            Cmd::Auth | Cmd::Hello => true,
+            _ => false,
+        };
+        match cmd {
+            Cmd::ClientReply(ReplyMode::Off | ReplyMode::Skip) => self.maybe_silenced = true,
+            Cmd::Multi => *in_multi = true,
+            Cmd::Exec | Cmd::Discard | Cmd::Reset => *in_multi = false,
+            Cmd::Monitor => *monitor = true,
+            _ => {}
+        }
+        moves_db
     }
 
     /// How a command is routed: a push on a route's key is counted here,
