@@ -197,29 +197,7 @@ impl Slot {
         // A freshly popped item has no state yet; one found in a processing
         // list may have its key and attempts from before.
         let fresh = !recovered && list == self.index && !self.check_own;
-        let known: Option<String> = if fresh {
-            None
-        } else {
-            ::redis::cmd("HGET")
-                .arg(&inflight)
-                .arg("key")
-                .query_async(conn)
-                .await?
-        };
-        let key = match known {
-            Some(key) => key,
-            None => {
-                let key = job_key(&ctx.db, &ctx.route.queue, ctx.phase(), &decoded).await;
-                let mut set = ::redis::cmd("HSET");
-                set.arg(&inflight).arg("key").arg(&key);
-                if fresh {
-                    // Overwrites whatever a hand-edited list left behind.
-                    set.arg("attempts").arg(0);
-                }
-                let _: i64 = set.query_async(conn).await?;
-                key
-            }
-        };
+        let key = item_key(&ctx, conn, &inflight, fresh, &decoded).await?;
         let max = i64::from(ctx.config.max_attempts);
         loop {
             // Counted before the run: a crash mid-run used up an attempt,
@@ -367,4 +345,38 @@ fn redis_job(ctx: &Ctx, decoded: &Decoded, key: &str, attempt: i64, max: i64) ->
 /// What logs show of a job key: a short hash (a key may be a payload field).
 fn key_hash(key: &str) -> String {
     digest_hex(key.as_bytes())[..12].to_string()
+}
+
+/// The job key of an item: the one its inflight hash remembers, else a new
+/// one stored there (a fresh item also starts at zero attempts).
+async fn item_key(
+    ctx: &Ctx,
+    conn: &mut MultiplexedConnection,
+    inflight: &str,
+    fresh: bool,
+    decoded: &Decoded,
+) -> RedisResult<String> {
+    let known: Option<String> = if fresh {
+        None
+    } else {
+        ::redis::cmd("HGET")
+            .arg(inflight)
+            .arg("key")
+            .query_async(conn)
+            .await?
+    };
+    Ok(match known {
+        Some(key) => key,
+        None => {
+            let key = job_key(&ctx.db, &ctx.route.queue, ctx.phase(), decoded).await;
+            let mut set = ::redis::cmd("HSET");
+            set.arg(inflight).arg("key").arg(&key);
+            if fresh {
+                // Overwrites whatever a hand-edited list left behind.
+                set.arg("attempts").arg(0);
+            }
+            let _: i64 = set.query_async(conn).await?;
+            key
+        }
+    })
 }
