@@ -30,7 +30,7 @@ pub use cutover::{CutoverConfig, DiffConfig, DualWriteMirrors, GatesConfig, Shad
 pub use pools::header_map;
 pub(crate) use pools::{check_handler, validate_pool};
 pub use proxy::{check_redis_url, ProxyConfig};
-pub use routes::{PushEnd, RedisConsumerConfig, RouteConfig};
+pub use routes::{PushEnd, RedisConsumerConfig, RedisSideKind, RouteConfig};
 use tls::RedisTls;
 pub use units::{parse_duration, parse_size, Bytes, Dur};
 

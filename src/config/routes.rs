@@ -74,6 +74,21 @@ pub struct RedisConsumerConfig {
     pub consumer_name: String,
 }
 
+/// Who runs a route's jobs on the Redis side (`redis_side`; the default is
+/// `qbridge` when the route has a `redis_consumer`, else `fleet`).
+///
+/// With `fleet` (the team's own Sidekiq/Celery/RQ workers) a job can be
+/// running or done where qbridge never looks (popped by BRPOP, an unacked
+/// hash, a retry set), and its outcome report may be late or never come: a
+/// mirror copy with no outcome and in no list qbridge reads is "outcome
+/// unknown", never "lost", and repair does not push it back.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RedisSideKind {
+    Qbridge,
+    Fleet,
+}
+
 /// `[[routes]]` as written in the file.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -101,6 +116,8 @@ pub(super) struct RouteFile {
     pool: Option<RoutePoolFile>,
     #[serde(default)]
     redis_consumer: Option<RedisConsumerFile>,
+    #[serde(default)]
+    redis_side: Option<RedisSideKind>,
     #[serde(default)]
     shadow: Option<super::cutover::ShadowFile>,
     #[serde(default)]
@@ -136,6 +153,8 @@ pub struct RouteConfig {
     pub handler: Option<HandlerConfig>,
     /// The route's Redis consumer, when qbridge runs it.
     pub redis_consumer: Option<RedisConsumerConfig>,
+    /// Who runs the Redis side's jobs: what an absent outcome may mean.
+    pub redis_side: RedisSideKind,
     /// Shadow calls, the diff and the gates.
     pub cutover: super::CutoverConfig,
 }
@@ -260,6 +279,11 @@ pub(super) fn validate_routes(
             dedup_window,
             max_attempts: file.max_attempts,
             handler: file.handler,
+            redis_side: file.redis_side.unwrap_or(if redis_consumer.is_some() {
+                RedisSideKind::Qbridge
+            } else {
+                RedisSideKind::Fleet
+            }),
             redis_consumer,
             cutover,
         });

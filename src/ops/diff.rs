@@ -22,6 +22,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::config::RedisSideKind;
 use crate::error::Result;
 use crate::ops::redis_view::RedisView;
 use crate::routes::Route;
@@ -100,6 +101,9 @@ pub struct Diff {
     pub mirror_completeness: f64,
     pub mismatch_rate: f64,
     pub noise_rate: f64,
+    /// Who runs the Redis side: with an outside fleet, a mirror copy only
+    /// on Postgres has an unknown outcome, and repair does not push it back.
+    pub redis_side: RedisSideKind,
     /// One line for people and logs.
     pub verdict: String,
 }
@@ -210,6 +214,7 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
         mirror_completeness,
         mismatch_rate: ratio(mismatched, compared),
         noise_rate: ratio(noise_disagreed, noise_samples),
+        redis_side: route.config.redis_side,
         verdict: String::new(),
     };
     diff.verdict = render::verdict(&diff);

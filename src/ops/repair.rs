@@ -19,7 +19,7 @@ use redis::aio::ConnectionManager;
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::config::PushEnd;
+use crate::config::{PushEnd, RedisSideKind};
 use crate::error::Result;
 use crate::ingest::{self, Item, Stored, Via};
 use crate::model::formats::decode_bytes;
@@ -53,6 +53,10 @@ pub struct RepairReport {
     pub repushed: usize,
     /// Mirror copies a previous repair already pushed back.
     pub already_repushed: usize,
+    /// Mirror copies with no outcome and in no list qbridge reads whose
+    /// Redis copy may still be running or done where qbridge cannot see
+    /// (an outside fleet): not pushed back, listed by the diff.
+    pub outcome_unknown: usize,
     /// Why a part was not repaired, if one was not.
     pub skipped: Option<String>,
 }
@@ -101,6 +105,19 @@ pub async fn repair(
         - chrono::Duration::from_std(route.config.cutover.diff.settle).unwrap_or_default();
     let first = owed(db, route, since, settled, held).await?;
     if first.is_empty() {
+        return Ok(report);
+    }
+    if route.config.redis_side == RedisSideKind::Fleet {
+        // Silence from a fleet qbridge does not run is not evidence of a
+        // loss: the job may be held by a worker (BRPOP, an unacked hash, a
+        // retry set) or done with its report late or never sent.
+        report.outcome_unknown = first.len();
+        report.skipped = Some(format!(
+            "{} mirror copies have no Redis-side outcome, but the Redis side is an outside \
+             fleet (redis_side = \"fleet\"): they may be running or done where qbridge cannot \
+             see, so none is pushed back (have the fleet report its outcomes)",
+            first.len()
+        ));
         return Ok(report);
     }
     // Redis is read list by list, and the consumer records an outcome a

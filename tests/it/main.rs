@@ -13,6 +13,7 @@ mod cutover_store;
 mod demo;
 mod dlq;
 mod enqueue;
+mod exactly_once;
 mod examples;
 mod fence;
 mod http_enqueue;

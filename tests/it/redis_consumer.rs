@@ -74,6 +74,7 @@ impl Fixture {
                 retry_delay: Duration::from_millis(20),
                 consumer_name: consumer.clone(),
             }),
+            redis_side: qbridge::config::RedisSideKind::Qbridge,
             cutover: Default::default(),
         };
         let routes = Routes::from_config(&[cfg]);

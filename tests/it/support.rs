@@ -265,3 +265,16 @@ impl RunningPool {
         (pool, completer)
     }
 }
+
+/// The Python of the test virtual environment, with the real framework
+/// clients (Celery, RQ, redis-py) in it. Panics with the install command when
+/// it is missing: a missing client is an install step, never a skipped test.
+pub fn python() -> std::path::PathBuf {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(
+        path.exists(),
+        "{} is missing: run ./scripts/test-deps.sh (scripts/test and .ci/run do)",
+        path.display()
+    );
+    path
+}

@@ -2,6 +2,7 @@
 //! the table `qbridge diff` prints.
 
 use super::Diff;
+use crate::config::RedisSideKind;
 
 fn percent(r: f64) -> String {
     format!("{:.2}%", r * 100.0)
@@ -19,7 +20,11 @@ pub(super) fn verdict(d: &Diff) -> String {
         d.only_redis_ran + d.only_redis_waiting,
         d.only_redis_waiting,
         d.only_postgres,
-        if d.only_postgres > 0 { " (repairable)" } else { "" },
+        match (d.only_postgres > 0, d.redis_side) {
+            (false, _) => "",
+            (true, RedisSideKind::Qbridge) => " (repairable)",
+            (true, RedisSideKind::Fleet) => " (outcome unknown: an outside fleet may have run them)",
+        },
         d.mismatched,
         d.compared,
         percent(d.mismatch_rate),

@@ -52,6 +52,7 @@ async fn rig() -> Rig {
         max_attempts: None,
         handler: None,
         redis_consumer: None,
+        redis_side: crate::config::RedisSideKind::Fleet,
         cutover: Default::default(),
     };
     let routes = Routes::from_config(&[config]);

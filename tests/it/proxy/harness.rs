@@ -47,6 +47,7 @@ pub fn route(name: &str, key: &str, phase: Phase) -> RouteConfig {
         max_attempts: None,
         handler: None,
         redis_consumer: None,
+        redis_side: qbridge::config::RedisSideKind::Fleet,
         cutover: Default::default(),
     }
 }

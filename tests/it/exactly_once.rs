@@ -1,0 +1,100 @@
+//! Cutover exactly-once where a real migration differs from the demo: an
+//! outside fleet qbridge does not run, outcome reports that are lost or
+//! partial, retries that re-push a key, identical items (content-hash keys)
+//! across a rollback, decommission under a running consumer, and a job that
+//! ran live on both sides. Each test failed before its fix.
+
+mod fleet;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use qbridge::app::RedisSide;
+use qbridge::config::{Config, Overrides};
+use qbridge::periodic::Services;
+
+use crate::support;
+
+pub const REDIS: &str = "redis://127.0.0.1:6379";
+
+/// `qbridge proxy` in process: the Redis side with its proxy on a free port.
+pub struct ProxySide {
+    pub db: PgPool,
+    pub addr: SocketAddr,
+    side: RedisSide,
+    services: Services,
+    intake: CancellationToken,
+}
+
+impl ProxySide {
+    /// Starts the Redis side of `toml` (a config without database or Redis
+    /// URL: the test's are used) with its proxy.
+    pub async fn start(pool: &PgPool, toml: &str) -> ProxySide {
+        let overrides = Overrides {
+            database_url: Some(support::db_url(pool)),
+            redis_url: Some(REDIS.into()),
+            ..Overrides::default()
+        };
+        let config = Config::from_toml(&format!("[proxy]\nenabled = true\n{toml}"), &overrides)
+            .expect("config");
+        let db = support::extra_pool(pool, 8).await;
+        let mut services = Services::new();
+        let mut side = RedisSide::start(&config, &db, true, &mut services)
+            .await
+            .expect("redis side");
+        let intake = CancellationToken::new();
+        let addr = side
+            .start_proxy(&config, Some("127.0.0.1:0"), intake.clone())
+            .await
+            .expect("proxy");
+        ProxySide {
+            db,
+            addr,
+            side,
+            services,
+            intake,
+        }
+    }
+
+    /// The route table of the Redis side, following the stored phases.
+    pub fn side_routes(&self) -> qbridge::routes::Routes {
+        self.side.routes.clone()
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://{}/0", self.addr)
+    }
+
+    pub async fn stop(self) {
+        self.intake.cancel();
+        self.side.finish(Duration::from_secs(10)).await;
+        self.services.stop(Duration::from_secs(5)).await;
+        self.db.close().await;
+    }
+}
+
+/// Deletes the test's Redis keys.
+pub async fn delete_keys(patterns: &[&str]) {
+    let mut conn = ::redis::Client::open(REDIS)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    for pattern in patterns {
+        let keys: Vec<String> = ::redis::cmd("KEYS")
+            .arg(pattern)
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: i64 = ::redis::cmd("DEL")
+                .arg(&keys)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or(0);
+        }
+    }
+}

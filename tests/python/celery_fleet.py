@@ -1,0 +1,43 @@
+"""A Celery application for the integration tests: producers call
+`python celery_fleet.py produce N` (through qbridge's proxy) and a real
+Celery worker runs `celery -A celery_fleet worker` against Redis itself.
+
+Every task run appends "<task id> <args>" to the Redis list named by
+QBT_LEDGER on the real Redis (QBT_LEDGER_URL): the ledger the tests count
+runs in, written by the task code itself.
+
+Environment: QBT_BROKER (the broker URL: the proxy for producers, Redis for
+the worker), QBT_QUEUE (the Celery queue, i.e. the Redis list), QBT_LEDGER,
+QBT_LEDGER_URL.
+"""
+
+import os
+import sys
+
+import redis
+from celery import Celery
+
+app = Celery("celery_fleet", broker=os.environ["QBT_BROKER"])
+app.conf.task_default_queue = os.environ["QBT_QUEUE"]
+app.conf.broker_connection_retry_on_startup = True
+app.conf.worker_hijack_root_logger = False
+app.conf.task_acks_late = False
+
+_ledger = redis.Redis.from_url(os.environ["QBT_LEDGER_URL"])
+
+
+@app.task(name="qbt.add", bind=True)
+def add(self, a, b):
+    _ledger.rpush(os.environ["QBT_LEDGER"], f"{self.request.id} {a} {b}")
+    return a + b
+
+
+def produce(n):
+    """Sends n tasks and prints their ids, one per line."""
+    for i in range(n):
+        result = add.delay(i, i)
+        print(result.id, flush=True)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["produce"]:
+    produce(int(sys.argv[2]))
