@@ -12,7 +12,21 @@ cd "$(dirname "$0")/.."
 say() { printf '>> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
-command -v python3 >/dev/null || die "python3 is needed for the framework tests (Debian: apt-get install -y python3 python3-venv)"
+# Debian packages this needs, installed when missing and we may (root, apt).
+apt_install() {
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing $* (Debian packages)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null; }
+  else
+    return 1
+  fi
+}
+
+command -v python3 >/dev/null || apt_install python3 python3-venv \
+  || die "python3 is needed for the framework tests (Debian: apt-get install -y python3 python3-venv)"
+python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv \
+  || die "python3's venv module is needed (Debian: apt-get install -y python3-venv)"
 req=tests/python/requirements.txt
 stamp=.venv/.installed
 if [ ! -x .venv/bin/python ]; then
