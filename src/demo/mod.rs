@@ -138,7 +138,8 @@ struct Report<'a> {
     summary: &'a Summary,
 }
 
-/// Runs the demo; an error (or lost/duplicated jobs) exits non-zero.
+/// Runs the demo; an error, lost or duplicated jobs, or a planted loss the
+/// diff or repair missed exits non-zero.
 pub async fn run(input: DemoInput) -> Result<()> {
     let servers = tokio::task::block_in_place(|| choose_servers(&input))?;
     let where_ = if servers.started.is_empty() {
@@ -170,7 +171,8 @@ pub async fn run(input: DemoInput) -> Result<()> {
     .await;
     drop_database(&servers.database_url, &db_name).await;
     let summary = result?;
-    let ok = summary.lost == 0 && summary.duplicates == 0;
+    let failure = failure(&summary);
+    let ok = failure.is_none();
     if input.as_json {
         crate::output::json(&Report {
             ok,
@@ -181,14 +183,29 @@ pub async fn run(input: DemoInput) -> Result<()> {
         print_summary(&summary);
     }
     drop(servers);
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::CheckFailed(format!(
-            "the drill lost {} and ran {} jobs live twice",
-            summary.lost, summary.duplicates
-        )))
+    match failure {
+        None => Ok(()),
+        Some(why) => Err(Error::CheckFailed(why)),
     }
+}
+
+/// Why the drill failed, if it did: a job lost or run live twice, or the
+/// planted loss not caught by the diff or not brought back by repair (the
+/// drill's proof that both work; it printed "not caught" and still exited 0).
+fn failure(s: &Summary) -> Option<String> {
+    let mut why = Vec::new();
+    if !s.planted_caught {
+        why.push("the diff did not catch the planted loss".to_string());
+    } else if !s.planted_repaired {
+        why.push("repair did not bring the planted loss back".to_string());
+    }
+    if s.lost > 0 || s.duplicates > 0 {
+        why.push(format!(
+            "the drill lost {} and ran {} jobs live twice",
+            s.lost, s.duplicates
+        ));
+    }
+    (!why.is_empty()).then(|| why.join("; "))
 }
 
 fn print_summary(s: &Summary) {
@@ -227,4 +244,62 @@ fn print_summary(s: &Summary) {
         .collect();
     println!("time per phase: {}", phases.join(", "));
     println!("total: {:.1}s", s.seconds);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn clean() -> Summary {
+        Summary {
+            produced: 10,
+            produced_via_proxy: 6,
+            produced_via_producer_api: 3,
+            run_live: 10,
+            live_calls: 10,
+            shadow_calls: 4,
+            duplicates: 0,
+            lost: 0,
+            duplicate_keys: Vec::new(),
+            lost_keys: Vec::new(),
+            planted_caught: true,
+            planted_repaired: true,
+            forced_advances: 0,
+            rollbacks: 1,
+            phases: Vec::new(),
+            seconds: 1.0,
+        }
+    }
+
+    #[test]
+    fn a_clean_drill_passes() {
+        assert_eq!(failure(&clean()), None);
+    }
+
+    /// The drill plants a loss to show the diff and repair at work: a run in
+    /// which the diff missed it, or repair did not bring it back, failed.
+    #[test]
+    fn a_planted_loss_not_caught_or_not_repaired_fails_the_drill() {
+        let missed = Summary {
+            planted_caught: false,
+            ..clean()
+        };
+        let why = failure(&missed).expect("not caught is a failure");
+        assert!(why.contains("planted"), "{why}");
+        let unrepaired = Summary {
+            planted_repaired: false,
+            ..clean()
+        };
+        assert!(failure(&unrepaired).is_some());
+    }
+
+    #[test]
+    fn lost_or_doubled_jobs_fail_the_drill() {
+        assert!(failure(&Summary { lost: 1, ..clean() }).is_some());
+        assert!(failure(&Summary {
+            duplicates: 1,
+            ..clean()
+        })
+        .is_some());
+    }
 }
