@@ -58,6 +58,7 @@ pub const DIFF_MISMATCHES: &str = "qbridge_diff_outcome_mismatches";
 pub const DIFF_MISMATCH_RATE: &str = "qbridge_diff_mismatch_ratio";
 pub const DIFF_NOISE_RATE: &str = "qbridge_diff_noise_ratio";
 pub const DIFF_MIRROR_COMPLETENESS: &str = "qbridge_diff_mirror_completeness_ratio";
+pub const DIFF_RAN_BOTH_SIDES: &str = "qbridge_diff_ran_both_sides";
 
 /// Every metric qbridge exports (for the dashboard check in tests).
 pub const ALL: &[&str] = &[
@@ -109,6 +110,7 @@ pub const ALL: &[&str] = &[
     DIFF_MISMATCH_RATE,
     DIFF_NOISE_RATE,
     DIFF_MIRROR_COMPLETENESS,
+    DIFF_RAN_BOTH_SIDES,
 ];
 
 /// Registers help texts; call once after the recorder is installed.
@@ -289,5 +291,9 @@ fn describe_cutover() {
     describe_gauge!(
         DIFF_MIRROR_COMPLETENESS,
         "Share of Redis-side jobs of the diff window that have a Postgres copy, per route"
+    );
+    describe_gauge!(
+        DIFF_RAN_BOTH_SIDES,
+        "Jobs of the diff window that ran live on both sides (a double run across the cutover), per route; every gate refuses while it is not 0"
     );
 }

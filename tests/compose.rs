@@ -951,6 +951,7 @@ fn the_dashboard_shows_every_topic() {
         "qbridge_diff_mismatch_ratio",
         "qbridge_diff_one_sided_jobs",
         "qbridge_diff_mirror_completeness_ratio",
+        "qbridge_diff_ran_both_sides",
         "qbridge_jobs_table_dead_tuples",
         "qbridge_oldest_xmin_age_xids",
         "qbridge_oldest_transaction_seconds",

@@ -101,6 +101,10 @@ pub struct Diff {
     pub mirror_completeness: f64,
     pub mismatch_rate: f64,
     pub noise_rate: f64,
+    /// Jobs that ran live on both sides (a Redis-side run and a live
+    /// Postgres run of the same key): double runs across the cutover.
+    pub ran_both_sides: i64,
+    pub sample_ran_both_sides: Vec<String>,
     /// Who runs the Redis side: with an outside fleet, a mirror copy only
     /// on Postgres has an unknown outcome, and repair does not push it back.
     pub redis_side: RedisSideKind,
@@ -114,15 +118,18 @@ impl Diff {
         self.only_redis_ran + self.only_redis_waiting + self.only_postgres
     }
 
-    /// Nothing one-sided, nothing mismatched, nothing ran twice.
+    /// Nothing one-sided, nothing mismatched, nothing ran twice (on one
+    /// side or across both).
     pub fn matches(&self) -> bool {
         self.one_sided() == 0
             && self.mismatched == 0
+            && self.ran_both_sides == 0
             && self.redis.ran_twice == 0
             && self.postgres.ran_twice == 0
     }
 }
 
+pub(crate) use queries::ran_both_sides;
 pub(crate) use queries::{ONLY_POSTGRES_SQL, UNKNOWN_KEYS_SQL};
 pub use render::table;
 
@@ -167,6 +174,8 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
     let one_sided = queries::one_sided(db, &window).await?;
     let (compared, mismatched, mismatches) = queries::mismatches(db, &window).await?;
     let (noise_samples, noise_disagreed) = queries::noise(db, &window).await?;
+    let (ran_both_sides, both_sample) =
+        queries::ran_both_sides(db, window.queue, window.since, samples).await?;
 
     // Redis-side jobs: reported ones plus those held now (a key can be both:
     // a failed attempt waits for its retry).
@@ -214,6 +223,8 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
         mirror_completeness,
         mismatch_rate: ratio(mismatched, compared),
         noise_rate: ratio(noise_disagreed, noise_samples),
+        ran_both_sides,
+        sample_ran_both_sides: both_sample.into_iter().take(samples).collect(),
         redis_side: route.config.redis_side,
         verdict: String::new(),
     };

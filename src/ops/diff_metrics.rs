@@ -54,6 +54,7 @@ async fn publish_routes(db: &PgPool, redis: &mut ConnectionManager, routes: &Rou
         gauge(m::DIFF_MISMATCH_RATE, d.mismatch_rate);
         gauge(m::DIFF_NOISE_RATE, d.noise_rate);
         gauge(m::DIFF_MIRROR_COMPLETENESS, d.mirror_completeness);
+        gauge(m::DIFF_RAN_BOTH_SIDES, d.ran_both_sides as f64);
         for (side, jobs, one_sided) in [
             (
                 "redis",

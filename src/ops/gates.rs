@@ -216,6 +216,7 @@ async fn dual_write_checks(
         format!("{:.4}%", d.mirror_completeness * 100.0),
         format!(">= {:.4}%", g.mirror_completeness * 100.0),
     ));
+    checks.push(both_sides_check(d.ran_both_sides));
     Ok(Some(d))
 }
 
@@ -275,6 +276,7 @@ async fn shadow_checks(
         },
         format!("<= {:.3}s", g.max_postgres_lag.as_secs_f64()),
     ));
+    checks.push(both_sides_check(d.ran_both_sides));
     Ok(Some(d))
 }
 
@@ -331,7 +333,23 @@ async fn postgres_only_checks(
         format!("{}s since the last Redis-side job", quiet.as_secs()),
         format!(">= {}s (gates.quiet_period)", g.quiet_period.as_secs()),
     ));
+    let samples = route.config.cutover.diff.sample_keys;
+    let (both, _) =
+        diff::ran_both_sides(db, &route.queue, window_start(route, state), samples).await?;
+    checks.push(both_sides_check(both));
     Ok(None)
+}
+
+/// Every gate refuses while a job of the window ran live on both sides:
+/// a double run is the one thing a cutover must never do, and advancing
+/// would hide it behind the next phase.
+fn both_sides_check(ran_both_sides: i64) -> Check {
+    check(
+        "ran live on both sides",
+        ran_both_sides == 0,
+        ran_both_sides.to_string(),
+        "0".into(),
+    )
 }
 
 /// The phase after `phase`.

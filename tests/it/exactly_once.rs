@@ -4,6 +4,7 @@
 //! across a rollback, decommission under a running consumer, and a job that
 //! ran live on both sides. Each test failed before its fix.
 
+mod both_sides;
 mod fleet;
 
 use std::net::SocketAddr;

@@ -91,6 +91,16 @@ SELECT key, redis, postgres, digest_differs, bad, compared, mismatched
   FROM ranked WHERE n <= $3 AND (bad OR n = 1)
 "#;
 
+/// Keys with a live run on each side: the Redis side's run and a live
+/// Postgres copy's (shadow and noise calls are comparisons, not runs).
+pub(crate) const BOTH_SIDES_SQL: &str = r#"
+SELECT count(*) OVER (), key FROM (
+    SELECT key FROM qbridge.outcomes
+     WHERE queue = $1 AND recorded_at >= $2 AND mode = 'live'
+     GROUP BY key HAVING count(DISTINCT side) = 2) both_sides
+ ORDER BY key LIMIT $3
+"#;
+
 /// Count and sample of a key query: `SELECT count(*) OVER (), key … LIMIT`.
 fn count_and_sample(rows: Vec<(i64, String)>) -> (i64, Vec<String>) {
     let total = rows.first().map_or(0, |r| r.0);
@@ -273,4 +283,22 @@ pub(super) async fn reported_held(db: &PgPool, w: &Window<'_>) -> Result<i64> {
     .bind(&w.held_keys)
     .fetch_one(db)
     .await?)
+}
+
+/// Jobs that ran live on both sides, with a sample of their keys.
+pub(crate) async fn ran_both_sides(
+    db: &PgPool,
+    queue: &str,
+    since: DateTime<Utc>,
+    samples: usize,
+) -> Result<(i64, Vec<String>)> {
+    Ok(count_and_sample(
+        sqlx::query_as(BOTH_SIDES_SQL)
+            .bind(queue)
+            .bind(since)
+            // LIMIT 0 would lose the count with the rows.
+            .bind(samples.max(1) as i64)
+            .fetch_all(db)
+            .await?,
+    ))
 }

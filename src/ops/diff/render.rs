@@ -12,7 +12,7 @@ fn percent(r: f64) -> String {
 pub(super) fn verdict(d: &Diff) -> String {
     let head = if d.matches() { "MATCH" } else { "DIFFERS" };
     let mut line = format!(
-        "{}: {head} ({}) — redis {} jobs, postgres {} enqueued; only on redis {} ({} waiting, repairable); only on postgres {}{}; mismatches {}/{} ({}, noise {}); ran twice: redis {}, postgres {}",
+        "{}: {head} ({}) — redis {} jobs, postgres {} enqueued; only on redis {} ({} waiting, repairable); only on postgres {}{}; mismatches {}/{} ({}, noise {}); ran twice: redis {}, postgres {}; ran live on both sides {}",
         d.route,
         d.phase,
         d.redis_seen,
@@ -31,6 +31,7 @@ pub(super) fn verdict(d: &Diff) -> String {
         percent(d.noise_rate),
         d.redis.ran_twice,
         d.postgres.ran_twice,
+        d.ran_both_sides,
     );
     if !d.redis_reports && d.postgres_mirrors > 0 {
         line.push_str(
@@ -136,6 +137,11 @@ fn samples(d: &Diff, out: &mut String) {
     list("only on redis (sample)", &d.sample_only_redis, out);
     list("only on postgres (sample)", &d.sample_only_postgres, out);
     list("ran more than once (sample)", &d.sample_ran_twice, out);
+    list(
+        "ran live on both sides (sample)",
+        &d.sample_ran_both_sides,
+        out,
+    );
     for m in &d.mismatches {
         out.push_str(&format!(
             "mismatch {}: redis {} / postgres {}{}\n",
