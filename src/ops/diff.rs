@@ -162,6 +162,7 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
         since: input.since,
         settled: until - settle,
         held_keys: input.held.keys(),
+        accounted_keys: input.held.accounted_keys(),
         samples,
     };
     let (enqueued, mirrors) = queries::enqueued(db, &window).await?;

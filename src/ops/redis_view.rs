@@ -44,6 +44,10 @@ pub struct RedisView {
     pub parked: usize,
     /// More items than [`MAX_ITEMS`]: the counts are lower bounds.
     pub truncated: bool,
+    /// Job keys qbridge's consumer finished (the route's ran set, newest
+    /// [`MAX_ITEMS`]): they ran on Redis whether or not their outcome
+    /// reached Postgres, so none of them is ever "only on postgres".
+    pub ran: Vec<String>,
 }
 
 impl RedisView {
@@ -54,6 +58,13 @@ impl RedisView {
             .chain(&self.processing)
             .map(|h| h.key.clone())
             .collect()
+    }
+
+    /// Every key Redis accounts for: held now, or finished by the consumer.
+    pub fn accounted_keys(&self) -> Vec<String> {
+        let mut keys = self.keys();
+        keys.extend(self.ran.iter().cloned());
+        keys
     }
 }
 
@@ -119,6 +130,13 @@ pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> R
     }
     let gap: usize = redis::cmd("LLEN").arg(keys.gap()).query_async(conn).await?;
     view.parked = gap;
+    view.ran = redis::cmd("ZRANGE")
+        .arg(keys.ran())
+        .arg(0)
+        .arg(MAX_ITEMS.saturating_sub(1))
+        .arg("REV")
+        .query_async(conn)
+        .await?;
 
     // Processing items were numbered when popped (their inflight hash says
     // so); waiting ones take the numbers after the pops so far.

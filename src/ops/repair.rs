@@ -182,7 +182,7 @@ async fn owed(
         .bind(&route.queue)
         .bind(since)
         .bind(settled)
-        .bind(held.keys())
+        .bind(held.accounted_keys())
         .fetch_all(db)
         .await?;
     Ok(keys.into_iter().collect())

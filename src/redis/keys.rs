@@ -23,6 +23,10 @@ use crate::routes::Route;
 
 const PREFIX: &str = "qbridge:";
 
+/// How long `qbridge:ran:<route>` remembers a finished job: longer than any
+/// diff window or repair an operator runs (7 days).
+pub const RAN_RETENTION_MS: i64 = 7 * 24 * 3600 * 1000;
+
 /// The keys of one route.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteKeys {
@@ -56,6 +60,15 @@ impl RouteKeys {
     /// `qbridge:dead:<route>`: items the consumer gave up on.
     pub fn dead(&self) -> String {
         format!("{PREFIX}dead:{}", self.route)
+    }
+
+    /// `qbridge:ran:<route>`: a sorted set of the job keys qbridge's Redis
+    /// consumer finished (acked or moved to the dead list), scored by when
+    /// (ms). Written in the same Lua step that removes the item, so a job
+    /// that ran is known to have run even when its outcome report never
+    /// reaches Postgres; kept for [`RAN_RETENTION_MS`].
+    pub fn ran(&self) -> String {
+        format!("{PREFIX}ran:{}", self.route)
     }
 
     /// `qbridge:repushed:<route>:<job key>`: repair pushed this job back

@@ -6,6 +6,7 @@
 
 mod both_sides;
 mod fleet;
+mod lost_report;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -63,6 +64,21 @@ impl ProxySide {
     /// The route table of the Redis side, following the stored phases.
     pub fn side_routes(&self) -> qbridge::routes::Routes {
         self.side.routes.clone()
+    }
+
+    /// Also starts the Redis consumers of the routes that have one.
+    pub async fn start_consumers(&mut self, pool: &PgPool, toml: &str) {
+        let overrides = Overrides {
+            database_url: Some(support::db_url(pool)),
+            redis_url: Some(REDIS.into()),
+            ..Overrides::default()
+        };
+        let config = Config::from_toml(&format!("[proxy]\nenabled = true\n{toml}"), &overrides)
+            .expect("config");
+        self.side
+            .start_consumers(&config, &self.db, &self.intake)
+            .await
+            .expect("consumers");
     }
 
     pub fn url(&self) -> String {

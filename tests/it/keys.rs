@@ -263,6 +263,7 @@ diff = {{ settle = "0s" }}
     let expected = [
         route_keys.gap(),
         route_keys.dead(),
+        route_keys.ran(),
         route_keys.repushed("lost-1"),
         consumer_keys.processing(0),
         consumer_keys.inflight(0),
@@ -291,6 +292,9 @@ diff = {{ settle = "0s" }}
     assert_eq!(waiting, ["waiting-1"]);
     assert_eq!(processing, ["slow-1"]);
     assert_eq!(view.parked, 1);
+    // The consumer's ran set (written with the dead item) is what the diff
+    // and repair read as "ran on Redis".
+    assert!(!view.ran.is_empty(), "the view reads the ran set");
 
     // Decommission archives them all and leaves no key of the route.
     let archived = decommission::archive_and_delete(&pool, &mut redis, &route, 1 << 20)

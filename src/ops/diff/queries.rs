@@ -127,6 +127,8 @@ pub(super) struct Window<'a> {
     pub settled: DateTime<Utc>,
     /// Every key Redis holds now.
     pub held_keys: Vec<String>,
+    /// Those plus the keys qbridge's consumer finished (its ran set).
+    pub accounted_keys: Vec<String>,
     /// Sample keys kept per list.
     pub samples: usize,
 }
@@ -224,7 +226,7 @@ pub(super) async fn one_sided(db: &PgPool, w: &Window<'_>) -> Result<OneSided> {
         .bind(w.queue)
         .bind(w.since)
         .bind(w.settled)
-        .bind(&w.held_keys)
+        .bind(&w.accounted_keys)
         .bind(w.limit())
         .fetch_all(db)
         .await?,

@@ -3,21 +3,32 @@
 //! between the two cannot leave an item with stale state or state without
 //! its item.
 
-/// Ack: remove the item from the processing list and forget its state, in
-/// one step. KEYS: processing, inflight. ARGV: item. Returns items removed.
+/// Ack: remove the item from the processing list, forget its state and
+/// remember that its job ran (the route's ran set, trimmed to its
+/// retention), in one step. KEYS: processing, inflight, dead (unused), ran.
+/// ARGV: item, job key, now (ms), oldest score kept. Returns items removed.
 pub(super) const ACK_LUA: &str = r#"
 local n = redis.call('LREM', KEYS[1], -1, ARGV[1])
 redis.call('DEL', KEYS[2])
+if n > 0 then
+  redis.call('ZADD', KEYS[4], ARGV[3], ARGV[2])
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[4])
+end
 return n
 "#;
 
 /// Dead: move the item from the processing list to the dead list and forget
 /// its state, in one step; an item no longer in the processing list is not
-/// pushed (it would be a second copy). KEYS: processing, inflight, dead.
-/// ARGV: item. Returns items moved.
+/// pushed (it would be a second copy). Its job ran (and failed): it joins
+/// the ran set as the ack does. KEYS: processing, inflight, dead, ran.
+/// ARGV: item, job key, now (ms), oldest score kept. Returns items moved.
 pub(super) const DEAD_LUA: &str = r#"
 local n = redis.call('LREM', KEYS[1], -1, ARGV[1])
-if n > 0 then redis.call('LPUSH', KEYS[3], ARGV[1]) end
+if n > 0 then
+  redis.call('LPUSH', KEYS[3], ARGV[1])
+  redis.call('ZADD', KEYS[4], ARGV[3], ARGV[2])
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[4])
+end
 redis.call('DEL', KEYS[2])
 return n
 "#;

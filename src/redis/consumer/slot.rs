@@ -17,6 +17,7 @@ use crate::metrics as m;
 use crate::model::formats::{decode_bytes, Decoded};
 use crate::model::Phase;
 use crate::queue::{ClaimedJob, JobCopy};
+use crate::redis::keys::RAN_RETENTION_MS;
 use crate::shadow::{digest_hex, Mode, Outcome, OutcomeKind, Side};
 
 /// What one [`Slot::run_once`] did.
@@ -209,7 +210,7 @@ impl Slot {
                 .query_async(conn)
                 .await?;
             if attempt > max {
-                self.finish(conn, &ctx.dead, &processing, &inflight, &decoded)
+                self.finish(conn, &ctx.dead, &processing, &inflight, &decoded, &key)
                     .await?;
                 self.record(
                     &key,
@@ -245,7 +246,7 @@ impl Slot {
                 // suite's redis-restart scenario caught that order).
                 HandlerResult::Done => {
                     self.record(&key, OutcomeKind::Ok, None, digest, attempt);
-                    self.finish(conn, &ctx.ack, &processing, &inflight, &decoded)
+                    self.finish(conn, &ctx.ack, &processing, &inflight, &decoded, &key)
                         .await?;
                     return Ok(Step::Handled);
                 }
@@ -258,7 +259,7 @@ impl Slot {
                 }
                 HandlerResult::Retry(_) | HandlerResult::Permanent(_) => {
                     self.record(&key, OutcomeKind::Dead, run.error_class, digest, attempt);
-                    self.finish(conn, &ctx.dead, &processing, &inflight, &decoded)
+                    self.finish(conn, &ctx.dead, &processing, &inflight, &decoded, &key)
                         .await?;
                     tracing::info!(route = %ctx.route.name, key = %key_hash(&key), attempt,
                         class = run.error_class.unwrap_or("other"), "redis consumer: item moved to the dead list");
@@ -276,11 +277,17 @@ impl Slot {
         processing: &str,
         inflight: &str,
         decoded: &Decoded,
+        key: &str,
     ) -> RedisResult<()> {
+        let now = chrono::Utc::now().timestamp_millis();
         let mut call = script.key(processing);
         call.key(inflight)
             .key(self.ctx.route_keys.dead())
-            .arg(&decoded.original[..]);
+            .key(self.ctx.route_keys.ran())
+            .arg(&decoded.original[..])
+            .arg(key)
+            .arg(now)
+            .arg(now - RAN_RETENTION_MS);
         let removed: i64 = call.invoke_async(conn).await?;
         if removed == 0 {
             // Someone removed it by hand; nothing to undo.
