@@ -10,7 +10,16 @@
 //! 3. the key goes into `qbridge.job_keys`, which remembers keys after their
 //!    job is done: a key seen before (a Sidekiq retry, a producer retry) is a
 //!    duplicate and no job is enqueued for it;
-//! 4. new keys become jobs, live or mirror copies, with the original bytes.
+//! 4. new keys become jobs, live or mirror copies, with the original bytes;
+//! 5. a live re-push of a key recorded as a mirror copy (after the flip)
+//!    runs live only on evidence the Redis side let go of the original, and
+//!    is held back otherwise ([`promote`], [`held`]).
+
+mod held;
+mod promote;
+
+pub use held::{held_count, release, settle_held_once, Selection, Settled};
+pub use promote::{decide, Evidence, Verdict};
 
 use std::collections::{HashMap, HashSet};
 
@@ -155,7 +164,7 @@ pub async fn store(
         })
         .collect();
     let mut fresh = known_keys(conn, &items, &keys, &flags).await?;
-    let upgraded = promote_mirror_keys(conn, &items, &keys, &mut fresh).await?;
+    let upgraded = promote::promote_or_hold(conn, &items, &keys, &oversize, &mut fresh).await?;
     let mut jobs = Vec::new();
     let mut fresh_index = Vec::new();
     let mut upgraded_index = Vec::new();
@@ -283,74 +292,13 @@ async fn known_keys(
 const OVERSIZED: &str =
     "payload over payload_limit; the item is kept in jobs.original (a mirror copy's in job_keys.original)";
 
-const PROMOTE_KEYS_SQL: &str = r#"
-UPDATE qbridge.job_keys k SET copy = 'live', seen_at = now(), original = NULL
-  FROM unnest($1::text[], $2::text[]) AS t(queue, key)
- WHERE k.queue = t.queue AND k.key = t.key AND k.copy = 'mirror'
-RETURNING k.queue, k.key
-"#;
-
-const UPGRADE_JOBS_SQL: &str = r#"
-UPDATE qbridge.jobs j SET copy = 'live'
-  FROM unnest($1::text[], $2::text[]) AS t(queue, key)
- WHERE j.queue = t.queue AND j.key = t.key AND j.copy = 'mirror' AND j.state = 'ready'
-RETURNING j.queue, j.key, j.id
-"#;
-
-/// A live item (postgres_only) whose key was recorded as a mirror copy is a
-/// re-push after the flip — a Sidekiq retry, an RQ requeue — of a job that
-/// ran (or failed) on the Redis side. Redis will not see this push, so it
-/// must run here: its key becomes live and it is enqueued as a new job, or,
-/// when the mirror copy is still waiting in the queue, that copy becomes the
-/// live one. Returns the upgraded jobs; adds the rest to `fresh`.
-///
-/// A mirror copy being drained at this very moment (state `running`) cannot
-/// be upgraded and still holds the key: the item is then reported as a
-/// duplicate — the window is one drain, and the diff shows it.
-async fn promote_mirror_keys(
-    conn: &mut PgConnection,
-    items: &[Item<'_>],
-    keys: &[String],
-    fresh: &mut HashSet<(String, String)>,
-) -> Result<HashMap<(String, String), i64>> {
-    let (mut queues, mut known) = (Vec::new(), Vec::new());
-    for (item, key) in items.iter().zip(keys) {
-        let pair = (item.route.queue.clone(), key.clone());
-        if item.copy == JobCopy::Live && !fresh.contains(&pair) {
-            queues.push(pair.0);
-            known.push(pair.1);
-        }
-    }
-    if known.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let promoted: Vec<(String, String)> = sqlx::query_as(PROMOTE_KEYS_SQL)
-        .bind(&queues)
-        .bind(&known)
-        .fetch_all(&mut *conn)
-        .await?;
-    if promoted.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let (pq, pk): (Vec<String>, Vec<String>) = promoted.iter().cloned().unzip();
-    let rows: Vec<(String, String, i64)> = sqlx::query_as(UPGRADE_JOBS_SQL)
-        .bind(&pq)
-        .bind(&pk)
-        .fetch_all(&mut *conn)
-        .await?;
-    let upgraded: HashMap<(String, String), i64> =
-        rows.into_iter().map(|(q, k, id)| ((q, k), id)).collect();
-    fresh.extend(promoted.into_iter().filter(|p| !upgraded.contains_key(p)));
-    Ok(upgraded)
-}
-
 /// The job of one item. A payload over the limit is not refused (Redis has
 /// already taken the item): it is stored flagged, with its bytes kept in
 /// `original`, so nothing is lost and `stats` shows it. A mirror copy keeps
 /// its bytes in `job_keys.original` instead (until the Redis side reports
 /// the job): its own row is drained within moments, and writing the bytes
 /// twice on the mirror's hot path cost the proxy its mirror lag target.
-fn new_job(item: &Item<'_>, key: &str, oversize: bool) -> NewJob {
+pub(crate) fn new_job(item: &Item<'_>, key: &str, oversize: bool) -> NewJob {
     let decoded = &item.decoded;
     let payload = if oversize {
         json!({ "flagged": OVERSIZED, "original_len": decoded.original.len() })

@@ -31,6 +31,9 @@ pub const MIRROR_DRAINED: &str = "qbridge_mirror_copies_drained_total";
 pub const ROUTE_PUSHES: &str = "qbridge_route_pushes_total";
 pub const MIRRORED: &str = "qbridge_mirrored_total";
 pub const MIRROR_DUPLICATES: &str = "qbridge_mirror_duplicates_total";
+pub const REPUSHES_PROMOTED: &str = "qbridge_repushes_promoted_total";
+pub const REPUSHES_HELD: &str = "qbridge_repushes_held_total";
+pub const REPUSHES_SETTLED: &str = "qbridge_repushes_settled_total";
 pub const MIRROR_FAILURES: &str = "qbridge_mirror_failures_total";
 pub const MIRROR_SPOOLED: &str = "qbridge_mirror_spooled_total";
 pub const MIRROR_LOST: &str = "qbridge_mirror_lost_total";
@@ -86,6 +89,9 @@ pub const ALL: &[&str] = &[
     ROUTE_PUSHES,
     MIRRORED,
     MIRROR_DUPLICATES,
+    REPUSHES_PROMOTED,
+    REPUSHES_HELD,
+    REPUSHES_SETTLED,
     MIRROR_FAILURES,
     MIRROR_SPOOLED,
     MIRROR_LOST,
@@ -192,6 +198,18 @@ fn describe_redis_side() {
     describe_counter!(
         MIRROR_DUPLICATES,
         "Items not enqueued because their job key was already known, per route"
+    );
+    describe_counter!(
+        REPUSHES_PROMOTED,
+        "Re-pushes after the flip of a mirrored key that run live in Postgres: the Redis side reported the original dead (or a fleet its failed attempt), per route"
+    );
+    describe_counter!(
+        REPUSHES_HELD,
+        "Re-pushes after the flip of a mirrored key held back: no evidence yet that the Redis side let go of the original, per route"
+    );
+    describe_counter!(
+        REPUSHES_SETTLED,
+        "Held re-pushes settled on later evidence, per queue and result (released live, resolved as a duplicate, assumed lost by an operator)"
     );
     describe_counter!(
         MIRROR_FAILURES,

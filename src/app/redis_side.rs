@@ -36,6 +36,10 @@ use crate::shadow::{OutcomeRecorder, RecorderOptions};
 const REPAIR_EVERY: Duration = Duration::from_secs(5);
 /// How often the diff gauges are refreshed.
 const DIFF_EVERY: Duration = Duration::from_secs(60);
+/// How often held re-pushes are settled on new evidence: a Celery retry
+/// can arrive just before the report of the attempt it retries, and should
+/// not wait long for it.
+const SETTLE_EVERY: Duration = Duration::from_secs(1);
 /// How often job keys past their dedup window are forgotten.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// How old an owed push must be before the repair loop makes it (so a
@@ -89,7 +93,7 @@ impl RedisSide {
             false => None,
         };
         if !routes.is_empty() {
-            start_route_maintenance(services, db, &routes, redis.as_ref());
+            start_route_maintenance(services, db, &routes, redis.as_ref(), cfg.payload_limit);
         }
         let producer = (!routes.is_empty()).then(|| {
             Producer::from_parts(db.clone(), redis.clone(), routes.clone(), cfg.payload_limit)
@@ -232,14 +236,32 @@ impl RedisSide {
 }
 
 /// What every route needs while it migrates: job keys past their dedup
-/// window forgotten; with Redis, the owed producer pushes made and the diff
-/// gauges refreshed.
+/// window forgotten, held re-pushes settled on new evidence; with Redis,
+/// the owed producer pushes made and the diff gauges refreshed.
 fn start_route_maintenance(
     services: &mut Services,
     db: &PgPool,
     routes: &Routes,
     redis: Option<&ConnectionManager>,
+    payload_limit: usize,
 ) {
+    services.every(
+        "held re-push settling",
+        SETTLE_EVERY,
+        Start::Now,
+        db.clone(),
+        move |db| async move {
+            match crate::ingest::settle_held_once(&db, payload_limit).await {
+                Ok(s) if s.released + s.resolved > 0 => tracing::info!(
+                    released = s.released,
+                    resolved = s.resolved,
+                    "held re-pushes settled on the Redis side's reports"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "held re-push settling deferred"),
+            }
+        },
+    );
     let state = (db.clone(), routes.clone());
     services.every(
         "job key pruning",

@@ -46,7 +46,7 @@ SELECT t.queue, t.kind, t.key, t.payload::jsonb, t.priority, coalesce(t.run_at, 
                             copy, original, ord)
   LEFT JOIN qbridge.queue_settings s ON s.queue = t.queue
  ORDER BY t.ord
-ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+ON CONFLICT (queue, key) WHERE key IS NOT NULL AND copy = 'live' DO NOTHING
 RETURNING id, queue, key
 "#;
 
@@ -54,6 +54,7 @@ const EXISTING_SQL: &str = r#"
 SELECT j.id, j.queue, j.key
   FROM qbridge.jobs j
   JOIN unnest($1::text[], $2::text[]) AS t(queue, key) ON j.queue = t.queue AND j.key = t.key
+ WHERE j.copy = 'live'
 "#;
 
 /// Enqueues `jobs` on `conn` (a pooled connection or `&mut *transaction`).

@@ -13,8 +13,11 @@ pub struct NewJob {
     /// Job type (Sidekiq class, Celery task name); used by per-kind pools.
     #[serde(default)]
     pub kind: Option<String>,
-    /// Idempotency / cross-system identity. A second in-flight job with the same
-    /// (queue, key) is reported as a duplicate and not inserted.
+    /// Idempotency / cross-system identity. A second in-flight live job with
+    /// the same (queue, key) is reported as a duplicate and not inserted.
+    /// Mirror copies are not held to it: the Redis side stores each key's
+    /// mirror once (`qbridge.job_keys`), and a mirror copy being drained
+    /// must never keep the live job of its key out (migration 0010).
     #[serde(default)]
     pub key: Option<String>,
     /// The payload, stored as jsonb.

@@ -7,6 +7,7 @@
 mod both_sides;
 mod fleet;
 mod lost_report;
+mod promotion;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -307,8 +307,20 @@ async fn a_repush_after_the_flip_of_a_mirrored_key_runs_live(pool: PgPool) {
         .await
         .unwrap();
 
-    // After the flip, Sidekiq-style retries of both come in: Redis will
-    // never see them, so both must become live copies here.
+    // The fleet reported job-1 dead and job-2's attempt failed. After the
+    // flip, Sidekiq-style retries of both come in: Redis will never see
+    // them, so both must become live copies here. (Before issue 13 this
+    // test had no reports: both items were still in the Redis list, and
+    // promoting them ran each job on both sides. Without evidence a re-push
+    // is held now: tests/it/exactly_once/promotion.rs.)
+    for (key, outcome) in [("job-1", "dead"), ("job-2", "failed")] {
+        sqlx::query("SELECT qbridge.report_outcome('q', $1, $2)")
+            .bind(key)
+            .bind(outcome)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
     routes.phases().set("r", Phase::PostgresOnly);
     let done = producer
         .enqueue("r", vec![json_item(1), json_item(2)])
