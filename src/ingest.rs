@@ -41,8 +41,11 @@ pub enum Via {
     Producer,
     /// `POST /v1/queues/{queue}/jobs`.
     Http,
-    /// Gap repair after a Postgres outage.
+    /// Gap repair after a Postgres outage, or `qbridge diff --repair`.
     Repair,
+    /// Decommission: the Redis original itself, taken out of Redis, so the
+    /// Redis side no longer holds it (the evidence a re-push needs).
+    Archive,
 }
 
 impl Via {
@@ -53,6 +56,7 @@ impl Via {
             Via::Producer => "producer",
             Via::Http => "http",
             Via::Repair => "repair",
+            Via::Archive => "archive",
         }
     }
 }

@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet};
 
 use sqlx::PgConnection;
 
-use super::{new_job, Item};
+use super::{new_job, Item, Via};
 use crate::config::RedisSideKind;
 use crate::error::Result;
 use crate::metrics as m;
@@ -170,7 +170,14 @@ pub(super) async fn promote_or_hold(
     for (pair, evidence) in &found {
         let i = first[pair];
         let fleet = items[i].route.config.redis_side == RedisSideKind::Fleet;
-        match decide(evidence, fleet) {
+        let verdict = match items[i].via {
+            // Decommission took the original out of Redis: nothing there
+            // holds it any more, so it runs here (at least once: a consumer
+            // that died holding it may have run part of it).
+            Via::Archive if evidence.copy == "mirror" => Verdict::Promote,
+            _ => decide(evidence, fleet),
+        };
+        match verdict {
             Verdict::Promote => promote.push(pair.clone()),
             Verdict::Hold(reason) => hold.push((i, reason)),
             Verdict::Duplicate => {}

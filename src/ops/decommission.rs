@@ -83,7 +83,7 @@ pub async fn archive_and_delete(
                     route,
                     decoded: decode_bytes(&route.format, bytes.into()),
                     copy: JobCopy::Live,
-                    via: Via::Repair,
+                    via: Via::Archive,
                 })
                 .collect();
             let mut tx = db.begin().await?;
