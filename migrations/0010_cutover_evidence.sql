@@ -48,10 +48,14 @@ CREATE INDEX redis_outbox_key_idx ON qbridge.redis_outbox (queue, key);
 --    persistence) after an item was pushed is the evidence that Redis may
 --    have lost it. Observed by every process with a Redis side, the diff and
 --    repair.
+--    `started_at` is a lower bound of when that server started (its clock
+--    minus its uptime, less a second for the uptime's rounding): an item
+--    mirrored before it was pushed to an earlier server.
 CREATE TABLE qbridge.redis_epochs (
     route      text        NOT NULL,
     run_id     text        NOT NULL,
     marker     text        NOT NULL,
+    started_at timestamptz NOT NULL,
     first_seen timestamptz NOT NULL DEFAULT now(),
     last_seen  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (route, run_id, marker)

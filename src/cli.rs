@@ -103,9 +103,11 @@ pub enum Command {
     /// Compare a route's Redis and Postgres sides over a window.
     #[command(
         after_help = "Examples:\n  qbridge diff --route emails\n  qbridge diff --route emails --since 1h --json\n  \
-        qbridge diff --route emails --repair\n\n\
+        qbridge diff --route emails --repair\n  \
+        qbridge diff --route emails --repair --assume-lost jid-1 jid-2 --reason 'deleted by hand on Redis'\n\n\
         Exit code 0 with a verdict line either way; --repair mirrors Redis items Postgres lacks\n\
-        and pushes back to Redis the mirror copies Redis lost, idempotently by job key."
+        and pushes back to Redis the mirror copies Redis lost on evidence, idempotently by job key.\n\
+        Jobs without evidence either way are 'unaccounted': only --assume-lost moves them."
     )]
     Diff(DiffArgs),
 
@@ -283,9 +285,27 @@ pub struct DiffArgs {
     /// (default: the route's gates.window).
     #[arg(long)]
     pub since: Option<String>,
-    /// Fill what is missing on one side.
+    /// Fill what is missing on one side: mirror what only Redis has, push
+    /// back what Redis lost on evidence (a restart, flush or failover after
+    /// the push); never what is unaccounted without an operator's decision.
     #[arg(long)]
     pub repair: bool,
+    /// With --repair: the operator knows these jobs are lost (audited; needs
+    /// --reason): unaccounted mirror copies are pushed back to Redis, held
+    /// re-pushes run live in Postgres.
+    #[arg(long, value_name = "KEY", num_args = 1.., requires = "repair")]
+    pub assume_lost: Vec<String>,
+    /// With --repair: every unaccounted job mirrored (or re-push held) before
+    /// this RFC 3339 time or duration back from now is lost (audited; needs
+    /// --reason).
+    #[arg(long, value_name = "TIME", requires = "repair")]
+    pub assume_lost_before: Option<String>,
+    /// Why the jobs are known to be lost (required with --assume-lost…).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Who decides (default: $USER@host).
+    #[arg(long, env = "QBRIDGE_OPERATOR")]
+    pub by: Option<String>,
 }
 
 /// `qbridge dlq …`

@@ -292,6 +292,17 @@ fn start_route_maintenance(
         },
     );
     services.every(
+        "Redis epoch watch",
+        crate::redis::epoch::OBSERVE_EVERY,
+        Start::Now,
+        state.clone(),
+        |(db, mut conn, routes)| async move {
+            if let Err(e) = crate::redis::epoch::observe_all(&mut conn, &db, &routes).await {
+                tracing::debug!(error = %e, "Redis epoch observation deferred");
+            }
+        },
+    );
+    services.every(
         "diff gauges",
         DIFF_EVERY,
         Start::AfterOnePeriod,

@@ -60,13 +60,15 @@ pub async fn restart_postgres(rig: &mut Rig, span: Duration) -> Result<String> {
 }
 
 /// 4: Redis restarted in dual_write: every item it held is gone. The diff
-/// must show them; the repair (run by the scenario afterwards) re-pushes.
+/// must show them; the repair (run by the scenario afterwards) re-pushes
+/// those it has evidence for, and the operator's decision the rest.
 pub async fn restart_redis(rig: &mut Rig, span: Duration) -> Result<String> {
     tokio::time::sleep(span / 3).await;
     let lost_len = redis_len(rig).await;
     rig.redis.kill();
     tokio::time::sleep(Duration::from_millis(500)).await;
     rig.redis.try_resume().map_err(Error::Config)?;
+    rig.redis_back_at = Some(chrono::Utc::now());
     tokio::time::sleep(span / 2).await;
     Ok(format!(
         "Redis killed (no persistence) with {lost_len} items waiting, restarted after 0.5 s"

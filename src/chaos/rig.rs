@@ -35,6 +35,9 @@ pub struct Rig {
     pub handler_url: String,
     pub workers: Vec<Process>,
     pub proxy: Option<Process>,
+    /// When the restarted Redis came back (the redis-restart fault): every
+    /// mirror copy from before went to the server that lost its data.
+    pub redis_back_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// One qbridge child process.
@@ -129,6 +132,7 @@ impl Rig {
             handler_url,
             workers: Vec::new(),
             proxy: None,
+            redis_back_at: None,
         };
         for name in ["w1", "w2"] {
             let config = rig.write_config(name, phase)?;

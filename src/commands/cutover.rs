@@ -15,17 +15,7 @@ use crate::output;
 use crate::redis::connect::connect_redis_with;
 use crate::routes::Routes;
 
-/// `$USER@host`, the default `changed_by`.
-fn operator(args_by: Option<&str>) -> String {
-    if let Some(by) = args_by.filter(|b| !b.trim().is_empty()) {
-        return by.to_string();
-    }
-    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default();
-    format!("{user}@{host}")
-}
+use super::operator;
 
 pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<()> {
     let db = crate::db::connect(&config.database_url, 2).await?;

@@ -16,6 +16,7 @@ pub async fn stored_routes(db: &sqlx::PgPool, config: &Config) -> Result<Routes>
 }
 
 pub async fn run(config: &Config, args: &DiffArgs, as_json: bool) -> Result<()> {
+    let assume = assumption(args)?;
     let db = crate::db::connect(&config.database_url, 2).await?;
     crate::db::check_schema(&db).await?;
     let routes = stored_routes(&db, config).await?;
@@ -33,18 +34,15 @@ pub async fn run(config: &Config, args: &DiffArgs, as_json: bool) -> Result<()> 
     let mut redis = connect_redis_with(&config.redis_url, &config.redis_tls).await?;
     let (d, held) = crate::ops::gates::diff_since(&db, &mut redis, &route, phase, since).await?;
     let repaired = if args.repair {
-        Some(
-            repair::repair(
-                &db,
-                &mut redis,
-                &route,
-                phase,
-                since,
-                &held,
-                config.payload_limit,
-            )
-            .await?,
-        )
+        let input = repair::RepairInput {
+            route: &route,
+            phase,
+            since,
+            held: &held,
+            payload_limit: config.payload_limit,
+            assume: assume.as_ref(),
+        };
+        Some(repair::repair_with(&db, &mut redis, input).await?)
     } else {
         None
     };
@@ -54,13 +52,50 @@ pub async fn run(config: &Config, args: &DiffArgs, as_json: bool) -> Result<()> 
     }
     print!("{}", diff::table(&d));
     if let Some(r) = repaired {
-        println!(
-            "repair: {} Redis items mirrored into Postgres, {} lost items pushed back to Redis ({} already pushed back earlier){}",
-            r.mirrored,
-            r.repushed,
-            r.already_repushed,
-            r.skipped.map(|s| format!("; {s}")).unwrap_or_default()
-        );
+        print_repair(&r);
     }
     Ok(())
+}
+
+/// The operator's decision of `--assume-lost…`, checked before anything is
+/// read (a decision without a reason is refused, nothing is done).
+fn assumption(args: &DiffArgs) -> Result<Option<repair::Assumption>> {
+    if args.assume_lost.is_empty() && args.assume_lost_before.is_none() {
+        return Ok(None);
+    }
+    let before = match &args.assume_lost_before {
+        Some(text) => Some(crate::ops::window::parse_since(text)?),
+        None => None,
+    };
+    let assume = repair::Assumption {
+        keys: args.assume_lost.clone(),
+        before,
+        by: super::operator(args.by.as_deref()),
+        reason: args.reason.clone().unwrap_or_default(),
+    };
+    assume.check()?;
+    Ok(Some(assume))
+}
+
+fn print_repair(r: &repair::RepairReport) {
+    println!(
+        "repair: {} Redis items mirrored into Postgres, {} lost items pushed back to Redis ({} already pushed back earlier), {} held re-pushes released live",
+        r.mirrored, r.repushed, r.already_repushed, r.released
+    );
+    for (why, n) in &r.evidence {
+        println!("  pushed back {n}: {why}");
+    }
+    if r.unaccounted > 0 {
+        println!(
+            "  not pushed back: {} unaccounted ({}), e.g. {}",
+            r.unaccounted,
+            r.unaccounted_reason
+                .as_deref()
+                .unwrap_or("no evidence either way"),
+            r.unaccounted_sample.join(", ")
+        );
+    }
+    if let Some(s) = &r.skipped {
+        println!("  {s}");
+    }
 }

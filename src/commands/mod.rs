@@ -84,3 +84,15 @@ async fn run(config: Config) -> Result<()> {
     runtime.run_until_stopped(stop).await?;
     Ok(())
 }
+
+/// `$USER@host`, the default operator of an audited change.
+pub(crate) fn operator(args_by: Option<&str>) -> String {
+    if let Some(by) = args_by.filter(|b| !b.trim().is_empty()) {
+        return by.to_string();
+    }
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    format!("{user}@{host}")
+}

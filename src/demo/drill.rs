@@ -266,8 +266,32 @@ impl Drill {
             1 << 20,
         )
         .await?;
+        // Nothing shows Redis lost it (no restart, flush or failover): the
+        // repair pushes nothing back on its own, and says why.
         self.say(&format!(
-            "   qbridge diff --repair: pushed {} lost job(s) back to Redis",
+            "   qbridge diff --repair: pushed back {}; {} unaccounted ({})",
+            report.repushed,
+            report.unaccounted,
+            report.unaccounted_reason.as_deref().unwrap_or("none")
+        ));
+        // The operator knows: the drill deleted its Redis push.
+        let assume = repair::Assumption {
+            keys: vec![key.to_string()],
+            by: "qbridge-demo".into(),
+            reason: "the drill planted this loss".into(),
+            ..repair::Assumption::default()
+        };
+        let input = repair::RepairInput {
+            route: &self.route,
+            phase: state.phase,
+            since,
+            held: &held,
+            payload_limit: 1 << 20,
+            assume: Some(&assume),
+        };
+        let report = repair::repair_with(&self.db, &mut self.redis, input).await?;
+        self.say(&format!(
+            "   qbridge diff --repair --assume-lost {key} --reason '…': pushed {} lost job(s) back to Redis (audited)",
             report.repushed
         ));
         let until = Instant::now() + Duration::from_secs(10);

@@ -8,7 +8,9 @@
 //! - `POST /v1/routes/{route}/advance` `{"reason", "force", "percent", "by"}`
 //! - `POST /v1/routes/{route}/rollback` `{"reason", "by"}` (reason required)
 //! - `POST /v1/routes/{route}/percent` `{"percent", "reason", "by"}`
-//! - `POST /v1/routes/{route}/repair` `{"since"}`: the diff and its repair.
+//! - `POST /v1/routes/{route}/repair` `{"since", "assume_lost": [keys],
+//!   "assume_lost_before", "reason"}`: the diff and its repair (an
+//!   assumption is the operator's audited decision, as in the CLI).
 //! - `POST /v1/dlq/requeue` `{"ids", "queue", "error", "all", "rate"}`
 //!
 //! Phase changes are the same compare-and-swap with the same audit row as
@@ -72,6 +74,12 @@ pub(super) struct PercentBody {
 #[serde(deny_unknown_fields)]
 pub(super) struct RepairBody {
     since: Option<String>,
+    /// The operator's decision that these jobs are lost (audited; needs a
+    /// reason), as `qbridge diff --repair --assume-lost`.
+    #[serde(default)]
+    assume_lost: Vec<String>,
+    assume_lost_before: Option<String>,
+    reason: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -262,6 +270,25 @@ pub(super) async fn repair(
     raw: Result<Bytes, BytesRejection>,
 ) -> Reply {
     let req: RepairBody = body(raw)?;
+    let assume = match (req.assume_lost.is_empty(), &req.assume_lost_before) {
+        (true, None) => None,
+        _ => {
+            let before = match &req.assume_lost_before {
+                Some(text) => {
+                    Some(crate::ops::window::parse_since(text).map_err(|e| bad(&e.to_string()))?)
+                }
+                None => None,
+            };
+            let assume = repair::Assumption {
+                keys: req.assume_lost.clone(),
+                before,
+                by: caller.0.clone(),
+                reason: req.reason.clone().unwrap_or_default(),
+            };
+            assume.check().map_err(|e| bad(&e.to_string()))?;
+            Some(assume)
+        }
+    };
     let route = route(&state, &name)?;
     let Some(redis) = producer(&state)?.redis() else {
         return Err(error_reply(
@@ -285,17 +312,17 @@ pub(super) async fn repair(
     let (diff, held) = gates::diff_since(&state.db, &mut redis, &route, phase, since)
         .await
         .map_err(service_error)?;
-    let report = repair::repair(
-        &state.db,
-        &mut redis,
-        &route,
+    let input = repair::RepairInput {
+        route: &route,
         phase,
         since,
-        &held,
-        state.payload_limit,
-    )
-    .await
-    .map_err(service_error)?;
+        held: &held,
+        payload_limit: state.payload_limit,
+        assume: assume.as_ref(),
+    };
+    let report = repair::repair_with(&state.db, &mut redis, input)
+        .await
+        .map_err(service_error)?;
     tracing::info!(route = %route.name, by = %caller.0, mirrored = report.mirrored, repushed = report.repushed, "repair over HTTP");
     Ok((
         StatusCode::OK,

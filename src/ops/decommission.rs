@@ -123,7 +123,7 @@ pub async fn archive_and_delete(
         tx.commit().await?;
         report.dead = dead.len();
     }
-    let mut doomed = vec![dead_list, keys.ran()];
+    let mut doomed = vec![dead_list, keys.ran(), keys.epoch()];
     doomed.extend(scan(redis, &keys.any_inflight()).await?);
     doomed.extend(scan(redis, &keys.any_repushed()).await?);
     for key in doomed {

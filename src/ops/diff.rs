@@ -9,8 +9,11 @@
 //!   and the items still held in Redis ([`super::redis_view`]).
 //!
 //! A mirror copy whose Redis copy was never reported nor is still in Redis
-//! was lost on the Redis side (a restart without persistence): its bytes are
-//! still in `job_keys.original` and `--repair` pushes them back. A Redis-side
+//! is repairable when there is evidence Redis lost it (a restart without
+//! persistence, a flush, a failover after its push; see
+//! [`super::evidence`]): its bytes are still in `job_keys.original` and
+//! `--repair` pushes them back. Without evidence it is unaccounted, with
+//! the reason, and only an operator's `--assume-lost` pushes it back. A Redis-side
 //! job with no Postgres key was never mirrored: `--repair` mirrors those
 //! still waiting in Redis; those already run on Redis ran live once, which is
 //! what matters, and are only counted.
@@ -24,6 +27,7 @@ use sqlx::PgPool;
 
 use crate::config::RedisSideKind;
 use crate::error::Result;
+use crate::ops::evidence::{self, Accounting};
 use crate::ops::redis_view::RedisView;
 use crate::routes::Route;
 use queries::Window;
@@ -81,8 +85,22 @@ pub struct Diff {
     pub only_redis_ran: i64,
     /// Waiting in Redis, never mirrored (`--repair` mirrors them).
     pub only_redis_waiting: i64,
-    /// Mirrored, but Redis neither reported nor holds them (`--repair` re-pushes).
+    /// Mirrored, but Redis neither reported nor holds them: the repairable
+    /// ones plus the unaccounted ones.
     pub only_postgres: i64,
+    /// Of those, lost by Redis on evidence (`--repair` pushes them back),
+    /// with the evidence lines.
+    pub repairable: i64,
+    pub repair_evidence: Vec<String>,
+    /// Of those, without evidence either way (never pushed back without an
+    /// operator's `--assume-lost`), with the reason and a sample.
+    pub unaccounted: i64,
+    pub unaccounted_reason: Option<String>,
+    pub sample_unaccounted: Vec<String>,
+    /// Re-pushes after the flip held back until the Redis side shows it let
+    /// go of the original (see `crate::ingest`), with a sample of keys.
+    pub held_repushes: i64,
+    pub sample_held_repushes: Vec<String>,
     /// Whether the Redis side reported any outcome in the window; without
     /// reports `only_postgres` cannot be told from "not run yet".
     pub redis_reports: bool,
@@ -118,10 +136,11 @@ impl Diff {
         self.only_redis_ran + self.only_redis_waiting + self.only_postgres
     }
 
-    /// Nothing one-sided, nothing mismatched, nothing ran twice (on one
-    /// side or across both).
+    /// Nothing one-sided, nothing held back, nothing mismatched, nothing
+    /// ran twice (on one side or across both).
     pub fn matches(&self) -> bool {
         self.one_sided() == 0
+            && self.held_repushes == 0
             && self.mismatched == 0
             && self.ran_both_sides == 0
             && self.redis.ran_twice == 0
@@ -132,6 +151,18 @@ impl Diff {
 pub(crate) use queries::ran_both_sides;
 pub(crate) use queries::{ONLY_POSTGRES_SQL, UNKNOWN_KEYS_SQL};
 pub use render::table;
+
+/// The distinct lines of evidence, with how many jobs each covers.
+fn evidence_lines(accounting: &Accounting) -> Vec<String> {
+    let mut lines: std::collections::BTreeMap<&str, usize> = Default::default();
+    for (_, why) in &accounting.repairable {
+        *lines.entry(why.as_str()).or_default() += 1;
+    }
+    lines
+        .into_iter()
+        .map(|(why, n)| format!("{n}: {why}"))
+        .collect()
+}
 
 fn ratio(part: i64, whole: i64) -> f64 {
     if whole <= 0 {
@@ -173,6 +204,14 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
         Vec::new()
     };
     let one_sided = queries::one_sided(db, &window).await?;
+    let accounting = if one_sided.only_postgres > 0 {
+        let keys = queries::only_postgres_keys(db, &window).await?;
+        evidence::classify(db, route, input.held.epoch.as_ref(), keys).await?
+    } else {
+        Accounting::default()
+    };
+    let (held_repushes, sample_held_repushes) =
+        crate::ingest::held_count(db, &route.queue, samples as i64).await?;
     let (compared, mismatched, mismatches) = queries::mismatches(db, &window).await?;
     let (noise_samples, noise_disagreed) = queries::noise(db, &window).await?;
     let (ran_both_sides, both_sample) =
@@ -208,6 +247,13 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
         only_redis_ran: one_sided.only_redis_ran,
         only_redis_waiting: one_sided.only_redis_waiting,
         only_postgres: one_sided.only_postgres,
+        repairable: accounting.repairable.len() as i64,
+        repair_evidence: evidence_lines(&accounting),
+        unaccounted: accounting.unaccounted.len() as i64,
+        unaccounted_reason: accounting.reason.clone(),
+        sample_unaccounted: accounting.unaccounted.into_iter().take(samples).collect(),
+        held_repushes,
+        sample_held_repushes: sample_held_repushes.into_iter().take(samples).collect(),
         sample_only_redis: one_sided
             .waiting_sample
             .into_iter()

@@ -319,6 +319,18 @@ async fn postgres_only_checks(
         owed.to_string(),
         "0".into(),
     ));
+    // A held re-push waits for the Redis side's word on its original:
+    // decommissioning now would strand it (the Redis side goes away).
+    let (held_repushes, sample) = crate::ingest::held_count(db, &route.queue, 3).await?;
+    checks.push(check(
+        "re-pushes held back",
+        held_repushes == 0,
+        match held_repushes {
+            0 => "0".to_string(),
+            n => format!("{n} (e.g. {})", sample.join(", ")),
+        },
+        "0 (settled by the Redis side's reports, or qbridge diff --repair --assume-lost)".into(),
+    ));
     let last: Option<DateTime<Utc>> = sqlx::query_scalar(
         "SELECT max(recorded_at) FROM qbridge.outcomes WHERE queue = $1 AND side = 'redis'",
     )

@@ -4,7 +4,8 @@
 //! - [`redis_view`]: what a route still holds in Redis.
 //! - [`diff`]: the two sides of a route compared over a window;
 //!   [`diff_metrics`] publishes it as gauges; [`repair`] fills what is
-//!   missing on one side.
+//!   missing on one side; [`evidence`] decides which silent mirror copies
+//!   Redis provably lost (repairable) and which are unaccounted.
 //! - [`gates`]: the measured numbers each advance needs.
 //! - [`operate`]: advance, rollback and the percent ramp;
 //!   [`decommission`] archives and deletes a route's Redis keys.
@@ -13,6 +14,7 @@
 pub mod decommission;
 pub mod diff;
 pub mod diff_metrics;
+pub mod evidence;
 pub mod gates;
 pub mod operate;
 pub mod redis_view;

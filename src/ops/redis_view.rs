@@ -17,6 +17,7 @@ use sqlx::PgPool;
 use crate::config::PushEnd;
 use crate::error::Result;
 use crate::model::formats::{decode_bytes, KeySource};
+use crate::redis::epoch::{self, Epoch};
 use crate::redis::keys::{inflight_beside, RouteKeys};
 use crate::routes::Route;
 
@@ -48,6 +49,9 @@ pub struct RedisView {
     /// [`MAX_ITEMS`]): they ran on Redis whether or not their outcome
     /// reached Postgres, so none of them is ever "only on postgres".
     pub ran: Vec<String>,
+    /// Which Redis this was read from (observed first): the evidence a
+    /// loss needs ([`crate::ops::evidence`]).
+    pub epoch: Option<Epoch>,
 }
 
 impl RedisView {
@@ -102,7 +106,10 @@ async fn read_list(
 
 /// Reads the route's lists. `db` numbers content-hash keys.
 pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> Result<RedisView> {
-    let mut view = RedisView::default();
+    let mut view = RedisView {
+        epoch: Some(epoch::observe(conn, db, route).await?),
+        ..RedisView::default()
+    };
     let mut budget = MAX_ITEMS;
     let key = String::from_utf8_lossy(&route.redis_key).into_owned();
     let mut items = read_list(conn, &key, &mut budget, &mut view.truncated).await?;

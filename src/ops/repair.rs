@@ -4,13 +4,21 @@
 //! - Waiting in Redis but never mirrored: stored in Postgres as mirror
 //!   copies (a known key is a duplicate, so a second repair adds nothing).
 //! - Mirrored but gone from Redis (no Redis outcome, not held): the mirror
-//!   copy's original bytes are pushed back to the route's list. A marker
-//!   `qbridge:repushed:<route>:<key>` is set in the same Lua step, so a
-//!   second repair before the Redis consumer reports the job pushes nothing.
+//!   copy's original bytes are pushed back to the route's list **only on
+//!   evidence that Redis lost it** ([`crate::ops::evidence`]: a restart,
+//!   flush or failover after its push, on a route run by qbridge's consumer)
+//!   or on an operator's audited decision ([`Assumption`], `--assume-lost`).
+//!   The rest is reported as unaccounted, with the reason. A marker
+//!   `qbridge:repushed:<route>:<key>` is set in the same Lua step as the
+//!   push, so a second repair before the Redis side reports the job pushes
+//!   nothing.
+//! - With an operator's assumption, held re-pushes of the selected keys
+//!   ([`crate::ingest`]) are released as live jobs too.
 //!
 //! Items that ran on Redis without ever being mirrored are not touched: they
 //! ran live once, which is the promise; the diff only counts them.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,12 +27,13 @@ use redis::aio::ConnectionManager;
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::config::{PushEnd, RedisSideKind};
+use crate::config::PushEnd;
 use crate::error::Result;
 use crate::ingest::{self, Item, Stored, Via};
 use crate::model::formats::decode_bytes;
 use crate::model::Phase;
 use crate::ops::diff::{ONLY_POSTGRES_SQL, UNKNOWN_KEYS_SQL};
+use crate::ops::evidence;
 use crate::ops::redis_view::{self, RedisView};
 use crate::queue::JobCopy;
 use crate::redis::keys::RouteKeys;
@@ -44,6 +53,10 @@ end
 return 0
 "#;
 
+mod assume;
+
+pub use assume::Assumption;
+
 /// What a repair did.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct RepairReport {
@@ -53,15 +66,23 @@ pub struct RepairReport {
     pub repushed: usize,
     /// Mirror copies a previous repair already pushed back.
     pub already_repushed: usize,
-    /// Mirror copies with no outcome and in no list qbridge reads whose
-    /// Redis copy may still be running or done where qbridge cannot see
-    /// (an outside fleet): not pushed back, listed by the diff.
-    pub outcome_unknown: usize,
+    /// Why they were pushed back: each line of evidence (or the operator's
+    /// decision) with how many jobs it covered.
+    pub evidence: BTreeMap<String, usize>,
+    /// Mirror copies with no outcome and in no structure qbridge reads, and
+    /// no evidence that Redis lost them: not pushed back, listed by the diff.
+    pub unaccounted: usize,
+    pub unaccounted_sample: Vec<String>,
+    /// Why qbridge cannot tell the unaccounted ones lost.
+    pub unaccounted_reason: Option<String>,
+    /// Held re-pushes an operator's assumption released as live jobs.
+    pub released: u64,
     /// Why a part was not repaired, if one was not.
     pub skipped: Option<String>,
 }
 
-/// Repairs one route. `since` and `held` are those the diff used.
+/// Repairs one route on evidence alone. `since` and `held` are those the
+/// diff used.
 pub async fn repair(
     db: &PgPool,
     redis: &mut ConnectionManager,
@@ -71,6 +92,48 @@ pub async fn repair(
     held: &RedisView,
     payload_limit: usize,
 ) -> Result<RepairReport> {
+    let input = RepairInput {
+        route,
+        phase,
+        since,
+        held,
+        payload_limit,
+        assume: None,
+    };
+    repair_with(db, redis, input).await
+}
+
+/// What [`repair_with`] works on.
+pub struct RepairInput<'a> {
+    pub route: &'a Route,
+    pub phase: Phase,
+    /// The diff's window.
+    pub since: DateTime<Utc>,
+    /// What the diff read from Redis.
+    pub held: &'a RedisView,
+    pub payload_limit: usize,
+    /// An operator's decision that jobs are lost, beyond the evidence.
+    pub assume: Option<&'a Assumption>,
+}
+
+/// Repairs one route, with an operator's assumption when given (audited in
+/// `qbridge.repair_audit`).
+pub async fn repair_with(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    input: RepairInput<'_>,
+) -> Result<RepairReport> {
+    let RepairInput {
+        route,
+        phase,
+        since,
+        held,
+        payload_limit,
+        assume,
+    } = input;
+    if let Some(assume) = assume {
+        assume.check()?;
+    }
     let mut report = RepairReport {
         mirrored: mirror_waiting(db, route, held, payload_limit).await?,
         ..RepairReport::default()
@@ -84,54 +147,63 @@ pub async fn repair(
         ));
         return Ok(report);
     }
-    let reported: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM qbridge.outcomes \
-          WHERE queue = $1 AND side = 'redis' AND recorded_at >= $2)",
-    )
-    .bind(&route.queue)
-    .bind(since)
-    .fetch_one(db)
-    .await?;
-    if !reported {
-        report.skipped = Some(
-            "the Redis side reported no outcomes in the window: a mirror copy with no report may \
-             have run on Redis already, so none is pushed back (report outcomes, or run the Redis \
-             consumer, then repair again)"
-                .into(),
-        );
-        return Ok(report);
-    }
     let settled = Utc::now()
         - chrono::Duration::from_std(route.config.cutover.diff.settle).unwrap_or_default();
     let first = owed(db, route, since, settled, held).await?;
-    if first.is_empty() {
-        return Ok(report);
+    let keys = if first.is_empty() {
+        Vec::new()
+    } else {
+        // Redis is read list by list, and the consumer records an outcome
+        // a moment after it acts: an item moving between lists, or just
+        // finished, can look unaccounted for in one reading. Only what a
+        // second reading a moment later still misses is considered (the
+        // demo drill caught a running job pushed back without this).
+        tokio::time::sleep(RECHECK_AFTER).await;
+        let again = redis_view::read(redis, db, route).await?;
+        let second = owed(db, route, since, settled, &again).await?;
+        let mut keys: Vec<String> = first.into_iter().filter(|k| second.contains(k)).collect();
+        keys.sort();
+        keys
+    };
+    let accounting = evidence::classify(db, route, held.epoch.as_ref(), keys).await?;
+    let mut push: Vec<(String, String)> = accounting.repairable;
+    let mut unaccounted = accounting.unaccounted;
+    if let Some(assume) = assume {
+        let (assumed, rest) = assume.split(db, route, unaccounted).await?;
+        unaccounted = rest;
+        push.extend(assumed.into_iter().map(|k| (k, assume.evidence_line())));
+        report.released = assume.release_held(db, route, payload_limit).await?;
     }
-    if route.config.redis_side == RedisSideKind::Fleet {
-        // Silence from a fleet qbridge does not run is not evidence of a
-        // loss: the job may be held by a worker (BRPOP, an unacked hash, a
-        // retry set) or done with its report late or never sent.
-        report.outcome_unknown = first.len();
-        report.skipped = Some(format!(
-            "{} mirror copies have no Redis-side outcome, but the Redis side is an outside \
-             fleet (redis_side = \"fleet\"): they may be running or done where qbridge cannot \
-             see, so none is pushed back (have the fleet report its outcomes)",
-            first.len()
-        ));
-        return Ok(report);
+    report.unaccounted = unaccounted.len();
+    report.unaccounted_sample = unaccounted
+        .into_iter()
+        .take(route.config.cutover.diff.sample_keys)
+        .collect();
+    if report.unaccounted > 0 {
+        report.unaccounted_reason = accounting.reason;
     }
-    // Redis is read list by list, and the consumer records an outcome a
-    // moment after it acts: an item moving between lists, or just finished,
-    // can look unaccounted for in one reading. Only what a second reading a
-    // moment later still misses is pushed back (the demo drill caught a
-    // running job pushed back without this).
-    tokio::time::sleep(RECHECK_AFTER).await;
-    let again = redis_view::read(redis, db, route).await?;
-    let second = owed(db, route, since, settled, &again).await?;
-    let keys: Vec<String> = first.into_iter().filter(|k| second.contains(k)).collect();
-    if keys.is_empty() {
-        return Ok(report);
+    push_back(db, redis, route, &push, &mut report).await?;
+    if let Some(assume) = assume {
+        assume.audit(db, route, &report).await?;
     }
+    Ok(report)
+}
+
+/// Pushes back the original bytes of `push` (job key, why), each at most
+/// once (the marker), counting the evidence of those pushed.
+async fn push_back(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    push: &[(String, String)],
+    report: &mut RepairReport,
+) -> Result<()> {
+    if push.is_empty() {
+        return Ok(());
+    }
+    let why: std::collections::HashMap<&str, &str> =
+        push.iter().map(|(k, w)| (k.as_str(), w.as_str())).collect();
+    let keys: Vec<&str> = push.iter().map(|(k, _)| k.as_str()).collect();
     let rows: Vec<(String, Vec<u8>)> = sqlx::query_as(
         "SELECT key, original FROM qbridge.job_keys \
           WHERE queue = $1 AND key = ANY($2::text[]) AND original IS NOT NULL",
@@ -141,29 +213,30 @@ pub async fn repair(
     .fetch_all(db)
     .await?;
     let list = String::from_utf8_lossy(&route.redis_key).into_owned();
-    let push = match route.push {
+    let command = match route.push {
         PushEnd::Lpush => "LPUSH",
         PushEnd::Rpush => "RPUSH",
     };
     let script = redis::Script::new(REPUSH_LUA);
-    let keys = RouteKeys::of(route);
+    let route_keys = RouteKeys::of(route);
     for (key, original) in rows {
-        let marker = keys.repushed(&key);
         let pushed: i64 = script
             .key(&list)
-            .key(&marker)
+            .key(route_keys.repushed(&key))
             .arg(original)
             .arg(MARKER_TTL.as_secs())
-            .arg(push)
+            .arg(command)
             .invoke_async(redis)
             .await?;
         if pushed == 1 {
             report.repushed += 1;
+            let line = why.get(key.as_str()).copied().unwrap_or_default();
+            *report.evidence.entry(line.to_string()).or_default() += 1;
         } else {
             report.already_repushed += 1;
         }
     }
-    Ok(report)
+    Ok(())
 }
 
 /// Time between the two readings that must agree before a push-back:

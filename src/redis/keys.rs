@@ -14,6 +14,7 @@
 //! | `qbridge:repushed:<route>:<job key>` | string (TTL) | repair | repair, decommission |
 //! | `qbridge:archiving:<route>:<id>` | list | decommission | decommission |
 //! | `qbridge:paid:<outbox token>` | string (TTL) | the outbox | the outbox |
+//! | `qbridge:epoch:<route>` | string | the epoch observer | the epoch observer (gone = Redis lost its data) |
 //!
 //! Route and consumer names are held to `A-Z a-z 0-9 _ . -` by the config
 //! (no `:`, no glob characters), so one route's keys never match another's
@@ -69,6 +70,13 @@ impl RouteKeys {
     /// reaches Postgres; kept for [`RAN_RETENTION_MS`].
     pub fn ran(&self) -> String {
         format!("{PREFIX}ran:{}", self.route)
+    }
+
+    /// `qbridge:epoch:<route>`: a marker qbridge sets once in the route's
+    /// database; finding it gone or changed means Redis lost its data (a
+    /// flush, a restart without persistence) since it was last seen.
+    pub fn epoch(&self) -> String {
+        format!("{PREFIX}epoch:{}", self.route)
     }
 
     /// `qbridge:repushed:<route>:<job key>`: repair pushed this job back

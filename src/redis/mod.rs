@@ -1,10 +1,12 @@
 //! The Redis side of a migration: every Redis key qbridge reads or writes
 //! ([`keys`]), connecting to Redis ([`connect`]), the producer API with its
-//! outbox, the Redis consumer, and per-route Redis numbers for `qbridge
+//! outbox, the Redis consumer, which Redis a route talks to ([`epoch`]:
+//! the evidence that Redis lost data), and per-route Redis numbers for `qbridge
 //! stats`.
 
 pub mod connect;
 pub mod consumer;
+pub mod epoch;
 pub mod keys;
 pub mod outbox;
 pub mod producer;

@@ -8,6 +8,7 @@ mod both_sides;
 mod fleet;
 mod lost_report;
 mod promotion;
+mod restart_evidence;
 
 use std::net::SocketAddr;
 use std::time::Duration;

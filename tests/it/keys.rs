@@ -219,14 +219,25 @@ diff = {{ settle = "0s" }}
     assert_eq!(pending.push(&producer).await.unwrap().pushed, 1);
     let since = chrono::Utc::now() - chrono::Duration::minutes(5);
     let held = redis_view::read(&mut redis, &pool, &route).await.unwrap();
-    let repaired = repair::repair(
+    // Deleted by hand, so qbridge has no evidence of the loss: the
+    // operator's decision pushes it back.
+    let assume = repair::Assumption {
+        keys: vec!["lost-1".into()],
+        by: "keys-test".into(),
+        reason: "deleted by the test with LREM".into(),
+        ..repair::Assumption::default()
+    };
+    let repaired = repair::repair_with(
         &pool,
         &mut redis,
-        &route,
-        Phase::DualWrite,
-        since,
-        &held,
-        1 << 20,
+        repair::RepairInput {
+            route: &route,
+            phase: Phase::DualWrite,
+            since,
+            held: &held,
+            payload_limit: 1 << 20,
+            assume: Some(&assume),
+        },
     )
     .await
     .unwrap();
@@ -241,14 +252,17 @@ diff = {{ settle = "0s" }}
         .await
         .unwrap();
     let again = redis_view::read(&mut redis, &pool, &route).await.unwrap();
-    let second = repair::repair(
+    let second = repair::repair_with(
         &pool,
         &mut redis,
-        &route,
-        Phase::DualWrite,
-        since,
-        &again,
-        1 << 20,
+        repair::RepairInput {
+            route: &route,
+            phase: Phase::DualWrite,
+            since,
+            held: &again,
+            payload_limit: 1 << 20,
+            assume: Some(&assume),
+        },
     )
     .await
     .unwrap();
@@ -265,6 +279,7 @@ diff = {{ settle = "0s" }}
         route_keys.dead(),
         route_keys.ran(),
         route_keys.repushed("lost-1"),
+        route_keys.epoch(),
         consumer_keys.processing(0),
         consumer_keys.inflight(0),
     ];

@@ -16,6 +16,10 @@ const SIDES_SQL: &str = r#"
 WITH per_key AS (
     SELECT side, key,
            count(*) FILTER (WHERE outcome = 'ok') AS oks,
+           -- A shadow call and a live run of one key (a retry promoted
+           -- while its mirror copy was drained) are not a double run.
+           greatest(count(*) FILTER (WHERE outcome = 'ok' AND mode = 'live'),
+                    count(*) FILTER (WHERE outcome = 'ok' AND mode <> 'live')) AS most_oks,
            count(*) FILTER (WHERE outcome = 'failed') AS fails,
            bool_or(outcome = 'dead') AS dead,
            min(recorded_at) AS first_at
@@ -23,7 +27,7 @@ WITH per_key AS (
      WHERE queue = $1 AND recorded_at >= $2 AND mode <> 'noise'
      GROUP BY side, key)
 SELECT p.side, count(*), sum(p.oks)::int8, sum(p.fails)::int8,
-       count(*) FILTER (WHERE p.dead), count(*) FILTER (WHERE p.oks > 1),
+       count(*) FILTER (WHERE p.dead), count(*) FILTER (WHERE p.most_oks > 1),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM p.first_at - k.seen_at)),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM p.first_at - k.seen_at))
   FROM per_key p LEFT JOIN qbridge.job_keys k ON k.queue = $1 AND k.key = p.key
@@ -31,9 +35,10 @@ SELECT p.side, count(*), sum(p.oks)::int8, sum(p.fails)::int8,
 "#;
 
 const RAN_TWICE_SQL: &str = r#"
-SELECT key FROM qbridge.outcomes
- WHERE queue = $1 AND recorded_at >= $2 AND mode <> 'noise' AND outcome = 'ok'
- GROUP BY side, key HAVING count(*) > 1
+SELECT DISTINCT key FROM (
+    SELECT key FROM qbridge.outcomes
+     WHERE queue = $1 AND recorded_at >= $2 AND mode <> 'noise' AND outcome = 'ok'
+     GROUP BY side, key, mode = 'live' HAVING count(*) > 1) twice
  ORDER BY key LIMIT $3
 "#;
 
@@ -239,6 +244,17 @@ pub(super) async fn one_sided(db: &PgPool, w: &Window<'_>) -> Result<OneSided> {
         only_postgres,
         postgres_sample,
     })
+}
+
+/// Every mirror copy only on Postgres (to classify: repairable or not).
+pub(super) async fn only_postgres_keys(db: &PgPool, w: &Window<'_>) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(ONLY_POSTGRES_SQL)
+        .bind(w.queue)
+        .bind(w.since)
+        .bind(w.settled)
+        .bind(&w.accounted_keys)
+        .fetch_all(db)
+        .await?)
 }
 
 /// Keys compared across the sides, how many disagree, and a sample of them.

@@ -2,7 +2,6 @@
 //! the table `qbridge diff` prints.
 
 use super::Diff;
-use crate::config::RedisSideKind;
 
 fn percent(r: f64) -> String {
     format!("{:.2}%", r * 100.0)
@@ -20,11 +19,7 @@ pub(super) fn verdict(d: &Diff) -> String {
         d.only_redis_ran + d.only_redis_waiting,
         d.only_redis_waiting,
         d.only_postgres,
-        match (d.only_postgres > 0, d.redis_side) {
-            (false, _) => "",
-            (true, RedisSideKind::Qbridge) => " (repairable)",
-            (true, RedisSideKind::Fleet) => " (outcome unknown: an outside fleet may have run them)",
-        },
+        only_postgres_detail(d),
         d.mismatched,
         d.compared,
         percent(d.mismatch_rate),
@@ -38,10 +33,42 @@ pub(super) fn verdict(d: &Diff) -> String {
             "; the Redis side reported no outcomes, so 'only on postgres' may count jobs Redis ran",
         );
     }
+    if d.held_repushes > 0 {
+        line.push_str(&format!(
+            "; {} re-pushes after the flip held back until the Redis side shows it let go of the original",
+            d.held_repushes
+        ));
+    }
     if d.redis_truncated {
         line.push_str("; Redis lists longer than the diff reads: counts are lower bounds");
     }
     line
+}
+
+/// What the jobs only on Postgres are: repairable on evidence, or
+/// unaccounted and why.
+fn only_postgres_detail(d: &Diff) -> String {
+    if d.only_postgres == 0 {
+        return String::new();
+    }
+    let mut parts = Vec::new();
+    if d.repairable > 0 {
+        parts.push(format!(
+            "{} repairable: Redis lost them ({})",
+            d.repairable,
+            d.repair_evidence.join("; ")
+        ));
+    }
+    if d.unaccounted > 0 {
+        parts.push(format!(
+            "{} unaccounted, {}",
+            d.unaccounted,
+            d.unaccounted_reason
+                .as_deref()
+                .unwrap_or("no evidence either way")
+        ));
+    }
+    format!(" ({})", parts.join("; "))
 }
 
 /// The diff as a table for people.
@@ -73,6 +100,18 @@ pub fn table(d: &Diff) -> String {
         d.noise_samples,
         percent(d.noise_rate)
     ));
+    if d.only_postgres > 0 {
+        out.push_str(&format!(
+            "only on postgres: {} repairable on evidence, {} unaccounted\n",
+            d.repairable, d.unaccounted
+        ));
+        for line in &d.repair_evidence {
+            out.push_str(&format!("  evidence of a loss: {line}\n"));
+        }
+        if let Some(why) = &d.unaccounted_reason {
+            out.push_str(&format!("  unaccounted because: {why}\n"));
+        }
+    }
     samples(d, &mut out);
     out.push('\n');
     out.push_str(&d.verdict);
@@ -136,6 +175,8 @@ fn samples(d: &Diff, out: &mut String) {
     };
     list("only on redis (sample)", &d.sample_only_redis, out);
     list("only on postgres (sample)", &d.sample_only_postgres, out);
+    list("unaccounted (sample)", &d.sample_unaccounted, out);
+    list("held re-pushes (sample)", &d.sample_held_repushes, out);
     list("ran more than once (sample)", &d.sample_ran_twice, out);
     list(
         "ran live on both sides (sample)",

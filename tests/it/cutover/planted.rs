@@ -26,21 +26,25 @@ async fn diff(rig: &Rig) -> (Diff, qbridge::ops::redis_view::RedisView) {
 }
 
 async fn repair(rig: &Rig) -> repair::RepairReport {
+    repair_assuming(rig, None).await
+}
+
+async fn repair_assuming(rig: &Rig, assume: Option<&repair::Assumption>) -> repair::RepairReport {
     let (_, held) = diff(rig).await;
     let mut conn = rig.redis().await;
     let route = rig.route();
     let since = chrono::Utc::now() - chrono::Duration::minutes(5);
-    repair::repair(
-        &rig.pool,
-        &mut conn,
-        &route,
-        rig.routes.phase(&route),
+    let input = repair::RepairInput {
+        route: &route,
+        phase: rig.routes.phase(&route),
         since,
-        &held,
-        1 << 20,
-    )
-    .await
-    .expect("repair")
+        held: &held,
+        payload_limit: 1 << 20,
+        assume,
+    };
+    repair::repair_with(&rig.pool, &mut conn, input)
+        .await
+        .expect("repair")
 }
 
 fn keys(prefix: &str, n: usize) -> Vec<String> {
@@ -143,6 +147,11 @@ async fn planted_discrepancies_show_up_block_the_gate_and_repair_fills_them(pool
     let (d, _) = diff(&rig).await;
     assert_eq!(d.only_postgres, 1, "{}", d.verdict);
     assert_eq!(d.sample_only_postgres, vec!["lost".to_string()]);
+    // No restart, flush or failover of Redis was seen after its push:
+    // qbridge cannot tell it lost, so it is unaccounted, not repairable.
+    assert_eq!((d.repairable, d.unaccounted), (0, 1), "{}", d.verdict);
+    assert_eq!(d.sample_unaccounted, vec!["lost".to_string()]);
+    assert!(d.verdict.contains("unaccounted"), "{}", d.verdict);
     assert_eq!(d.redis.ran_twice, 1, "{}", d.verdict);
     assert!(d.sample_ran_twice.contains(&"twice".to_string()));
     assert_eq!(d.mismatched, 1, "{}", d.verdict);
@@ -168,9 +177,33 @@ async fn planted_discrepancies_show_up_block_the_gate_and_repair_fills_them(pool
         other => panic!("the gate must refuse: {:?}", other.map(|a| a.state)),
     }
 
-    // --repair pushes "lost" back to Redis, once; Redis then runs it live.
-    let first = repair(&rig).await;
+    // --repair alone pushes nothing back and says why; the operator's
+    // audited --assume-lost pushes "lost" back to Redis, once; Redis then
+    // runs it live.
+    let silent = repair(&rig).await;
+    assert_eq!((silent.repushed, silent.unaccounted), (0, 1), "{silent:?}");
+    assert!(silent.unaccounted_reason.is_some(), "{silent:?}");
+    let assume = repair::Assumption {
+        keys: vec!["lost".into()],
+        by: "planted-test".into(),
+        reason: "its outbox row was deleted by the test".into(),
+        ..repair::Assumption::default()
+    };
+    let first = repair_assuming(&rig, Some(&assume)).await;
     assert_eq!(first.repushed, 1, "{first:?}");
+    assert_eq!(
+        first.evidence.keys().collect::<Vec<_>>(),
+        vec!["assumed lost by planted-test: its outbox row was deleted by the test"]
+    );
+    assert_eq!(
+        support::count(
+            &pool,
+            "SELECT count(*) FROM qbridge.repair_audit WHERE by = 'planted-test' AND pushed_back = 1"
+        )
+        .await,
+        1,
+        "the decision is audited"
+    );
     support::wait_for_count(
         &pool,
         "lost ran on Redis",

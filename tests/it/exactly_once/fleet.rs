@@ -153,7 +153,7 @@ async fn silence_from_an_outside_fleet_is_never_taken_for_a_loss(pool: PgPool) {
         diff.verdict
     );
     assert_eq!(
-        report.outcome_unknown, 10,
+        report.unaccounted, 10,
         "the unreported half is 'outcome unknown': {report:?}"
     );
     assert!(

@@ -1,0 +1,122 @@
+//! An operator's decision that jobs are lost when qbridge has no evidence
+//! (`qbridge diff --repair --assume-lost KEY… | --assume-lost-before TIME
+//! --reason …`): the selected unaccounted mirror copies are pushed back to
+//! Redis and the selected held re-pushes run live in Postgres. The decision
+//! is the operator's, so it is audited in `qbridge.repair_audit` with who,
+//! why, what was selected and what it did.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use super::RepairReport;
+use crate::error::{Error, Result};
+use crate::ingest::{self, Selection};
+use crate::routes::Route;
+
+/// Which jobs an operator declares lost, by whom and why.
+#[derive(Debug, Clone, Default)]
+pub struct Assumption {
+    /// These job keys.
+    pub keys: Vec<String>,
+    /// Every job mirrored (or held) before this time.
+    pub before: Option<DateTime<Utc>>,
+    /// The operator, as the audit shows them.
+    pub by: String,
+    /// Why they know the jobs are lost (required).
+    pub reason: String,
+}
+
+impl Assumption {
+    /// A decision names what it covers and says why.
+    pub fn check(&self) -> Result<()> {
+        if self.keys.is_empty() && self.before.is_none() {
+            return Err(Error::InvalidInput(
+                "--assume-lost needs job keys, or --assume-lost-before a time".into(),
+            ));
+        }
+        if self.reason.trim().is_empty() {
+            return Err(Error::InvalidInput(
+                "assuming jobs lost is an operator's decision: give it a --reason".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Splits `unaccounted` into those this decision covers and the rest.
+    pub(super) async fn split(
+        &self,
+        db: &PgPool,
+        route: &Route,
+        unaccounted: Vec<String>,
+    ) -> Result<(Vec<String>, Vec<String>)> {
+        let before: Vec<String> = match self.before {
+            Some(before) if !unaccounted.is_empty() => {
+                sqlx::query_scalar(
+                    "SELECT key FROM qbridge.job_keys \
+                      WHERE queue = $1 AND key = ANY($2::text[]) AND seen_at < $3",
+                )
+                .bind(&route.queue)
+                .bind(&unaccounted)
+                .bind(before)
+                .fetch_all(db)
+                .await?
+            }
+            _ => Vec::new(),
+        };
+        Ok(unaccounted
+            .into_iter()
+            .partition(|k| self.keys.contains(k) || before.contains(k)))
+    }
+
+    /// The evidence line of the jobs this decision pushes back.
+    pub(super) fn evidence_line(&self) -> String {
+        format!("assumed lost by {}: {}", self.by, self.reason.trim())
+    }
+
+    /// Runs the selected held re-pushes live; how many.
+    pub(super) async fn release_held(
+        &self,
+        db: &PgPool,
+        route: &Route,
+        payload_limit: usize,
+    ) -> Result<u64> {
+        let selection = Selection {
+            keys: (!self.keys.is_empty()).then_some(&self.keys[..]),
+            held_before: self.before,
+        };
+        let mut tx = db.begin().await?;
+        let released = ingest::release(&mut tx, &route.queue, &selection, payload_limit).await?;
+        tx.commit().await?;
+        Ok(released)
+    }
+
+    /// Records the decision and what it did.
+    pub(super) async fn audit(
+        &self,
+        db: &PgPool,
+        route: &Route,
+        done: &RepairReport,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO qbridge.repair_audit (route, by, reason, keys, before, pushed_back, released) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(&route.name)
+        .bind(&self.by)
+        .bind(self.reason.trim())
+        .bind((!self.keys.is_empty()).then_some(&self.keys))
+        .bind(self.before)
+        .bind(done.repushed as i32)
+        .bind(done.released as i32)
+        .execute(db)
+        .await?;
+        tracing::info!(
+            route = %route.name,
+            by = %self.by,
+            pushed_back = done.repushed,
+            released = done.released,
+            "jobs assumed lost by an operator"
+        );
+        Ok(())
+    }
+}

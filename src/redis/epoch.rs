@@ -1,0 +1,160 @@
+//! Which Redis a route talks to, over time: the evidence that Redis lost
+//! data. An epoch is the server's `run_id` (new at every restart and on a
+//! failover to another server) plus a marker key qbridge sets once in the
+//! route's database (gone after a flush or a restart without persistence).
+//! Every process with a Redis side observes it every [`OBSERVE_EVERY`], and
+//! the diff and repair observe it before they read; each observation is
+//! upserted into `qbridge.redis_epochs`.
+//!
+//! A mirror copy that Redis no longer holds was lost by Redis — and may be
+//! pushed back by repair — only with this evidence (never from silence):
+//! - the current server started after the copy was mirrored (its push went
+//!   to an earlier server), or
+//! - another epoch was observed after the copy was mirrored (so the push
+//!   went to that epoch), and the current one began after it.
+//!
+//! Items mirrored within one observation period before a restart that took
+//! less than a second have neither; they stay unaccounted until an operator
+//! decides (`qbridge diff --repair --assume-lost-before`).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redis::aio::ConnectionManager;
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::error::Result;
+use crate::redis::keys::RouteKeys;
+use crate::routes::Route;
+
+/// How often every process with a Redis side observes each route's epoch:
+/// the window in which a push and a quick restart can leave no evidence.
+pub const OBSERVE_EVERY: Duration = Duration::from_secs(1);
+
+/// One observation of a route's Redis.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Epoch {
+    /// The server's `run_id` (INFO server).
+    pub run_id: String,
+    /// The value of the route's marker key.
+    pub marker: String,
+    /// When the server started, at the earliest.
+    pub started_at: DateTime<Utc>,
+}
+
+/// Reads the route's epoch and records the observation.
+pub async fn observe(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> Result<Epoch> {
+    let info: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
+    let run_id = info_field(&info, "run_id").unwrap_or_default().to_string();
+    let uptime: i64 = info_field(&info, "uptime_in_seconds")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let key = RouteKeys::of(route).epoch();
+    let fresh = uuid::Uuid::new_v4().simple().to_string();
+    // Set once; an existing marker is kept. A second round trip is fine:
+    // whichever process sets it first, every process then reads that one.
+    let _: Option<String> = redis::cmd("SET")
+        .arg(&key)
+        .arg(&fresh)
+        .arg("NX")
+        .query_async(conn)
+        .await?;
+    let marker: Option<String> = redis::cmd("GET").arg(&key).query_async(conn).await?;
+    // Uptime is whole seconds, rounded down: the start was at most one
+    // second before now - uptime, and the earliest is the safe bound. It
+    // is taken on Postgres's clock, the one `job_keys.seen_at` is on.
+    let started_at: DateTime<Utc> = sqlx::query_scalar(
+        "INSERT INTO qbridge.redis_epochs (route, run_id, marker, started_at) \
+         VALUES ($1, $2, $3, now() - ($4 + 1) * interval '1 second') \
+         ON CONFLICT (route, run_id, marker) DO UPDATE SET last_seen = now() \
+         RETURNING started_at",
+    )
+    .bind(&route.name)
+    .bind(&run_id)
+    .bind(marker.as_deref().unwrap_or(&fresh))
+    .bind(uptime as f64)
+    .fetch_one(db)
+    .await?;
+    let epoch = Epoch {
+        run_id,
+        marker: marker.unwrap_or(fresh),
+        started_at,
+    };
+    Ok(epoch)
+}
+
+/// One observation pass over `routes` (the periodic service).
+pub async fn observe_all(
+    conn: &mut ConnectionManager,
+    db: &PgPool,
+    routes: &crate::routes::Routes,
+) -> Result<()> {
+    for route in routes.iter() {
+        if routes.phase(route) != crate::model::Phase::Decommissioned {
+            observe(conn, db, route).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Why each of `keys` (mirror copies of `route`) was lost by Redis, for
+/// those that have evidence, given the current `epoch`.
+pub async fn loss_evidence(
+    db: &PgPool,
+    route: &Route,
+    epoch: &Epoch,
+    keys: &[String],
+) -> Result<Vec<(String, String)>> {
+    Ok(sqlx::query_as(LOSS_EVIDENCE_SQL)
+        .bind(&route.name)
+        .bind(&route.queue)
+        .bind(&epoch.run_id)
+        .bind(&epoch.marker)
+        .bind(keys)
+        .fetch_all(db)
+        .await?)
+}
+
+/// The evidence per key, as one line (no key without evidence is returned).
+const LOSS_EVIDENCE_SQL: &str = r#"
+WITH cur AS (
+    SELECT started_at, first_seen FROM qbridge.redis_epochs
+     WHERE route = $1 AND run_id = $3 AND marker = $4)
+SELECT k.key,
+       CASE WHEN cur.started_at > k.seen_at
+            THEN 'Redis restarted after the push (server started ' ||
+                 to_char(cur.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ')'
+            ELSE 'Redis lost its data after the push (it was seen as another server or '
+                 'without qbridge''s marker until ' ||
+                 to_char(prev.last_seen AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ')'
+       END
+  FROM qbridge.job_keys k
+  CROSS JOIN cur
+  LEFT JOIN LATERAL (
+        SELECT max(o.last_seen) AS last_seen FROM qbridge.redis_epochs o
+         WHERE o.route = $1 AND (o.run_id, o.marker) <> ($3, $4)
+           AND o.last_seen >= k.seen_at AND o.last_seen < cur.first_seen) prev ON true
+ WHERE k.queue = $2 AND k.key = ANY($5::text[])
+   AND (cur.started_at > k.seen_at OR prev.last_seen IS NOT NULL)
+"#;
+
+/// A `field:value` line of an INFO reply.
+fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::info_field;
+
+    #[test]
+    fn reads_info_fields() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\n";
+        assert_eq!(info_field(info, "run_id"), Some("abc123"));
+        assert_eq!(info_field(info, "uptime_in_seconds"), Some("42"));
+        assert_eq!(info_field(info, "run"), None);
+    }
+}
