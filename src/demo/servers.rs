@@ -149,18 +149,7 @@ impl ThrowawayPostgres {
             .arg(dir.path())
             .status();
         let data = dir.path().join("data");
-        let out = as_server_user(bindir.join("initdb"))
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", "postgres", "--auth=trust", "--no-sync"])
-            .output()
-            .map_err(|e| format!("initdb: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "initdb failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+        copy_cluster(&template(&bindir)?, &data)?;
         if let Some(tls) = tls {
             install_server_tls(tls, dir.path())?;
         }
@@ -236,6 +225,76 @@ impl ThrowawayPostgres {
         }
         Ok(())
     }
+}
+
+/// An initdb'd cluster to copy: initdb costs seconds, a copy of its ~40 MB
+/// a fraction of one, and the fault suite and the randomized cutover oracle
+/// start a cluster per scenario or seed. Made once per machine (per
+/// PostgreSQL version and user), in the temporary directory; made anew if
+/// it is missing or incomplete.
+fn template(bindir: &Path) -> Result<PathBuf, String> {
+    let version = bindir
+        .parent()
+        .and_then(|p| p.file_name())
+        .map(|v| v.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let uid = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let done = std::env::temp_dir().join(format!("qbridge-pg-template-{version}-{uid}"));
+    if done.join("data").join("PG_VERSION").exists() {
+        return Ok(done);
+    }
+    // initdb into a private directory, then rename it into place: two
+    // processes racing both succeed, and one rename wins.
+    let fresh = tempfile::Builder::new()
+        .prefix("qbridge-pg-template-")
+        .tempdir()
+        .map_err(|e| format!("temporary directory: {e}"))?;
+    let _ = Command::new("chown")
+        .args(["-R", "postgres"])
+        .arg(fresh.path())
+        .status();
+    let out = as_server_user(bindir.join("initdb"))
+        .arg("-D")
+        .arg(fresh.path().join("data"))
+        .args(["-U", "postgres", "--auth=trust", "--no-sync"])
+        .output()
+        .map_err(|e| format!("initdb: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let made = fresh.keep();
+    if std::fs::rename(&made, &done).is_err() {
+        let _ = std::fs::remove_dir_all(&made);
+    }
+    if done.join("data").join("PG_VERSION").exists() {
+        Ok(done)
+    } else {
+        Err(format!("no cluster template at {}", done.display()))
+    }
+}
+
+/// Copies the template's data directory to `data`, owner and modes kept.
+fn copy_cluster(template: &Path, data: &Path) -> Result<(), String> {
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(template.join("data"))
+        .arg(data)
+        .output()
+        .map_err(|e| format!("cp: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "copying the cluster template failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
 }
 
 /// Copies the certificate and key where the server user can read them:
