@@ -157,6 +157,16 @@ pub struct ChaosArgs {
     /// default skip threshold of half of Postgres's 8 GB queue).
     #[arg(long, default_value_t = 4500)]
     pub notify_fill_mb: u64,
+    /// cutover-random: how many seeds to walk.
+    #[arg(long, default_value_t = 10)]
+    pub seeds: u64,
+    /// cutover-random: the first seed (a failing seed replays its walk).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// cutover-random: random steps per seed, before the final flip and
+    /// decommission.
+    #[arg(long, default_value_t = 20)]
+    pub steps: usize,
 }
 
 /// `qbridge run`

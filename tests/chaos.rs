@@ -90,3 +90,32 @@ async fn connection_slots_exhausted() {
 async fn phase_flip_and_rollback_under_load() {
     holds(Scenario::PhaseFlip).await;
 }
+
+/// The randomized cutover oracle on a fixed set of seeds (a longer
+/// campaign: `qbridge chaos --scenario cutover-random --seeds 1000`, README
+/// "Fault suite"). Each seed walks the route through random advances,
+/// rollbacks, ramps, kills, restarts, lost reports, re-pushes and repairs,
+/// then flips to 100% and decommissions; the oracle and the diff judge it.
+#[tokio::test(flavor = "multi_thread")]
+async fn randomized_cutover_walks_keep_every_promise() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let campaign = chaos::cutover_random::Campaign {
+        bin: env!("CARGO_BIN_EXE_qbridge").into(),
+        first_seed: 1,
+        seeds: 3,
+        steps: 14,
+        rate: 60,
+        patience: Duration::from_secs(60),
+    };
+    let reports = chaos::cutover_random::campaign(&campaign, |_| {})
+        .await
+        .unwrap();
+    let summary = chaos::cutover_random::summary(&reports);
+    assert!(reports.iter().all(|r| r.passed()), "{summary}");
+    assert!(
+        reports
+            .iter()
+            .all(|r| r.verdict.jobs > 0 && r.steps.len() > 14),
+        "a walk without load or without its end proves nothing: {summary}"
+    );
+}

@@ -28,6 +28,13 @@ impl Acked {
             .push((key, via));
     }
 
+    /// The `index`-th key acknowledged so far (modulo how many there are),
+    /// for a re-push; `None` before the first.
+    pub fn pick(&self, index: usize) -> Option<String> {
+        let keys = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        (!keys.is_empty()).then(|| keys[index % keys.len()].0.clone())
+    }
+
     /// Everything acknowledged, for the oracle.
     pub fn take(&self) -> Vec<(String, &'static str)> {
         std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
@@ -67,7 +74,8 @@ impl Load {
     }
 }
 
-fn item(key: &str) -> Bytes {
+/// The item the producers push for `key`.
+pub fn item(key: &str) -> Bytes {
     Bytes::from(serde_json::json!({ "id": key, "work": "chaos" }).to_string())
 }
 

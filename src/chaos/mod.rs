@@ -11,8 +11,11 @@
 //! qbridge's tables.
 //!
 //! `qbridge chaos` runs it at full size and prints the table; the
-//! integration tests run every scenario at a reduced size.
+//! integration tests run every scenario at a reduced size. The randomized
+//! cutover oracle ([`cutover_random`]) uses the same rig and oracle for
+//! random walks through the cutover, by seed.
 
+pub mod cutover_random;
 pub mod faults;
 pub mod handler;
 pub mod load;
@@ -49,6 +52,9 @@ pub enum Scenario {
     NotifyQueueFull,
     PoolExhaustion,
     PhaseFlip,
+    /// The randomized cutover oracle: runs by seeds ([`cutover_random`]),
+    /// not in the table of the nine faults.
+    CutoverRandom,
 }
 
 impl Scenario {
@@ -76,6 +82,7 @@ impl Scenario {
             Scenario::NotifyQueueFull => "notify-queue-full",
             Scenario::PoolExhaustion => "pool-exhaustion",
             Scenario::PhaseFlip => "phase-flip",
+            Scenario::CutoverRandom => "cutover-random",
         }
     }
 
@@ -84,7 +91,9 @@ impl Scenario {
     /// live (`dual_write`); the flip starts at the beginning.
     fn phase(self) -> Phase {
         match self {
-            Scenario::RedisRestart | Scenario::PhaseFlip => Phase::DualWrite,
+            Scenario::RedisRestart | Scenario::PhaseFlip | Scenario::CutoverRandom => {
+                Phase::DualWrite
+            }
             _ => Phase::PostgresOnly,
         }
     }
@@ -134,30 +143,9 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report> {
         _ => "",
     };
     let mut rig = Rig::start(&opts.bin, scenario.phase(), setup).await?;
-    let stop_watch = CancellationToken::new();
-    let config = Config::load(
-        Some(&rig.dir.path().join("w1.toml")),
-        &Overrides {
-            database_url: Some(rig::harness_url(&rig.database_url())),
-            ..Overrides::default()
-        },
-    )?;
-    let (view, watch_task) =
-        watch::attach(&rig.db, &config.routes, "qbridge-chaos", &stop_watch).await?;
-    let routes = Routes::new(&config.routes, view);
-    let route = Arc::clone(
-        routes
-            .by_name(ROUTE)
-            .ok_or_else(|| Error::Config("chaos route missing".into()))?,
-    );
-    let producer = Producer::connect(
-        rig.db.clone(),
-        Some(&rig.redis.url()),
-        routes.clone(),
-        config.payload_limit,
-    )
-    .await?;
-    let load = load::Load::start(opts.rate, rig.proxy_port, producer);
+    let harness = Harness::attach(&rig).await?;
+    let route = Arc::clone(&harness.route);
+    let load = load::Load::start(opts.rate, rig.proxy_port, harness.producer.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let span = opts.span;
@@ -173,6 +161,10 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report> {
         }
         Scenario::PoolExhaustion => faults::exhaust_connections(&mut rig, span).await,
         Scenario::PhaseFlip => faults::flip_phases(&mut rig, span, &route).await,
+        Scenario::CutoverRandom => Err(Error::InvalidInput(
+            "cutover-random runs by seeds (qbridge chaos --scenario cutover-random --seeds N)"
+                .into(),
+        )),
     };
     let mut note = match note {
         Ok(n) => n,
@@ -208,16 +200,67 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report> {
         ));
     }
     rig.stop();
-    stop_watch.cancel();
-    if let Some(task) = watch_task {
-        let _ = task.await;
-    }
+    harness.detach().await;
     Ok(Report {
         scenario,
         verdict,
         recovery_seconds: recovered.map(|d| d.as_secs_f64()),
         note,
     })
+}
+
+/// What the harness needs beside the rig: the route as the processes see
+/// it (following the stored phase) and a producer on the rig's servers.
+pub struct Harness {
+    pub config: Config,
+    pub route: Arc<crate::routes::Route>,
+    pub producer: Producer,
+    stop_watch: CancellationToken,
+    watch_task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Harness {
+    /// Reads w1's config (the processes' route) and follows its phase.
+    pub async fn attach(rig: &Rig) -> Result<Harness> {
+        let stop_watch = CancellationToken::new();
+        let config = Config::load(
+            Some(&rig.dir.path().join("w1.toml")),
+            &Overrides {
+                database_url: Some(rig::harness_url(&rig.database_url())),
+                ..Overrides::default()
+            },
+        )?;
+        let (view, watch_task) =
+            watch::attach(&rig.db, &config.routes, "qbridge-chaos", &stop_watch).await?;
+        let routes = Routes::new(&config.routes, view);
+        let route = Arc::clone(
+            routes
+                .by_name(ROUTE)
+                .ok_or_else(|| Error::Config("chaos route missing".into()))?,
+        );
+        let producer = Producer::connect(
+            rig.db.clone(),
+            Some(&rig.redis.url()),
+            routes.clone(),
+            config.payload_limit,
+        )
+        .await?;
+        Ok(Harness {
+            config,
+            route,
+            producer,
+            stop_watch,
+            watch_task,
+        })
+    }
+
+    /// Stops following the phase.
+    pub async fn detach(self) {
+        self.stop_watch.cancel();
+        if let Some(task) = self.watch_task {
+            let _ = task.await;
+        }
+    }
 }
 
 /// The diff must see what Redis lost; `--repair` pushes back what it has

@@ -1,5 +1,7 @@
 //! `qbridge chaos`: runs the fault suite at full size and prints its table
-//! (or the reports as JSON); exits non-zero if any scenario failed.
+//! (or the reports as JSON); exits non-zero if any scenario failed. With
+//! `--scenario cutover-random` it walks the randomized cutover oracle over
+//! `--seeds` seeds instead, a line per seed.
 
 use crate::chaos::{self, Options, Scenario};
 use crate::cli::ChaosArgs;
@@ -7,6 +9,9 @@ use crate::config::parse_duration;
 use crate::error::{Error, Result};
 
 pub async fn run(args: &ChaosArgs, as_json: bool) -> Result<()> {
+    if args.scenario.contains(&Scenario::CutoverRandom) {
+        return walk(args, as_json).await;
+    }
     let opts = Options {
         bin: std::env::current_exe()?,
         rate: args.rate.max(2),
@@ -39,6 +44,43 @@ pub async fn run(args: &ChaosArgs, as_json: bool) -> Result<()> {
         false => Err(Error::InvalidInput(format!(
             "fault suite failed: {}",
             failed.join(", ")
+        ))),
+    }
+}
+
+/// The randomized cutover oracle over `--seeds` seeds.
+async fn walk(args: &ChaosArgs, as_json: bool) -> Result<()> {
+    let campaign = chaos::cutover_random::Campaign {
+        bin: std::env::current_exe()?,
+        first_seed: args.seed,
+        seeds: args.seeds,
+        steps: args.steps,
+        rate: args.rate.max(2),
+        patience: parse_duration(&args.patience)?,
+    };
+    let reports = chaos::cutover_random::campaign(&campaign, |r| {
+        if !as_json {
+            println!("{}", chaos::cutover_random::line(r));
+        }
+    })
+    .await?;
+    match as_json {
+        true => crate::output::json(&serde_json::json!({ "seeds": reports })),
+        false => print!(
+            "{}",
+            chaos::cutover_random::summary(&reports)
+                .lines()
+                .last()
+                .map(|l| format!("{l}\n"))
+                .unwrap_or_default()
+        ),
+    }
+    let failed = reports.iter().filter(|r| !r.passed()).count();
+    match failed {
+        0 => Ok(()),
+        n => Err(Error::CheckFailed(format!(
+            "randomized cutover oracle: {n} of {} seeds broke a promise",
+            reports.len()
         ))),
     }
 }

@@ -215,7 +215,7 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
     let (compared, mismatched, mismatches) = queries::mismatches(db, &window).await?;
     let (noise_samples, noise_disagreed) = queries::noise(db, &window).await?;
     let (ran_both_sides, both_sample) =
-        queries::ran_both_sides(db, window.queue, window.since, samples).await?;
+        queries::ran_both_sides(db, window.queue, window.since, &input.held.ran, samples).await?;
 
     // Redis-side jobs: reported ones plus those held now (a key can be both:
     // a failed attempt waits for its retry).

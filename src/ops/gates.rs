@@ -346,8 +346,14 @@ async fn postgres_only_checks(
         format!(">= {}s (gates.quiet_period)", g.quiet_period.as_secs()),
     ));
     let samples = route.config.cutover.diff.sample_keys;
-    let (both, _) =
-        diff::ran_both_sides(db, &route.queue, window_start(route, state), samples).await?;
+    let (both, _) = diff::ran_both_sides(
+        db,
+        &route.queue,
+        window_start(route, state),
+        &held.ran,
+        samples,
+    )
+    .await?;
     checks.push(both_sides_check(both));
     Ok(None)
 }

@@ -97,12 +97,17 @@ SELECT key, redis, postgres, digest_differs, bad, compared, mismatched
 "#;
 
 /// Keys with a live run on each side: the Redis side's run and a live
-/// Postgres copy's (shadow and noise calls are comparisons, not runs).
+/// Postgres copy's (shadow and noise calls are comparisons, not runs). The
+/// Redis side's run is its reported outcome, or the key in qbridge's
+/// consumer's ran set ($4), so a double run stays visible when the Redis
+/// side's report was lost.
 pub(crate) const BOTH_SIDES_SQL: &str = r#"
 SELECT count(*) OVER (), key FROM (
     SELECT key FROM qbridge.outcomes
      WHERE queue = $1 AND recorded_at >= $2 AND mode = 'live'
-     GROUP BY key HAVING count(DISTINCT side) = 2) both_sides
+     GROUP BY key
+    HAVING count(DISTINCT side) = 2
+        OR (bool_or(side = 'postgres') AND key = ANY($4::text[]))) both_sides
  ORDER BY key LIMIT $3
 "#;
 
@@ -304,10 +309,12 @@ pub(super) async fn reported_held(db: &PgPool, w: &Window<'_>) -> Result<i64> {
 }
 
 /// Jobs that ran live on both sides, with a sample of their keys.
+/// `ran`: the keys in qbridge's consumer's ran set (empty for a fleet).
 pub(crate) async fn ran_both_sides(
     db: &PgPool,
     queue: &str,
     since: DateTime<Utc>,
+    ran: &[String],
     samples: usize,
 ) -> Result<(i64, Vec<String>)> {
     Ok(count_and_sample(
@@ -316,6 +323,7 @@ pub(crate) async fn ran_both_sides(
             .bind(since)
             // LIMIT 0 would lose the count with the rows.
             .bind(samples.max(1) as i64)
+            .bind(ran)
             .fetch_all(db)
             .await?,
     ))

@@ -1,0 +1,245 @@
+//! The randomized cutover oracle (`qbridge chaos --scenario cutover-random
+//! --seeds N`): for each seed, one route walks through a random sequence of
+//! phase advances (with a flipped share), rollbacks, percent ramps, worker
+//! kills, Redis and Postgres restarts, lost outcome reports, client
+//! re-pushes of acknowledged jobs and repairs ([`steps`]), under continuous
+//! load through the proxy and the producer API, and ends with the flip to
+//! 100% and a decommission. Then the fault suite's [`oracle`] judges the
+//! handler's ledger: every acknowledged job ran live (or is dead), none ran
+//! live on both sides, none twice while a lease was valid, no stale result
+//! was applied. On top, the diff must show what happened: every job the
+//! ledger saw run live on both sides, and any loss.
+//!
+//! A seed replays the same walk (the timing of the processes is not
+//! replayed, so a failure's seed is where to start looking, not a
+//! recording).
+
+pub mod steps;
+
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use super::load::Load;
+use super::oracle::{self, Verdict};
+use super::rig::Rig;
+use super::Harness;
+use crate::error::Result;
+use crate::model::Phase;
+use crate::ops::operate;
+use steps::{Step, BY};
+
+/// How a campaign runs.
+#[derive(Debug, Clone)]
+pub struct Campaign {
+    /// The qbridge binary the workers and the proxy run.
+    pub bin: std::path::PathBuf,
+    /// The first seed and how many.
+    pub first_seed: u64,
+    pub seeds: u64,
+    /// Random steps per seed (the final flip and decommission come after).
+    pub steps: usize,
+    /// Jobs per second produced meanwhile.
+    pub rate: u32,
+    /// How long the end may take to drain.
+    pub patience: Duration,
+}
+
+/// What one seed did and what the oracle found.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeedReport {
+    pub seed: u64,
+    /// Each step as it was taken (a failed step says why).
+    pub steps: Vec<String>,
+    #[serde(flatten)]
+    pub verdict: Verdict,
+    pub seconds: f64,
+}
+
+impl SeedReport {
+    /// Whether the promise held.
+    pub fn passed(&self) -> bool {
+        self.verdict.violations.is_empty()
+    }
+}
+
+/// Runs every seed of the campaign, one after another; `progress` hears
+/// each report as it is done.
+pub async fn campaign(
+    c: &Campaign,
+    mut progress: impl FnMut(&SeedReport),
+) -> Result<Vec<SeedReport>> {
+    let mut reports = Vec::new();
+    for seed in c.first_seed..c.first_seed + c.seeds {
+        let report = run_seed(c, seed).await?;
+        progress(&report);
+        reports.push(report);
+    }
+    Ok(reports)
+}
+
+/// One seed's walk, end and judgement.
+pub async fn run_seed(c: &Campaign, seed: u64) -> Result<SeedReport> {
+    let started = Instant::now();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rig = Rig::start(&c.bin, Phase::DualWrite, "").await?;
+    let h = Harness::attach(&rig).await?;
+    let window_start = chrono::Utc::now() - chrono::Duration::seconds(1);
+    let load = Load::start(c.rate, rig.proxy_port, h.producer.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut done = Vec::new();
+    for _ in 0..c.steps {
+        let state = operate::state_of(&rig.db, &h.route, BY).await;
+        let (phase, percent) = state.map_or((Phase::DualWrite, 100), |s| (s.phase, s.percent));
+        let step = steps::draw(&mut rng, phase, percent);
+        let said = steps::take(step, &mut rig, &h, &load.acked).await;
+        done.push(said.unwrap_or_else(|e| format!("{step:?} failed: {e}")));
+        tokio::time::sleep(Duration::from_millis(rng.random_range(100..400))).await;
+    }
+    let acked = load.stop().await;
+    oracle::record_acked(&rig.db, &acked.take()).await?;
+    let mut violations = finish(&mut rig, &h, c.patience, &mut done).await;
+    let mut verdict = oracle::judge(&rig.db).await?;
+    violations.extend(visible_in_the_diff(&rig, &h, window_start, &verdict).await?);
+    verdict.violations.extend(violations);
+    rig.stop();
+    h.detach().await;
+    Ok(SeedReport {
+        seed,
+        steps: done,
+        verdict,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The end every walk has: forward to `postgres_only` with every key
+/// flipped, drained, then decommissioned and drained again. What failed.
+async fn finish(
+    rig: &mut Rig,
+    h: &Harness,
+    patience: Duration,
+    done: &mut Vec<String>,
+) -> Vec<String> {
+    let mut failed = Vec::new();
+    for _ in 0..4 {
+        let Ok(state) = operate::state_of(&rig.db, &h.route, BY).await else {
+            break;
+        };
+        let step = match (state.phase, state.percent) {
+            (Phase::PostgresOnly, 100) => break,
+            (Phase::PostgresOnly, _) => Step::Ramp { percent: 100 },
+            _ => Step::Advance { percent: 100 },
+        };
+        match steps::take(step, rig, h, &Default::default()).await {
+            Ok(said) => done.push(format!("end: {said}")),
+            Err(e) => failed.push(format!("the end's {step:?} failed: {e}")),
+        }
+    }
+    if oracle::wait_until_done(&rig.db, patience).await.is_none() {
+        failed.push(format!(
+            "not drained in postgres_only within {:.0} s",
+            patience.as_secs_f64()
+        ));
+    }
+    match steps::take(Step::Advance { percent: 100 }, rig, h, &Default::default()).await {
+        Ok(said) => done.push(format!("end: {said}")),
+        Err(e) => failed.push(format!("decommission failed: {e}")),
+    }
+    if oracle::wait_until_done(&rig.db, patience).await.is_none() {
+        failed.push(format!(
+            "not drained after decommission within {:.0} s",
+            patience.as_secs_f64()
+        ));
+    }
+    failed
+}
+
+/// Jobs the ledger saw run live on both sides (a Redis-side call has job
+/// id 0).
+const LEDGER_BOTH_SIDES_SQL: &str = r#"
+SELECT count(DISTINCT r.key) FROM chaos.ledger r
+ WHERE r.mode = 'live' AND r.ok AND r.job_id = 0
+   AND EXISTS (SELECT 1 FROM chaos.ledger p
+                WHERE p.key = r.key AND p.mode = 'live' AND p.ok AND p.job_id <> 0)
+"#;
+
+/// The diff over the whole walk must show every double run across the
+/// sides the ledger saw, and a loss when there is one.
+async fn visible_in_the_diff(
+    rig: &Rig,
+    h: &Harness,
+    since: chrono::DateTime<chrono::Utc>,
+    verdict: &Verdict,
+) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let both: i64 = sqlx::query_scalar(LEDGER_BOTH_SIDES_SQL)
+        .fetch_one(&rig.db)
+        .await?;
+    let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
+    let state = operate::state_of(&rig.db, &h.route, BY).await?;
+    let (diff, _) =
+        crate::ops::gates::diff_since(&rig.db, &mut redis, &h.route, state.phase, since).await?;
+    if both > diff.ran_both_sides {
+        found.push(format!(
+            "{both} jobs ran live on both sides, the diff shows {}",
+            diff.ran_both_sides
+        ));
+    }
+    if verdict.lost > 0 && diff.one_sided() + diff.held_repushes == 0 {
+        found.push(format!(
+            "{} jobs lost and the diff shows nothing one-sided",
+            verdict.lost
+        ));
+    }
+    Ok(found)
+}
+
+/// One line per seed, and a summary.
+pub fn summary(reports: &[SeedReport]) -> String {
+    let mut out = String::new();
+    for r in reports {
+        out.push_str(&line(r));
+        out.push('\n');
+    }
+    let failed: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| r.seed.to_string())
+        .collect();
+    let steps: usize = reports.iter().map(|r| r.steps.len()).sum();
+    let jobs: u64 = reports.iter().map(|r| r.verdict.jobs).sum();
+    out.push_str(&format!(
+        "{} seeds, {steps} steps, {jobs} acknowledged jobs: {}\n",
+        reports.len(),
+        match failed.is_empty() {
+            true => "every promise held".to_string(),
+            false => format!("FAILED seeds {}", failed.join(", ")),
+        }
+    ));
+    out
+}
+
+/// One seed's line: its numbers and, if it failed, the violations and steps.
+pub fn line(r: &SeedReport) -> String {
+    let extra: u64 = r.verdict.extra.values().sum();
+    let mut text = format!(
+        "seed {}: {} steps, {} jobs, {} lost, {} extra attempts, {:.1} s: {}",
+        r.seed,
+        r.steps.len(),
+        r.verdict.jobs,
+        r.verdict.lost,
+        extra,
+        r.seconds,
+        if r.passed() { "ok" } else { "FAILED" }
+    );
+    if !r.passed() {
+        text.push_str(&format!(
+            "\n  violations: {}\n  steps: {}",
+            r.verdict.violations.join("; "),
+            r.steps.join(" | ")
+        ));
+    }
+    text
+}

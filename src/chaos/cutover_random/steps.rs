@@ -1,0 +1,231 @@
+//! The steps of a random cutover walk: what can happen to a route while it
+//! migrates, drawn from a seeded generator so a failing seed replays the
+//! same walk. Each step acts through the same code an operator or a fault
+//! would (`ops::operate`, `ops::repair`, killing real processes and
+//! servers) and describes itself in one line.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use crate::chaos::load::{self, Acked};
+use crate::chaos::rig::{Rig, LIST};
+use crate::chaos::Harness;
+use crate::error::{Error, Result};
+use crate::model::Phase;
+use crate::ops::operate::{self, Refusal, Request};
+use crate::ops::{gates, repair};
+
+/// Who the walk acts as in the audit log.
+pub const BY: &str = "qbridge-chaos-random";
+const REASON: &str = "randomized cutover oracle";
+
+/// One thing that happens to the route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// One phase forward (forced: the walk tests safety, not the gates);
+    /// into `postgres_only` with this share of keys flipped.
+    Advance { percent: u8 },
+    /// One phase back.
+    Rollback,
+    /// A new flipped share in `postgres_only`.
+    Ramp { percent: u8 },
+    /// SIGKILL a worker (both consumers inside) and start it again.
+    KillWorker { worker: usize },
+    /// Kill Redis (no persistence) and start it again; then repair.
+    RestartRedis,
+    /// Crash Postgres (immediate stop) and start it again.
+    RestartPostgres,
+    /// Lose the Redis side's last outcome reports (as the recorder drops a
+    /// batch it cannot write).
+    DropReports { reports: i64 },
+    /// Push an acknowledged job's item again (a client retry), through the
+    /// proxy or the producer API.
+    Repush { index: usize, via_proxy: bool },
+    /// `qbridge diff --repair` on evidence alone.
+    Repair,
+}
+
+/// Draws the next step for a route in `phase` with `percent` flipped.
+/// Decommission is not drawn: the walk ends with it.
+pub fn draw(rng: &mut StdRng, phase: Phase, percent: u8) -> Step {
+    loop {
+        let step = match rng.random_range(0..100) {
+            0..=14 => Step::Advance {
+                percent: [10, 50, 100][rng.random_range(0..3)],
+            },
+            15..=22 => Step::Rollback,
+            23..=30 => Step::Ramp {
+                percent: rng.random_range(percent.max(1)..=100),
+            },
+            31..=42 => Step::KillWorker {
+                worker: rng.random_range(0..2),
+            },
+            43..=49 => Step::RestartRedis,
+            50..=55 => Step::RestartPostgres,
+            56..=65 => Step::DropReports {
+                reports: rng.random_range(1..20),
+            },
+            66..=89 => Step::Repush {
+                index: rng.random_range(0..usize::MAX / 2),
+                via_proxy: rng.random_bool(0.5),
+            },
+            _ => Step::Repair,
+        };
+        let possible = match step {
+            Step::Advance { .. } => phase < Phase::PostgresOnly,
+            Step::Rollback => phase > Phase::DualWrite,
+            Step::Ramp { .. } => phase == Phase::PostgresOnly && percent < 100,
+            _ => true,
+        };
+        if possible {
+            return step;
+        }
+    }
+}
+
+/// Takes `step`; its description, or why it could not be taken.
+pub async fn take(step: Step, rig: &mut Rig, h: &Harness, acked: &Acked) -> Result<String> {
+    let route = &h.route;
+    match step {
+        Step::Advance { percent } => {
+            let from = operate::state_of(&rig.db, route, BY).await?.phase;
+            let req = Request {
+                by: BY,
+                reason: Some(REASON),
+                force: true,
+                // A share is flipped only on the step into postgres_only.
+                percent: (from == Phase::Shadow).then_some(percent),
+            };
+            let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
+            let state = operate::advance(&rig.db, Some(&mut redis), route, &req, 1 << 20)
+                .await
+                .map_err(|r| match r {
+                    Refusal::Gate(_) => Error::CheckFailed("a forced advance was refused".into()),
+                    Refusal::Error(e) => e,
+                })?
+                .state;
+            Ok(format!("advance → {} ({}%)", state.phase, state.percent))
+        }
+        Step::Rollback => {
+            let state = operate::rollback(&rig.db, route, &Request::new(BY, Some(REASON))).await?;
+            Ok(format!("rollback → {}", state.phase))
+        }
+        Step::Ramp { percent } => {
+            let req = Request::new(BY, Some(REASON));
+            operate::ramp(&rig.db, route, percent, &req).await?;
+            Ok(format!("ramp → {percent}%"))
+        }
+        Step::KillWorker { worker } => {
+            rig.workers[worker].kill();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            rig.restart_worker(worker)?;
+            Ok(format!("SIGKILL w{} and restart", worker + 1))
+        }
+        Step::RestartRedis => restart_redis(rig, h).await,
+        Step::RestartPostgres => {
+            rig.pg.kill();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            rig.pg.try_resume().map_err(Error::Config)?;
+            Ok("Postgres crashed and restarted".into())
+        }
+        Step::DropReports { reports } => {
+            let dropped = sqlx::query(
+                "DELETE FROM qbridge.outcomes WHERE id IN (SELECT id FROM qbridge.outcomes \
+                  WHERE side = 'redis' ORDER BY id DESC LIMIT $1)",
+            )
+            .bind(reports)
+            .execute(&rig.db)
+            .await?
+            .rows_affected();
+            Ok(format!("{dropped} Redis-side reports lost"))
+        }
+        Step::Repush { index, via_proxy } => {
+            let Some(key) = acked.pick(index) else {
+                return Ok("re-push: nothing acknowledged yet".into());
+            };
+            let answer = match via_proxy {
+                true => repush_through_proxy(rig.proxy_port, &key).await,
+                false => h
+                    .producer
+                    .enqueue(&route.name, vec![load::item(&key)])
+                    .await
+                    .map(|_| "ok".to_string())
+                    .unwrap_or_else(|e| e.to_string()),
+            };
+            let via = if via_proxy { "proxy" } else { "producer API" };
+            Ok(format!("re-push {key} via {via}: {answer}"))
+        }
+        Step::Repair => repair_once(rig, h, None).await,
+    }
+}
+
+/// One LPUSH of `key`'s item through the proxy; the reply line.
+async fn repush_through_proxy(port: u16, key: &str) -> String {
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)).await else {
+        return "proxy unreachable".into();
+    };
+    if conn
+        .write_all(&load::lpush(LIST, &load::item(key)))
+        .await
+        .is_err()
+    {
+        return "write failed".into();
+    }
+    match tokio::time::timeout(Duration::from_secs(10), load::reply_line(&mut conn)).await {
+        Ok(Some(line)) => String::from_utf8_lossy(&line).trim().to_string(),
+        _ => "no reply".into(),
+    }
+}
+
+/// Kills Redis, starts it again, and repairs as the runbook says: on
+/// evidence, then the operator's decision for what was mirrored before
+/// Redis came back.
+async fn restart_redis(rig: &mut Rig, h: &Harness) -> Result<String> {
+    rig.redis.kill();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    rig.redis.try_resume().map_err(Error::Config)?;
+    let back = chrono::Utc::now();
+    // Past the route's settle time (1 s), so the losses are counted.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let first = repair_once(rig, h, None).await?;
+    let assume = repair::Assumption {
+        before: Some(back),
+        by: BY.into(),
+        reason: "Redis was killed without persistence (randomized oracle)".into(),
+        ..repair::Assumption::default()
+    };
+    let second = repair_once(rig, h, Some(&assume)).await?;
+    Ok(format!(
+        "Redis killed and restarted; {first}; assumed lost before the restart: {second}"
+    ))
+}
+
+/// One diff and repair of the route; what it pushed back and left.
+async fn repair_once(
+    rig: &Rig,
+    h: &Harness,
+    assume: Option<&repair::Assumption>,
+) -> Result<String> {
+    let route = &h.route;
+    let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
+    let state = operate::state_of(&rig.db, route, BY).await?;
+    let since = chrono::Utc::now() - chrono::Duration::hours(1);
+    let (_, held) = gates::diff_since(&rig.db, &mut redis, route, state.phase, since).await?;
+    let input = repair::RepairInput {
+        route,
+        phase: state.phase,
+        since,
+        held: &held,
+        payload_limit: 1 << 20,
+        assume,
+    };
+    let r = repair::repair_with(&rig.db, &mut redis, input).await?;
+    Ok(format!(
+        "repair: {} mirrored, {} pushed back, {} unaccounted, {} released",
+        r.mirrored, r.repushed, r.unaccounted, r.released
+    ))
+}
