@@ -93,3 +93,39 @@ async fn a_job_run_live_on_both_sides_is_counted_and_refused_by_every_gate(pool:
         assert!(!gate.passed(), "{phase}");
     }
 }
+
+/// The Redis side's report of a job can be lost (the recorder drops what
+/// it cannot write); qbridge's consumer still wrote the key to its ran set
+/// in the step that acked it. A live Postgres run of that key is a double
+/// run the diff must show, report or not (found by the randomized oracle's
+/// "visible in the diff" check, written first here).
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_double_run_stays_visible_when_the_redis_report_was_lost(pool: PgPool) {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let route_name = format!("bs{}", &id[..12]);
+    let toml = format!(
+        "[[routes]]\nname = \"{route_name}\"\nredis_key = \"qbt:{id}:list\"\nqueue = \"{route_name}\"\n\
+         format = \"json:/id\"\nredis_side = \"qbridge\"\ndiff = {{ settle = \"0s\" }}\n"
+    );
+    let config = Config::from_toml(&toml, &Overrides::default()).unwrap();
+    let routes = Routes::from_config(&config.routes);
+    let route = routes.by_name(&route_name).unwrap().clone();
+    let since = Utc::now() - chrono::Duration::minutes(5);
+    let mut redis = connect_redis(REDIS).await.unwrap();
+    let ran = qbridge::redis::keys::RouteKeys::of(&route).ran();
+    let _: i64 = ::redis::cmd("ZADD")
+        .arg(&ran)
+        .arg(Utc::now().timestamp_millis())
+        .arg("unreported")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    postgres_ran(&pool, &route_name, "unreported", "live").await;
+
+    let (diff, _) = gates::diff_since(&pool, &mut redis, &route, Phase::PostgresOnly, since)
+        .await
+        .unwrap();
+    assert_eq!(diff.ran_both_sides, 1, "{}", diff.verdict);
+    assert_eq!(diff.sample_ran_both_sides, vec!["unreported".to_string()]);
+    super::delete_keys(&[&ran, &qbridge::redis::keys::RouteKeys::of(&route).epoch()]).await;
+}
