@@ -197,6 +197,18 @@ fn print_advanced(name: &str, done: &Advanced, as_json: bool) {
                 "  archived {} items into Postgres ({} already there), {} dead items into jobs_dead; deleted {} Redis keys",
                 a.enqueued, a.duplicates, a.dead, a.keys_deleted
             );
+            if !a.consumers_acknowledged.is_empty() {
+                println!(
+                    "  Redis consumers stopped and idle: {}",
+                    a.consumers_acknowledged.join(", ")
+                );
+            }
+            if !a.consumers_gone.is_empty() {
+                println!(
+                    "  Redis consumers gone (no heartbeat; their processing lists archived): {}",
+                    a.consumers_gone.join(", ")
+                );
+            }
         }
     }
 }

@@ -1,12 +1,15 @@
 //! Decommissioning a route's Redis side: archive what is left into Postgres,
 //! then delete the route's Redis keys.
 //!
-//! Runs after the flag says `decommissioned` and every process had time to
-//! see it (so no qbridge consumer pops the list any more and the proxy no
-//! longer forwards pushes for it). Items left in the list, the processing
-//! lists or the gap list become live Postgres jobs (a key Postgres already
-//! has is a duplicate and is not enqueued again); items in the Redis dead
-//! list go to `qbridge.jobs_dead`, so nothing that was in Redis is lost.
+//! Runs after the flag says `decommissioned`, and first waits until the
+//! route's Redis consumers are idle (`idle`): each has acknowledged the
+//! phase holding nothing, or its heartbeat is gone. A handler still running
+//! on Redis keeps its item in its processing list until it acks; archiving
+//! that list earlier made a live Postgres copy of a job Redis was running.
+//! Then items left in the list, the processing lists or the gap list become
+//! live Postgres jobs (a key Postgres already has is a duplicate and is not
+//! enqueued again); items in the Redis dead list go to `qbridge.jobs_dead`,
+//! so nothing that was in Redis is lost.
 
 use redis::aio::ConnectionManager;
 use serde::Serialize;
@@ -20,6 +23,8 @@ use crate::queue::JobCopy;
 use crate::redis::keys::RouteKeys;
 use crate::routes::Route;
 
+mod idle;
+
 /// What decommissioning archived and deleted.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct Archived {
@@ -31,6 +36,11 @@ pub struct Archived {
     pub dead: usize,
     /// Redis keys deleted.
     pub keys_deleted: usize,
+    /// Consumers that had acknowledged `decommissioned`, holding nothing.
+    pub consumers_acknowledged: Vec<String>,
+    /// Consumers whose heartbeat was gone while their processing lists were
+    /// still there (their lists were archived with the rest).
+    pub consumers_gone: Vec<String>,
 }
 
 async fn all_items(conn: &mut ConnectionManager, list: &str) -> Result<Vec<Vec<u8>>> {
@@ -42,17 +52,24 @@ async fn all_items(conn: &mut ConnectionManager, list: &str) -> Result<Vec<Vec<u
         .await?)
 }
 
-/// Archives and deletes the route's Redis keys. Postgres is written first;
-/// a key is deleted only after its items are stored, so a failure midway
-/// loses nothing (a second run finds the rest; stored keys are duplicates).
+/// Waits for the route's Redis consumers to be idle (refusing after
+/// `gates.decommission_wait`, with nothing touched), then archives and
+/// deletes the route's Redis keys. Postgres is written first; a key is
+/// deleted only after its items are stored, so a failure midway loses
+/// nothing (a second run finds the rest; stored keys are duplicates).
 pub async fn archive_and_delete(
     db: &PgPool,
     redis: &mut ConnectionManager,
     route: &Route,
     payload_limit: usize,
 ) -> Result<Archived> {
-    let mut report = Archived::default();
     let keys = RouteKeys::of(route);
+    let consumers = idle::wait(redis, route, &keys).await?;
+    let mut report = Archived {
+        consumers_acknowledged: consumers.acknowledged,
+        consumers_gone: consumers.gone,
+        ..Archived::default()
+    };
     let main = String::from_utf8_lossy(&route.redis_key).into_owned();
     let mut runnable = vec![main, keys.gap()];
     runnable.extend(scan(redis, &keys.any_processing()).await?);
@@ -126,6 +143,8 @@ pub async fn archive_and_delete(
     let mut doomed = vec![dead_list, keys.ran()];
     doomed.extend(scan(redis, &keys.any_inflight()).await?);
     doomed.extend(scan(redis, &keys.any_repushed()).await?);
+    // The acknowledgements: no consumer beats a decommissioned route again.
+    doomed.extend(scan(redis, &keys.any_heartbeat()).await?);
     for key in doomed {
         let n: usize = redis::cmd("DEL").arg(&key).query_async(redis).await?;
         report.keys_deleted += n;
