@@ -6,10 +6,13 @@
 //! phase holding nothing, or its heartbeat is gone. A handler still running
 //! on Redis keeps its item in its processing list until it acks; archiving
 //! that list earlier made a live Postgres copy of a job Redis was running.
-//! Then items left in the list, the processing lists or the gap list become
-//! live Postgres jobs (a key Postgres already has is a duplicate and is not
-//! enqueued again); items in the Redis dead list go to `qbridge.jobs_dead`,
-//! so nothing that was in Redis is lost.
+//! Then items left in the list or the processing lists become live Postgres
+//! jobs (a key Postgres already has is a duplicate and is not enqueued
+//! again). Items of the gap list are not jobs of their own: Redis took them
+//! before their mirror write failed, so they are stored as the mirror copies
+//! they are, after the runnable lists, and never run here (`parked` has the
+//! rule, and what is counted as unaccounted). Items in the Redis dead list
+//! go to `qbridge.jobs_dead`, so nothing that was in Redis is lost.
 
 use redis::aio::ConnectionManager;
 use serde::Serialize;
@@ -24,6 +27,9 @@ use crate::redis::keys::RouteKeys;
 use crate::routes::Route;
 
 mod idle;
+mod parked;
+
+pub use parked::Parked;
 
 /// What decommissioning archived and deleted.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -36,11 +42,30 @@ pub struct Archived {
     pub dead: usize,
     /// Redis keys deleted.
     pub keys_deleted: usize,
+    /// Items of the gap list: mirror copies of jobs the Redis side owned.
+    pub parked: Parked,
     /// Consumers that had acknowledged `decommissioned`, holding nothing.
     pub consumers_acknowledged: Vec<String>,
     /// Consumers whose heartbeat was gone while their processing lists were
     /// still there (their lists were archived with the rest).
     pub consumers_gone: Vec<String>,
+}
+
+async fn delete(conn: &mut ConnectionManager, key: &str) -> Result<usize> {
+    Ok(redis::cmd("DEL").arg(key).query_async(conn).await?)
+}
+
+/// Renames `list` to `to` if it exists.
+async fn rename_away(conn: &mut ConnectionManager, list: &str, to: &str) -> Result<()> {
+    let exists: bool = redis::cmd("EXISTS").arg(list).query_async(conn).await?;
+    if exists {
+        redis::cmd("RENAME")
+            .arg(list)
+            .arg(to)
+            .query_async::<()>(conn)
+            .await?;
+    }
+    Ok(())
 }
 
 async fn all_items(conn: &mut ConnectionManager, list: &str) -> Result<Vec<Vec<u8>>> {
@@ -71,7 +96,7 @@ pub async fn archive_and_delete(
         ..Archived::default()
     };
     let main = String::from_utf8_lossy(&route.redis_key).into_owned();
-    let mut runnable = vec![main, keys.gap()];
+    let mut runnable = vec![main];
     runnable.extend(scan(redis, &keys.any_processing()).await?);
     // Renamed away first, atomically, under a fresh name (never over a list
     // an interrupted run left): a push that still arrives (a producer not
@@ -79,22 +104,16 @@ pub async fn archive_and_delete(
     // `qbridge cutover status` counts it and running `qbridge cutover
     // advance` on the decommissioned route archives it.
     for list in &runnable {
-        let moved = keys.new_archiving();
-        let exists: bool = redis::cmd("EXISTS").arg(list).query_async(redis).await?;
-        if exists {
-            redis::cmd("RENAME")
-                .arg(list)
-                .arg(&moved)
-                .query_async::<()>(redis)
-                .await?;
-        }
+        rename_away(redis, list, &keys.new_archiving()).await?;
     }
-    // Also what an interrupted earlier run left renamed.
-    let archiving = scan(redis, &keys.any_archiving()).await?;
-    for list in &archiving {
-        let items = all_items(redis, list).await?;
+    rename_away(redis, &keys.gap(), &keys.new_archiving_gap()).await?;
+    // The runnable lists first (also what an interrupted earlier run left
+    // renamed), so that a parked copy of an item still waiting in them finds
+    // its key stored live already.
+    for list in scan(redis, &keys.any_archiving()).await? {
+        let items = all_items(redis, &list).await?;
         if !items.is_empty() {
-            let batch: Vec<Item<'_>> = items
+            let batch = items
                 .into_iter()
                 .map(|bytes| Item {
                     route,
@@ -113,8 +132,13 @@ pub async fn archive_and_delete(
                 }
             }
         }
-        let n: usize = redis::cmd("DEL").arg(list).query_async(redis).await?;
-        report.keys_deleted += n;
+        report.keys_deleted += delete(redis, &list).await?;
+    }
+    for list in scan(redis, &keys.any_archiving_gap()).await? {
+        let items = all_items(redis, &list).await?;
+        let stored = parked::archive(db, redis, route, &keys, items, payload_limit).await?;
+        report.parked.add(&stored);
+        report.keys_deleted += delete(redis, &list).await?;
     }
     let dead_list = keys.dead();
     let dead = all_items(redis, &dead_list).await?;
@@ -146,8 +170,7 @@ pub async fn archive_and_delete(
     // The acknowledgements: no consumer beats a decommissioned route again.
     doomed.extend(scan(redis, &keys.any_heartbeat()).await?);
     for key in doomed {
-        let n: usize = redis::cmd("DEL").arg(&key).query_async(redis).await?;
-        report.keys_deleted += n;
+        report.keys_deleted += delete(redis, &key).await?;
     }
     Ok(report)
 }

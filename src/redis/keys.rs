@@ -14,6 +14,7 @@
 //! | `qbridge:dead:<route>` | list | the consumer | decommission |
 //! | `qbridge:repushed:<route>:<job key>` | string (TTL) | repair | repair, decommission |
 //! | `qbridge:archiving:<route>:<id>` | list | decommission | decommission |
+//! | `qbridge:archiving-gap:<route>:<id>` | list | decommission | decommission |
 //! | `qbridge:paid:<outbox token>` | string (TTL) | the outbox | the outbox |
 //!
 //! Route and consumer names are held to `A-Z a-z 0-9 _ . -` by the config
@@ -89,6 +90,18 @@ impl RouteKeys {
         )
     }
 
+    /// A fresh `qbridge:archiving-gap:<route>:<id>`: where decommission
+    /// renames the gap list. Its items are mirror copies of jobs Redis
+    /// owned, archived differently from the runnable lists, so they must
+    /// never be mixed with those.
+    pub fn new_archiving_gap(&self) -> String {
+        format!(
+            "{PREFIX}archiving-gap:{}:{}",
+            self.route,
+            uuid::Uuid::new_v4().simple()
+        )
+    }
+
     /// The keys of one consumer of this route.
     pub fn consumer(&self, consumer: &str) -> ConsumerKeys {
         ConsumerKeys {
@@ -133,9 +146,15 @@ impl RouteKeys {
         self.pattern("repushed")
     }
 
-    /// SCAN pattern: every list an interrupted decommission left renamed.
+    /// SCAN pattern: every runnable list an interrupted decommission left
+    /// renamed.
     pub fn any_archiving(&self) -> String {
         self.pattern("archiving")
+    }
+
+    /// SCAN pattern: every gap list an interrupted decommission left renamed.
+    pub fn any_archiving_gap(&self) -> String {
+        self.pattern("archiving-gap")
     }
 
     fn pattern(&self, kind: &str) -> String {

@@ -77,6 +77,14 @@ fn the_consumers_keys_are_what_the_route_readers_scan() {
     assert!(finds(&route.any_repushed(), &route.repushed("sha256:ab:1")));
     assert!(finds(&route.any_repushed(), &route.repushed("jid-1")));
     assert!(finds(&route.any_archiving(), &route.new_archiving()));
+    assert!(finds(
+        &route.any_archiving_gap(),
+        &route.new_archiving_gap()
+    ));
+    // The two kinds of archiving lists are archived differently: neither
+    // pattern finds the other's.
+    assert!(!finds(&route.any_archiving(), &route.new_archiving_gap()));
+    assert!(!finds(&route.any_archiving_gap(), &route.new_archiving()));
     assert_ne!(route.new_archiving(), route.new_archiving());
     assert_eq!(inflight_beside("queue:default"), None);
 }
@@ -100,6 +108,10 @@ fn one_routes_patterns_never_find_another_routes_keys() {
         );
         assert!(
             !finds(&mine.any_archiving(), &theirs.new_archiving()),
+            "{other}"
+        );
+        assert!(
+            !finds(&mine.any_archiving_gap(), &theirs.new_archiving_gap()),
             "{other}"
         );
         assert_ne!(mine.gap(), theirs.gap());

@@ -9,6 +9,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use qbridge::model::Phase;
+use qbridge::ops::decommission::Parked;
 use qbridge::redis::keys::RouteKeys;
 
 use super::rig::{Options, Rig};
@@ -64,6 +65,14 @@ async fn parked_items_do_not_become_live_copies_at_a_forced_decommission(pool: P
     assert_eq!(done.state.phase, Phase::Decommissioned);
     // The job Redis ran never becomes a live Postgres job.
     assert_eq!(live_jobs(&pool, "ran").await, 0, "{:?}", done.archived);
+    assert_eq!(
+        support::count(
+            &pool,
+            "SELECT count(*) FROM qbridge.job_keys WHERE copy = 'mirror' AND key = 'ran'"
+        )
+        .await,
+        1
+    );
     // The waiting one is archived from the route's list: one live copy.
     assert_eq!(live_jobs(&pool, "waiting").await, 1);
     assert_eq!(
@@ -76,6 +85,27 @@ async fn parked_items_do_not_become_live_copies_at_a_forced_decommission(pool: P
     );
     // Not silently a live copy of a job that may exist elsewhere.
     assert_eq!(live_jobs(&pool, "elsewhere").await, 0);
+    // Both are kept as the mirror copies they are; the one nobody can place
+    // is counted for the operator, with its bytes kept.
+    let archived = done.archived.expect("archived");
+    assert_eq!(archived.enqueued, 1, "{archived:?}");
+    assert_eq!(
+        archived.parked,
+        Parked {
+            mirrored: 2,
+            known: 1,
+            unaccounted: 1
+        }
+    );
+    assert_eq!(
+        support::count(
+            &pool,
+            "SELECT count(*) FROM qbridge.job_keys WHERE copy = 'mirror' AND key = 'elsewhere' \
+              AND original IS NOT NULL"
+        )
+        .await,
+        1
+    );
 
     // Postgres runs what it owns, and only that.
     rig.start().await;
