@@ -13,10 +13,18 @@
 //! they are, after the runnable lists, and never run here (`parked` has the
 //! rule, and what is counted as unaccounted). Items in the Redis dead list
 //! go to `qbridge.jobs_dead`, so nothing that was in Redis is lost.
+//!
+//! **Once.** Every list is first renamed to a name of its own
+//! (`qbridge:archiving…:<route>:<id>`), and its items are stored in one
+//! transaction with the row for that name in `qbridge.archived_lists`: a
+//! run that overlaps with another, or a re-run after a failure between the
+//! commit and the list's deletion, finds the row and stores nothing again.
+//! Job keys alone could not tell for items without an id (a second store
+//! numbers the same bytes as a new occurrence: a second job).
 
 use redis::aio::ConnectionManager;
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres, Transaction};
 
 use crate::error::Result;
 use crate::ingest::{self, Item, Stored, Via};
@@ -51,37 +59,11 @@ pub struct Archived {
     pub consumers_gone: Vec<String>,
 }
 
-async fn delete(conn: &mut ConnectionManager, key: &str) -> Result<usize> {
-    Ok(redis::cmd("DEL").arg(key).query_async(conn).await?)
-}
-
-/// Renames `list` to `to` if it exists.
-async fn rename_away(conn: &mut ConnectionManager, list: &str, to: &str) -> Result<()> {
-    let exists: bool = redis::cmd("EXISTS").arg(list).query_async(conn).await?;
-    if exists {
-        redis::cmd("RENAME")
-            .arg(list)
-            .arg(to)
-            .query_async::<()>(conn)
-            .await?;
-    }
-    Ok(())
-}
-
-async fn all_items(conn: &mut ConnectionManager, list: &str) -> Result<Vec<Vec<u8>>> {
-    Ok(redis::cmd("LRANGE")
-        .arg(list)
-        .arg(0)
-        .arg(-1)
-        .query_async(conn)
-        .await?)
-}
-
 /// Waits for the route's Redis consumers to be idle (refusing after
 /// `gates.decommission_wait`, with nothing touched), then archives and
-/// deletes the route's Redis keys. Postgres is written first; a key is
+/// deletes the route's Redis keys. Postgres is written first; a list is
 /// deleted only after its items are stored, so a failure midway loses
-/// nothing (a second run finds the rest; stored keys are duplicates).
+/// nothing, and a second run stores nothing twice (see the module docs).
 pub async fn archive_and_delete(
     db: &PgPool,
     redis: &mut ConnectionManager,
@@ -95,76 +77,32 @@ pub async fn archive_and_delete(
         consumers_gone: consumers.gone,
         ..Archived::default()
     };
-    let main = String::from_utf8_lossy(&route.redis_key).into_owned();
-    let mut runnable = vec![main];
-    runnable.extend(scan(redis, &keys.any_processing()).await?);
-    // Renamed away first, atomically, under a fresh name (never over a list
-    // an interrupted run left): a push that still arrives (a producer not
-    // behind qbridge) lands in a new list instead of being deleted unread;
-    // `qbridge cutover status` counts it and running `qbridge cutover
-    // advance` on the decommissioned route archives it.
-    for list in &runnable {
-        rename_away(redis, list, &keys.new_archiving()).await?;
-    }
-    rename_away(redis, &keys.gap(), &keys.new_archiving_gap()).await?;
+    rename_all(redis, route, &keys).await?;
     // The runnable lists first (also what an interrupted earlier run left
     // renamed), so that a parked copy of an item still waiting in them finds
     // its key stored live already.
     for list in scan(redis, &keys.any_archiving()).await? {
         let items = all_items(redis, &list).await?;
-        if !items.is_empty() {
-            let batch = items
-                .into_iter()
-                .map(|bytes| Item {
-                    route,
-                    decoded: decode_bytes(&route.format, bytes.into()),
-                    copy: JobCopy::Live,
-                    via: Via::Repair,
-                })
-                .collect();
-            let mut tx = db.begin().await?;
-            let stored = ingest::store(&mut tx, batch, payload_limit).await?;
-            tx.commit().await?;
-            for s in stored {
-                match s {
-                    Stored::New { .. } => report.enqueued += 1,
-                    Stored::Duplicate { .. } => report.duplicates += 1,
-                }
+        for s in archive_live(db, route, &list, items, payload_limit).await? {
+            match s {
+                Stored::New { .. } => report.enqueued += 1,
+                Stored::Duplicate { .. } => report.duplicates += 1,
             }
         }
         report.keys_deleted += delete(redis, &list).await?;
     }
     for list in scan(redis, &keys.any_archiving_gap()).await? {
         let items = all_items(redis, &list).await?;
-        let stored = parked::archive(db, redis, route, &keys, items, payload_limit).await?;
+        let stored = parked::archive(db, redis, route, &list, items, payload_limit).await?;
         report.parked.add(&stored);
         report.keys_deleted += delete(redis, &list).await?;
     }
-    let dead_list = keys.dead();
-    let dead = all_items(redis, &dead_list).await?;
-    if !dead.is_empty() {
-        let mut tx = db.begin().await?;
-        for bytes in &dead {
-            let decoded = decode_bytes(&route.format, bytes.clone().into());
-            sqlx::query(
-                "INSERT INTO qbridge.jobs_dead \
-                     (id, queue, kind, key, payload, priority, attempts, max_attempts, last_error, \
-                      created_at, copy, original) \
-                 VALUES (nextval(pg_get_serial_sequence('qbridge.jobs', 'id')), $1, $2, $3, $4, 0, \
-                         0, 1, 'archived from the Redis dead list at decommission', now(), 'live', $5)",
-            )
-            .bind(&route.queue)
-            .bind(&decoded.kind)
-            .bind(decoded.key.with_occurrence(0))
-            .bind(&decoded.payload)
-            .bind(&bytes[..])
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        report.dead = dead.len();
+    for list in scan(redis, &keys.any_archiving_dead()).await? {
+        let items = all_items(redis, &list).await?;
+        report.dead += archive_dead(db, route, &list, items).await?;
+        report.keys_deleted += delete(redis, &list).await?;
     }
-    let mut doomed = vec![dead_list, keys.ran()];
+    let mut doomed = vec![keys.ran()];
     doomed.extend(scan(redis, &keys.any_inflight()).await?);
     doomed.extend(scan(redis, &keys.any_repushed()).await?);
     // The acknowledgements: no consumer beats a decommissioned route again.
@@ -173,4 +111,131 @@ pub async fn archive_and_delete(
         report.keys_deleted += delete(redis, &key).await?;
     }
     Ok(report)
+}
+
+/// Renames the route's lists away, atomically, each under a fresh name
+/// (never over a list an interrupted run left): a push that still arrives (a
+/// producer not behind qbridge) lands in a new list instead of being deleted
+/// unread; `qbridge cutover status` counts it and running `qbridge cutover
+/// advance` on the decommissioned route archives it.
+async fn rename_all(redis: &mut ConnectionManager, route: &Route, keys: &RouteKeys) -> Result<()> {
+    let main = String::from_utf8_lossy(&route.redis_key).into_owned();
+    let mut runnable = vec![main];
+    runnable.extend(scan(redis, &keys.any_processing()).await?);
+    for list in &runnable {
+        rename_away(redis, list, &keys.new_archiving()).await?;
+    }
+    rename_away(redis, &keys.gap(), &keys.new_archiving_gap()).await?;
+    rename_away(redis, &keys.dead(), &keys.new_archiving_dead()).await
+}
+
+/// Stores a runnable list's items as live jobs, once.
+async fn archive_live(
+    db: &PgPool,
+    route: &Route,
+    list: &str,
+    items: Vec<Vec<u8>>,
+    payload_limit: usize,
+) -> Result<Vec<Stored>> {
+    let Some(mut tx) = claim(db, route, list, items.len()).await? else {
+        return Ok(Vec::new());
+    };
+    let batch = items
+        .into_iter()
+        .map(|bytes| Item {
+            route,
+            decoded: decode_bytes(&route.format, bytes.into()),
+            copy: JobCopy::Live,
+            via: Via::Repair,
+        })
+        .collect();
+    let stored = ingest::store(&mut tx, batch, payload_limit).await?;
+    tx.commit().await?;
+    Ok(stored)
+}
+
+/// Copies a dead list's items into `qbridge.jobs_dead`, once; returns how
+/// many it copied.
+async fn archive_dead(
+    db: &PgPool,
+    route: &Route,
+    list: &str,
+    items: Vec<Vec<u8>>,
+) -> Result<usize> {
+    let Some(mut tx) = claim(db, route, list, items.len()).await? else {
+        return Ok(0);
+    };
+    for bytes in &items {
+        let decoded = decode_bytes(&route.format, bytes.clone().into());
+        sqlx::query(
+            "INSERT INTO qbridge.jobs_dead \
+                 (id, queue, kind, key, payload, priority, attempts, max_attempts, last_error, \
+                  created_at, copy, original) \
+             VALUES (nextval(pg_get_serial_sequence('qbridge.jobs', 'id')), $1, $2, $3, $4, 0, \
+                     0, 1, 'archived from the Redis dead list at decommission', now(), 'live', $5)",
+        )
+        .bind(&route.queue)
+        .bind(&decoded.kind)
+        .bind(decoded.key.with_occurrence(0))
+        .bind(&decoded.payload)
+        .bind(&bytes[..])
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(items.len())
+}
+
+/// The transaction that stores renamed `list`'s items, already holding its
+/// row in `qbridge.archived_lists`; `None` when the list is empty or a run
+/// stored it already. An overlapping run's insert waits for this one's
+/// commit and then finds the row.
+async fn claim<'a>(
+    db: &'a PgPool,
+    route: &Route,
+    list: &str,
+    items: usize,
+) -> Result<Option<Transaction<'a, Postgres>>> {
+    if items == 0 {
+        return Ok(None);
+    }
+    let mut tx = db.begin().await?;
+    let claimed = sqlx::query(
+        "INSERT INTO qbridge.archived_lists (route, list, items) VALUES ($1, $2, $3) \
+         ON CONFLICT (route, list) DO NOTHING",
+    )
+    .bind(&route.name)
+    .bind(list)
+    .bind(i32::try_from(items).unwrap_or(i32::MAX))
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    Ok((claimed == 1).then_some(tx))
+}
+
+async fn delete(conn: &mut ConnectionManager, key: &str) -> Result<usize> {
+    Ok(redis::cmd("DEL").arg(key).query_async(conn).await?)
+}
+
+/// Renames `list` to `to` if it exists, in one step: an overlapping run
+/// may have renamed it a moment ago, and then there is nothing to do.
+async fn rename_away(conn: &mut ConnectionManager, list: &str, to: &str) -> Result<()> {
+    redis::Script::new(RENAME_IF_EXISTS_LUA)
+        .key(list)
+        .key(to)
+        .invoke_async::<i64>(conn)
+        .await?;
+    Ok(())
+}
+
+const RENAME_IF_EXISTS_LUA: &str = "if redis.call('EXISTS', KEYS[1]) == 1 then \
+     redis.call('RENAME', KEYS[1], KEYS[2]) return 1 end return 0";
+
+async fn all_items(conn: &mut ConnectionManager, list: &str) -> Result<Vec<Vec<u8>>> {
+    Ok(redis::cmd("LRANGE")
+        .arg(list)
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await?)
 }

@@ -15,6 +15,7 @@
 //! | `qbridge:repushed:<route>:<job key>` | string (TTL) | repair | repair, decommission |
 //! | `qbridge:archiving:<route>:<id>` | list | decommission | decommission |
 //! | `qbridge:archiving-gap:<route>:<id>` | list | decommission | decommission |
+//! | `qbridge:archiving-dead:<route>:<id>` | list | decommission | decommission |
 //! | `qbridge:paid:<outbox token>` | string (TTL) | the outbox | the outbox |
 //!
 //! Route and consumer names are held to `A-Z a-z 0-9 _ . -` by the config
@@ -102,6 +103,16 @@ impl RouteKeys {
         )
     }
 
+    /// A fresh `qbridge:archiving-dead:<route>:<id>`: where decommission
+    /// renames the dead list before copying it into `qbridge.jobs_dead`.
+    pub fn new_archiving_dead(&self) -> String {
+        format!(
+            "{PREFIX}archiving-dead:{}:{}",
+            self.route,
+            uuid::Uuid::new_v4().simple()
+        )
+    }
+
     /// The keys of one consumer of this route.
     pub fn consumer(&self, consumer: &str) -> ConsumerKeys {
         ConsumerKeys {
@@ -155,6 +166,11 @@ impl RouteKeys {
     /// SCAN pattern: every gap list an interrupted decommission left renamed.
     pub fn any_archiving_gap(&self) -> String {
         self.pattern("archiving-gap")
+    }
+
+    /// SCAN pattern: every dead list an interrupted decommission left renamed.
+    pub fn any_archiving_dead(&self) -> String {
+        self.pattern("archiving-dead")
     }
 
     fn pattern(&self, kind: &str) -> String {

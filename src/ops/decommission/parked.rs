@@ -50,19 +50,19 @@ impl Parked {
     }
 }
 
-/// Stores the parked `items` of `route` as mirror copies (see the module
-/// docs) and sorts out what is known of them.
+/// Stores the parked `items` of `route`, renamed to `list`, as mirror
+/// copies, once (see the module docs), and sorts out what is known of them.
 pub(super) async fn archive(
     db: &PgPool,
     redis: &mut ConnectionManager,
     route: &Route,
-    keys: &RouteKeys,
+    list: &str,
     items: Vec<Vec<u8>>,
     payload_limit: usize,
 ) -> Result<Parked> {
-    if items.is_empty() {
+    let Some(mut tx) = super::claim(db, route, list, items.len()).await? else {
         return Ok(Parked::default());
-    }
+    };
     let batch = items
         .into_iter()
         .map(|bytes| Item {
@@ -72,7 +72,6 @@ pub(super) async fn archive(
             via: Via::Repair,
         })
         .collect();
-    let mut tx = db.begin().await?;
     let stored = ingest::store(&mut tx, batch, payload_limit).await?;
     tx.commit().await?;
     let new: Vec<String> = stored
@@ -82,7 +81,7 @@ pub(super) async fn archive(
             Stored::Duplicate { .. } => None,
         })
         .collect();
-    let ran = ran_on_redis(db, redis, route, keys, &new).await?;
+    let ran = ran_on_redis(db, redis, route, &new).await?;
     Ok(Parked {
         mirrored: new.len(),
         known: stored.len() - new.len(),
@@ -96,14 +95,13 @@ async fn ran_on_redis(
     db: &PgPool,
     redis: &mut ConnectionManager,
     route: &Route,
-    keys: &RouteKeys,
     new: &[String],
 ) -> Result<usize> {
     if new.is_empty() {
         return Ok(0);
     }
     let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
-        .arg(keys.ran())
+        .arg(RouteKeys::of(route).ran())
         .arg(new)
         .query_async(redis)
         .await?;

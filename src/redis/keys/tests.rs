@@ -81,10 +81,22 @@ fn the_consumers_keys_are_what_the_route_readers_scan() {
         &route.any_archiving_gap(),
         &route.new_archiving_gap()
     ));
-    // The two kinds of archiving lists are archived differently: neither
-    // pattern finds the other's.
-    assert!(!finds(&route.any_archiving(), &route.new_archiving_gap()));
-    assert!(!finds(&route.any_archiving_gap(), &route.new_archiving()));
+    assert!(finds(
+        &route.any_archiving_dead(),
+        &route.new_archiving_dead()
+    ));
+    // The kinds of archiving lists are archived differently: no pattern
+    // finds another kind's lists.
+    let kinds = [
+        (route.any_archiving(), route.new_archiving()),
+        (route.any_archiving_gap(), route.new_archiving_gap()),
+        (route.any_archiving_dead(), route.new_archiving_dead()),
+    ];
+    for (i, (pattern, _)) in kinds.iter().enumerate() {
+        for (j, (_, list)) in kinds.iter().enumerate() {
+            assert_eq!(finds(pattern, list), i == j, "{pattern} {list}");
+        }
+    }
     assert_ne!(route.new_archiving(), route.new_archiving());
     assert_eq!(inflight_beside("queue:default"), None);
 }
@@ -112,6 +124,10 @@ fn one_routes_patterns_never_find_another_routes_keys() {
         );
         assert!(
             !finds(&mine.any_archiving_gap(), &theirs.new_archiving_gap()),
+            "{other}"
+        );
+        assert!(
+            !finds(&mine.any_archiving_dead(), &theirs.new_archiving_dead()),
             "{other}"
         );
         assert_ne!(mine.gap(), theirs.gap());
