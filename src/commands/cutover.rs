@@ -187,6 +187,31 @@ fn print_advanced(name: &str, done: &Advanced, as_json: bool) {
                 "  archived {} items into Postgres ({} already there), {} dead items into jobs_dead; deleted {} Redis keys",
                 a.enqueued, a.duplicates, a.dead, a.keys_deleted
             );
+            let p = &a.parked;
+            if p.mirrored + p.known > 0 {
+                println!(
+                    "  gap list: {} parked items stored as mirror copies (Redis had them; they do not run here), {} already known",
+                    p.mirrored, p.known
+                );
+            }
+            if p.unaccounted > 0 {
+                println!(
+                    "  UNACCOUNTED {} parked items: in no Redis list and no sign Redis ran them; not run, bytes kept in job_keys.original (see qbridge diff)",
+                    p.unaccounted
+                );
+            }
+            if !a.consumers_acknowledged.is_empty() {
+                println!(
+                    "  Redis consumers stopped and idle: {}",
+                    a.consumers_acknowledged.join(", ")
+                );
+            }
+            if !a.consumers_gone.is_empty() {
+                println!(
+                    "  Redis consumers gone (no heartbeat; their processing lists archived): {}",
+                    a.consumers_gone.join(", ")
+                );
+            }
         }
     }
 }

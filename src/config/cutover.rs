@@ -66,6 +66,8 @@ pub(super) struct GatesFile {
     max_postgres_lag: Option<Dur>,
     #[serde(default)]
     quiet_period: Option<Dur>,
+    #[serde(default)]
+    decommission_wait: Option<Dur>,
 }
 
 /// How a route's mirror copies are consumed.
@@ -114,6 +116,9 @@ pub struct GatesConfig {
     pub max_postgres_lag: Duration,
     /// postgres_only → decommissioned: no Redis-side job seen for this long.
     pub quiet_period: Duration,
+    /// Into decommissioned: how long the archive waits for the route's Redis
+    /// consumers to stop and finish what they hold before it refuses.
+    pub decommission_wait: Duration,
 }
 
 /// Everything the cutover reads from a route's config.
@@ -204,6 +209,10 @@ pub(super) fn validate(
                 .quiet_period
                 .map(|d| d.0)
                 .unwrap_or(Duration::from_secs(600)),
+            decommission_wait: gates
+                .decommission_wait
+                .map(|d| d.0)
+                .unwrap_or(Duration::from_secs(60)),
         },
     })
 }

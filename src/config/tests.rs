@@ -280,6 +280,7 @@ fn cutover_tables_default_when_absent() {
     assert_eq!(c.gates.max_mismatch_rate, 0.001);
     assert_eq!(c.gates.max_postgres_lag, Duration::from_secs(5));
     assert_eq!(c.gates.quiet_period, Duration::from_secs(600));
+    assert_eq!(c.gates.decommission_wait, Duration::from_secs(60));
     // Empty tables are the same as none.
     let cfg = load(&cutover_route(
         "[routes.shadow]\n[routes.diff]\n[routes.gates]\n",
@@ -296,7 +297,7 @@ fn cutover_tables_are_read() {
          [routes.diff]\nignore_fields = [\"/at\", \"/items/*/id\"]\nignore_patterns = [\"[0-9a-f]{32}\"]\n\
          settle = \"5s\"\nsample_keys = 3\n\
          [routes.gates]\nwindow = \"1m\"\nmin_jobs = 5\nmirror_completeness = 1\nack_tolerance = 0.01\n\
-         max_mismatch_rate = 0\nmax_postgres_lag = \"250ms\"\nquiet_period = \"1s\"\n",
+         max_mismatch_rate = 0\nmax_postgres_lag = \"250ms\"\nquiet_period = \"1s\"\ndecommission_wait = \"5m\"\n",
     ))
     .unwrap();
     let c = &cfg.routes[0].cutover;
@@ -325,6 +326,7 @@ fn cutover_tables_are_read() {
             max_mismatch_rate: 0.0,
             max_postgres_lag: Duration::from_millis(250),
             quiet_period: Duration::from_secs(1),
+            decommission_wait: Duration::from_secs(300),
         }
     );
     // A shadow command handler and the inline-table form are accepted too,
@@ -394,6 +396,10 @@ fn bad_cutover_values_are_refused_naming_the_key() {
         ("[routes.gates]\nmin_jobs = -1\n", "min_jobs"),
         ("[routes.gates]\nmin_jobs = \"lots\"\n", "min_jobs"),
         ("[routes.gates]\nquiet_period = \"soon\"\n", "quiet_period"),
+        (
+            "[routes.gates]\ndecommission_wait = \"a while\"\n",
+            "decommission_wait",
+        ),
         (
             "[routes.shadow]\nnoise_sample = 1.01\n",
             "shadow.noise_sample",

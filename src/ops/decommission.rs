@@ -1,16 +1,30 @@
 //! Decommissioning a route's Redis side: archive what is left into Postgres,
 //! then delete the route's Redis keys.
 //!
-//! Runs after the flag says `decommissioned` and every process had time to
-//! see it (so no qbridge consumer pops the list any more and the proxy no
-//! longer forwards pushes for it). Items left in the list, the processing
-//! lists or the gap list become live Postgres jobs (a key Postgres already
-//! has is a duplicate and is not enqueued again); items in the Redis dead
-//! list go to `qbridge.jobs_dead`, so nothing that was in Redis is lost.
+//! Runs after the flag says `decommissioned`, and first waits until the
+//! route's Redis consumers are idle (`idle`): each has acknowledged the
+//! phase holding nothing, or its heartbeat is gone. A handler still running
+//! on Redis keeps its item in its processing list until it acks; archiving
+//! that list earlier made a live Postgres copy of a job Redis was running.
+//! Then items left in the list or the processing lists become live Postgres
+//! jobs (a key Postgres already has is a duplicate and is not enqueued
+//! again). Items of the gap list are not jobs of their own: Redis took them
+//! before their mirror write failed, so they are stored as the mirror copies
+//! they are, after the runnable lists, and never run here (`parked` has the
+//! rule, and what is counted as unaccounted). Items in the Redis dead list
+//! go to `qbridge.jobs_dead`, so nothing that was in Redis is lost.
+//!
+//! **Once.** Every list is first renamed to a name of its own
+//! (`qbridge:archiving…:<route>:<id>`), and its items are stored in one
+//! transaction with the row for that name in `qbridge.archived_lists`: a
+//! run that overlaps with another, or a re-run after a failure between the
+//! commit and the list's deletion, finds the row and stores nothing again.
+//! Job keys alone could not tell for items without an id (a second store
+//! numbers the same bytes as a new occurrence: a second job).
 
 use redis::aio::ConnectionManager;
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres, Transaction};
 
 use crate::error::Result;
 use crate::ingest::{self, Item, Stored, Via};
@@ -19,6 +33,11 @@ use crate::ops::redis_view::scan;
 use crate::queue::JobCopy;
 use crate::redis::keys::RouteKeys;
 use crate::routes::Route;
+
+mod idle;
+mod parked;
+
+pub use parked::Parked;
 
 /// What decommissioning archived and deleted.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -31,7 +50,186 @@ pub struct Archived {
     pub dead: usize,
     /// Redis keys deleted.
     pub keys_deleted: usize,
+    /// Items of the gap list: mirror copies of jobs the Redis side owned.
+    pub parked: Parked,
+    /// Consumers that had acknowledged `decommissioned`, holding nothing.
+    pub consumers_acknowledged: Vec<String>,
+    /// Consumers whose heartbeat was gone while their processing lists were
+    /// still there (their lists were archived with the rest).
+    pub consumers_gone: Vec<String>,
 }
+
+/// Waits for the route's Redis consumers to be idle (refusing after
+/// `gates.decommission_wait`, with nothing touched), then archives and
+/// deletes the route's Redis keys. Postgres is written first; a list is
+/// deleted only after its items are stored, so a failure midway loses
+/// nothing, and a second run stores nothing twice (see the module docs).
+pub async fn archive_and_delete(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    payload_limit: usize,
+) -> Result<Archived> {
+    let keys = RouteKeys::of(route);
+    let consumers = idle::wait(redis, route, &keys).await?;
+    let mut report = Archived {
+        consumers_acknowledged: consumers.acknowledged,
+        consumers_gone: consumers.gone,
+        ..Archived::default()
+    };
+    rename_all(redis, route, &keys).await?;
+    // The runnable lists first (also what an interrupted earlier run left
+    // renamed), so that a parked copy of an item still waiting in them finds
+    // its key stored live already.
+    for list in scan(redis, &keys.any_archiving()).await? {
+        let items = all_items(redis, &list).await?;
+        for s in archive_live(db, route, &list, items, payload_limit).await? {
+            match s {
+                Stored::New { .. } => report.enqueued += 1,
+                Stored::Duplicate { .. } => report.duplicates += 1,
+            }
+        }
+        report.keys_deleted += delete(redis, &list).await?;
+    }
+    for list in scan(redis, &keys.any_archiving_gap()).await? {
+        let items = all_items(redis, &list).await?;
+        let stored = parked::archive(db, redis, route, &list, items, payload_limit).await?;
+        report.parked.add(&stored);
+        report.keys_deleted += delete(redis, &list).await?;
+    }
+    for list in scan(redis, &keys.any_archiving_dead()).await? {
+        let items = all_items(redis, &list).await?;
+        report.dead += archive_dead(db, route, &list, items).await?;
+        report.keys_deleted += delete(redis, &list).await?;
+    }
+    let mut doomed = vec![keys.ran(), keys.epoch()];
+    doomed.extend(scan(redis, &keys.any_inflight()).await?);
+    doomed.extend(scan(redis, &keys.any_repushed()).await?);
+    // The acknowledgements: no consumer beats a decommissioned route again.
+    doomed.extend(scan(redis, &keys.any_heartbeat()).await?);
+    for key in doomed {
+        report.keys_deleted += delete(redis, &key).await?;
+    }
+    Ok(report)
+}
+
+/// Renames the route's lists away, atomically, each under a fresh name
+/// (never over a list an interrupted run left): a push that still arrives (a
+/// producer not behind qbridge) lands in a new list instead of being deleted
+/// unread; `qbridge cutover status` counts it and running `qbridge cutover
+/// advance` on the decommissioned route archives it.
+async fn rename_all(redis: &mut ConnectionManager, route: &Route, keys: &RouteKeys) -> Result<()> {
+    let main = String::from_utf8_lossy(&route.redis_key).into_owned();
+    let mut runnable = vec![main];
+    runnable.extend(scan(redis, &keys.any_processing()).await?);
+    for list in &runnable {
+        rename_away(redis, list, &keys.new_archiving()).await?;
+    }
+    rename_away(redis, &keys.gap(), &keys.new_archiving_gap()).await?;
+    rename_away(redis, &keys.dead(), &keys.new_archiving_dead()).await
+}
+
+/// Stores a runnable list's items as live jobs, once.
+async fn archive_live(
+    db: &PgPool,
+    route: &Route,
+    list: &str,
+    items: Vec<Vec<u8>>,
+    payload_limit: usize,
+) -> Result<Vec<Stored>> {
+    let Some(mut tx) = claim(db, route, list, items.len()).await? else {
+        return Ok(Vec::new());
+    };
+    let batch = items
+        .into_iter()
+        .map(|bytes| Item {
+            route,
+            decoded: decode_bytes(&route.format, bytes.into()),
+            copy: JobCopy::Live,
+            via: Via::Archive,
+        })
+        .collect();
+    let stored = ingest::store(&mut tx, batch, payload_limit).await?;
+    tx.commit().await?;
+    Ok(stored)
+}
+
+/// Copies a dead list's items into `qbridge.jobs_dead`, once; returns how
+/// many it copied.
+async fn archive_dead(
+    db: &PgPool,
+    route: &Route,
+    list: &str,
+    items: Vec<Vec<u8>>,
+) -> Result<usize> {
+    let Some(mut tx) = claim(db, route, list, items.len()).await? else {
+        return Ok(0);
+    };
+    for bytes in &items {
+        let decoded = decode_bytes(&route.format, bytes.clone().into());
+        sqlx::query(
+            "INSERT INTO qbridge.jobs_dead \
+                 (id, queue, kind, key, payload, priority, attempts, max_attempts, last_error, \
+                  created_at, copy, original) \
+             VALUES (nextval(pg_get_serial_sequence('qbridge.jobs', 'id')), $1, $2, $3, $4, 0, \
+                     0, 1, 'archived from the Redis dead list at decommission', now(), 'live', $5)",
+        )
+        .bind(&route.queue)
+        .bind(&decoded.kind)
+        .bind(decoded.key.with_occurrence(0))
+        .bind(&decoded.payload)
+        .bind(&bytes[..])
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(items.len())
+}
+
+/// The transaction that stores renamed `list`'s items, already holding its
+/// row in `qbridge.archived_lists`; `None` when the list is empty or a run
+/// stored it already. An overlapping run's insert waits for this one's
+/// commit and then finds the row.
+async fn claim<'a>(
+    db: &'a PgPool,
+    route: &Route,
+    list: &str,
+    items: usize,
+) -> Result<Option<Transaction<'a, Postgres>>> {
+    if items == 0 {
+        return Ok(None);
+    }
+    let mut tx = db.begin().await?;
+    let claimed = sqlx::query(
+        "INSERT INTO qbridge.archived_lists (route, list, items) VALUES ($1, $2, $3) \
+         ON CONFLICT (route, list) DO NOTHING",
+    )
+    .bind(&route.name)
+    .bind(list)
+    .bind(i32::try_from(items).unwrap_or(i32::MAX))
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    Ok((claimed == 1).then_some(tx))
+}
+
+async fn delete(conn: &mut ConnectionManager, key: &str) -> Result<usize> {
+    Ok(redis::cmd("DEL").arg(key).query_async(conn).await?)
+}
+
+/// Renames `list` to `to` if it exists, in one step: an overlapping run
+/// may have renamed it a moment ago, and then there is nothing to do.
+async fn rename_away(conn: &mut ConnectionManager, list: &str, to: &str) -> Result<()> {
+    redis::Script::new(RENAME_IF_EXISTS_LUA)
+        .key(list)
+        .key(to)
+        .invoke_async::<i64>(conn)
+        .await?;
+    Ok(())
+}
+
+const RENAME_IF_EXISTS_LUA: &str = "if redis.call('EXISTS', KEYS[1]) == 1 then \
+     redis.call('RENAME', KEYS[1], KEYS[2]) return 1 end return 0";
 
 async fn all_items(conn: &mut ConnectionManager, list: &str) -> Result<Vec<Vec<u8>>> {
     Ok(redis::cmd("LRANGE")
@@ -40,95 +238,4 @@ async fn all_items(conn: &mut ConnectionManager, list: &str) -> Result<Vec<Vec<u
         .arg(-1)
         .query_async(conn)
         .await?)
-}
-
-/// Archives and deletes the route's Redis keys. Postgres is written first;
-/// a key is deleted only after its items are stored, so a failure midway
-/// loses nothing (a second run finds the rest; stored keys are duplicates).
-pub async fn archive_and_delete(
-    db: &PgPool,
-    redis: &mut ConnectionManager,
-    route: &Route,
-    payload_limit: usize,
-) -> Result<Archived> {
-    let mut report = Archived::default();
-    let keys = RouteKeys::of(route);
-    let main = String::from_utf8_lossy(&route.redis_key).into_owned();
-    let mut runnable = vec![main, keys.gap()];
-    runnable.extend(scan(redis, &keys.any_processing()).await?);
-    // Renamed away first, atomically, under a fresh name (never over a list
-    // an interrupted run left): a push that still arrives (a producer not
-    // behind qbridge) lands in a new list instead of being deleted unread;
-    // `qbridge cutover status` counts it and running `qbridge cutover
-    // advance` on the decommissioned route archives it.
-    for list in &runnable {
-        let moved = keys.new_archiving();
-        let exists: bool = redis::cmd("EXISTS").arg(list).query_async(redis).await?;
-        if exists {
-            redis::cmd("RENAME")
-                .arg(list)
-                .arg(&moved)
-                .query_async::<()>(redis)
-                .await?;
-        }
-    }
-    // Also what an interrupted earlier run left renamed.
-    let archiving = scan(redis, &keys.any_archiving()).await?;
-    for list in &archiving {
-        let items = all_items(redis, list).await?;
-        if !items.is_empty() {
-            let batch: Vec<Item<'_>> = items
-                .into_iter()
-                .map(|bytes| Item {
-                    route,
-                    decoded: decode_bytes(&route.format, bytes.into()),
-                    copy: JobCopy::Live,
-                    via: Via::Archive,
-                })
-                .collect();
-            let mut tx = db.begin().await?;
-            let stored = ingest::store(&mut tx, batch, payload_limit).await?;
-            tx.commit().await?;
-            for s in stored {
-                match s {
-                    Stored::New { .. } => report.enqueued += 1,
-                    Stored::Duplicate { .. } => report.duplicates += 1,
-                }
-            }
-        }
-        let n: usize = redis::cmd("DEL").arg(list).query_async(redis).await?;
-        report.keys_deleted += n;
-    }
-    let dead_list = keys.dead();
-    let dead = all_items(redis, &dead_list).await?;
-    if !dead.is_empty() {
-        let mut tx = db.begin().await?;
-        for bytes in &dead {
-            let decoded = decode_bytes(&route.format, bytes.clone().into());
-            sqlx::query(
-                "INSERT INTO qbridge.jobs_dead \
-                     (id, queue, kind, key, payload, priority, attempts, max_attempts, last_error, \
-                      created_at, copy, original) \
-                 VALUES (nextval(pg_get_serial_sequence('qbridge.jobs', 'id')), $1, $2, $3, $4, 0, \
-                         0, 1, 'archived from the Redis dead list at decommission', now(), 'live', $5)",
-            )
-            .bind(&route.queue)
-            .bind(&decoded.kind)
-            .bind(decoded.key.with_occurrence(0))
-            .bind(&decoded.payload)
-            .bind(&bytes[..])
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        report.dead = dead.len();
-    }
-    let mut doomed = vec![dead_list, keys.ran(), keys.epoch()];
-    doomed.extend(scan(redis, &keys.any_inflight()).await?);
-    doomed.extend(scan(redis, &keys.any_repushed()).await?);
-    for key in doomed {
-        let n: usize = redis::cmd("DEL").arg(&key).query_async(redis).await?;
-        report.keys_deleted += n;
-    }
-    Ok(report)
 }

@@ -147,8 +147,12 @@ pub async fn advance(
     .await?;
     let archived = if gate.to == Phase::Decommissioned {
         let redis = redis.ok_or_else(no_redis)?;
-        // Every process polls the flag every INTERVAL: after a few, none
-        // pops the list or forwards pushes for this route any more.
+        // Every process polls the flag every INTERVAL: after a few, each has
+        // seen the flip. That is not what proves the Redis side idle (a
+        // running consumer's heartbeat does, in `archive_and_delete`); it is
+        // what makes a consumer that has not beaten yet (one starting right
+        // now) see `decommissioned` before it touches a list, so that a
+        // missing heartbeat then means a consumer that is gone.
         tokio::time::sleep(watch::INTERVAL * 3 + Duration::from_millis(500)).await;
         Some(decommission::archive_and_delete(db, redis, route, payload_limit).await?)
     } else {

@@ -38,20 +38,31 @@
 //! **Phases.** It runs in every phase but `decommissioned`; in
 //! `postgres_only` it keeps draining what is left. While decommissioned it
 //! opens no Redis connection at all; it looks at the phase again every
-//! `phase_poll` and stops its slots when the phase becomes decommissioned.
+//! `phase_poll` and stops its slots when the phase becomes decommissioned:
+//! each slot finishes the item in hand (acked or dead) and pops no more.
+//!
+//! **Heartbeat.** While its slots run it beats
+//! `qbridge:consumer:<route>:<consumer_name>` (the phase it acts on, the
+//! items it holds) with a TTL, and once every slot stopped for
+//! `decommissioned` it says so, holding nothing: decommission archives the
+//! route's processing lists only then, or once the heartbeat expired
+//! (`heartbeat` has the rules).
 //!
 //! **Shutdown.** Cancelling the token stops popping at once; an item being
 //! handled gets `drain` more to finish, then is left in its processing list
-//! for the next start. Nothing here logs a payload; logs carry the route,
-//! the slot and at most a short hash of a job key.
+//! for the next start; the heartbeat is deleted. Nothing here logs a
+//! payload; logs carry the route, the slot and at most a short hash of a
+//! job key.
 //!
 //! Redis Cluster is not supported: BLMOVE and the scripts touch the source,
 //! processing and dead lists together.
 
+pub mod heartbeat;
 mod numbering;
 mod scripts;
 mod slot;
 
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,6 +80,7 @@ use crate::redis::keys::{ConsumerKeys, RouteKeys};
 use crate::routes::{Route, Routes};
 use crate::shadow::OutcomeRecorder;
 
+use heartbeat::Beater;
 use slot::Slot;
 
 /// Timing of a consumer; the defaults suit production.
@@ -140,6 +152,11 @@ struct Ctx {
     route_keys: RouteKeys,
     ack: Script,
     dead: Script,
+    /// Items the slots hold now (the heartbeat's `holding`).
+    holding: AtomicU64,
+    /// When the heartbeat was last written (ms since the epoch, 0 = never):
+    /// slots pop only while it is fresh.
+    beat_ok_ms: AtomicI64,
 }
 
 impl Ctx {
@@ -206,6 +223,8 @@ impl RedisConsumer {
                 route_keys,
                 ack: Script::new(scripts::ACK_LUA),
                 dead: Script::new(scripts::DEAD_LUA),
+                holding: AtomicU64::new(0),
+                beat_ok_ms: AtomicI64::new(0),
             },
         })
     }
@@ -224,7 +243,8 @@ impl RedisConsumer {
             ..ConsumerReport::default()
         };
         loop {
-            if ctx.phase() == Phase::Decommissioned {
+            let started = ctx.phase();
+            if started == Phase::Decommissioned {
                 tokio::select! {
                     _ = token.cancelled() => return report,
                     _ = tokio::time::sleep(ctx.opts.phase_poll) => continue,
@@ -234,25 +254,47 @@ impl RedisConsumer {
                 return report;
             }
             report.connected = true;
-            let orphans = orphaned_slots(&ctx).await;
-            let n = ctx.config.concurrency;
-            let mut slots = JoinSet::new();
-            for index in 0..n {
-                let mine = orphans.iter().copied().filter(|o| o % n == index).collect();
-                slots.spawn(Slot::new(Arc::clone(&ctx), index, mine).run(token.clone()));
-            }
-            while let Some(done) = slots.join_next().await {
-                match done {
-                    Ok(r) => report.add(&r),
-                    Err(e) => {
-                        tracing::error!(route = %ctx.route.name, error = %e, "redis consumer slot panicked")
-                    }
-                }
-            }
-            if token.is_cancelled() {
+            let mut beater = Beater::new(&ctx);
+            // Beaten before any slot touches a list: decommission must never
+            // find this consumer's lists in use without its heartbeat.
+            if !beater.first(started, &token).await {
                 return report;
             }
-            tracing::info!(route = %ctx.route.name, "redis consumer: route decommissioned; slots stopped");
+            let stop_beating = CancellationToken::new();
+            let slots = async {
+                run_slots(&ctx, &token, &mut report).await;
+                stop_beating.cancel();
+            };
+            tokio::join!(slots, beater.while_running(started, stop_beating.clone()));
+            if token.is_cancelled() {
+                beater.remove().await;
+                return report;
+            }
+            // Every slot has stopped: nothing pops or runs any more.
+            if ctx.phase() == Phase::Decommissioned {
+                beater.acknowledge().await;
+                tracing::info!(route = %ctx.route.name, "redis consumer: route decommissioned; slots stopped");
+            }
+        }
+    }
+}
+
+/// Runs `concurrency` slots (and the orphaned lists they drain) until each
+/// stops: shutdown, or the route decommissioned.
+async fn run_slots(ctx: &Arc<Ctx>, token: &CancellationToken, report: &mut ConsumerReport) {
+    let orphans = orphaned_slots(ctx).await;
+    let n = ctx.config.concurrency;
+    let mut slots = JoinSet::new();
+    for index in 0..n {
+        let mine = orphans.iter().copied().filter(|o| o % n == index).collect();
+        slots.spawn(Slot::new(Arc::clone(ctx), index, mine).run(token.clone()));
+    }
+    while let Some(done) = slots.join_next().await {
+        match done {
+            Ok(r) => report.add(&r),
+            Err(e) => {
+                tracing::error!(route = %ctx.route.name, error = %e, "redis consumer slot panicked")
+            }
         }
     }
 }

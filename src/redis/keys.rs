@@ -10,9 +10,12 @@
 //! | `qbridge:gap:<route>:lock` | string | gap repair | gap repair |
 //! | `qbridge:processing:<route>:<consumer>:<n>` | list | the consumer (BLMOVE) | the consumer's recovery, the diff, decommission |
 //! | `qbridge:inflight:<route>:<consumer>:<n>` | hash | the consumer | the consumer, the diff, decommission |
+//! | `qbridge:consumer:<route>:<consumer>` | hash (TTL) | the consumer (its heartbeat) | decommission |
 //! | `qbridge:dead:<route>` | list | the consumer | decommission |
 //! | `qbridge:repushed:<route>:<job key>` | string (TTL) | repair | repair, decommission |
 //! | `qbridge:archiving:<route>:<id>` | list | decommission | decommission |
+//! | `qbridge:archiving-gap:<route>:<id>` | list | decommission | decommission |
+//! | `qbridge:archiving-dead:<route>:<id>` | list | decommission | decommission |
 //! | `qbridge:paid:<outbox token>` | string (TTL) | the outbox | the outbox |
 //! | `qbridge:epoch:<route>` | string | the epoch observer | the epoch observer (gone = Redis lost its data) |
 //!
@@ -96,6 +99,28 @@ impl RouteKeys {
         )
     }
 
+    /// A fresh `qbridge:archiving-gap:<route>:<id>`: where decommission
+    /// renames the gap list. Its items are mirror copies of jobs Redis
+    /// owned, archived differently from the runnable lists, so they must
+    /// never be mixed with those.
+    pub fn new_archiving_gap(&self) -> String {
+        format!(
+            "{PREFIX}archiving-gap:{}:{}",
+            self.route,
+            uuid::Uuid::new_v4().simple()
+        )
+    }
+
+    /// A fresh `qbridge:archiving-dead:<route>:<id>`: where decommission
+    /// renames the dead list before copying it into `qbridge.jobs_dead`.
+    pub fn new_archiving_dead(&self) -> String {
+        format!(
+            "{PREFIX}archiving-dead:{}:{}",
+            self.route,
+            uuid::Uuid::new_v4().simple()
+        )
+    }
+
     /// The keys of one consumer of this route.
     pub fn consumer(&self, consumer: &str) -> ConsumerKeys {
         ConsumerKeys {
@@ -114,14 +139,46 @@ impl RouteKeys {
         self.pattern("inflight")
     }
 
+    /// SCAN pattern: the heartbeat of every consumer of the route.
+    pub fn any_heartbeat(&self) -> String {
+        self.pattern("consumer")
+    }
+
+    /// The consumer a heartbeat key found by [`RouteKeys::any_heartbeat`]
+    /// belongs to.
+    pub fn heartbeat_owner<'k>(&self, key: &'k str) -> Option<&'k str> {
+        let prefix = format!("{PREFIX}consumer:{}:", self.route);
+        key.strip_prefix(&prefix)
+            .filter(|c| !c.is_empty() && !c.contains(':'))
+    }
+
+    /// The consumer a processing list found by [`RouteKeys::any_processing`]
+    /// belongs to (`qbridge:processing:<route>:<consumer>:<n>`).
+    pub fn processing_owner<'k>(&self, list: &'k str) -> Option<&'k str> {
+        let prefix = format!("{PREFIX}processing:{}:", self.route);
+        let (consumer, slot) = list.strip_prefix(&prefix)?.rsplit_once(':')?;
+        (!consumer.contains(':') && slot.parse::<usize>().is_ok()).then_some(consumer)
+    }
+
     /// SCAN pattern: every repushed marker of the route.
     pub fn any_repushed(&self) -> String {
         self.pattern("repushed")
     }
 
-    /// SCAN pattern: every list an interrupted decommission left renamed.
+    /// SCAN pattern: every runnable list an interrupted decommission left
+    /// renamed.
     pub fn any_archiving(&self) -> String {
         self.pattern("archiving")
+    }
+
+    /// SCAN pattern: every gap list an interrupted decommission left renamed.
+    pub fn any_archiving_gap(&self) -> String {
+        self.pattern("archiving-gap")
+    }
+
+    /// SCAN pattern: every dead list an interrupted decommission left renamed.
+    pub fn any_archiving_dead(&self) -> String {
+        self.pattern("archiving-dead")
     }
 
     fn pattern(&self, kind: &str) -> String {
@@ -149,6 +206,14 @@ impl ConsumerKeys {
     /// numbering it again after a restart would give it another key).
     pub fn inflight(&self, n: usize) -> String {
         format!("{PREFIX}inflight:{}:{}:{n}", self.route, self.consumer)
+    }
+
+    /// `qbridge:consumer:<route>:<consumer>`: the consumer's heartbeat, a hash
+    /// (the phase it acts on, the items it holds, when it last beat) that
+    /// expires unless renewed. Decommission reads it to know that the
+    /// consumer has stopped and holds nothing before it archives the lists.
+    pub fn heartbeat(&self) -> String {
+        format!("{PREFIX}consumer:{}:{}", self.route, self.consumer)
     }
 
     /// SCAN pattern of every processing list of this consumer, whatever its

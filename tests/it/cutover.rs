@@ -2,6 +2,8 @@
 //! rollback with jobs in flight, decommissioning, and the phase watch.
 
 mod decommission;
+mod decommission_gap;
+mod decommission_idle;
 mod gradual;
 mod planted;
 mod rig;

@@ -1,7 +1,8 @@
 //! The Redis keys the writers make are the keys the readers read: the real
 //! consumer (processing list, inflight hash, dead list), the mirror's spool
 //! (gap list), repair (its re-push marker) and the outbox (paid marker)
-//! write them; the diff's view of Redis finds every item they hold, and
+//! write them, and the consumer's heartbeat is found by decommission's
+//! reader; the diff's view of Redis finds every item they hold, and
 //! decommission archives them and leaves not one key of the route behind.
 
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use qbridge::mirror::{Mirror, MirrorOptions};
 use qbridge::model::Phase;
 use qbridge::ops::{decommission, redis_view, repair};
 use qbridge::redis::connect::connect_redis;
-use qbridge::redis::consumer::{ConsumerOptions, RedisConsumer};
+use qbridge::redis::consumer::{heartbeat, ConsumerOptions, RedisConsumer};
 use qbridge::redis::keys::{self, RouteKeys};
 use qbridge::redis::producer::Producer;
 use qbridge::routes::Routes;
@@ -56,6 +57,19 @@ async fn handler() -> String {
         let _ = axum::serve(listener, app).await;
     });
     format!("http://{addr}/run")
+}
+
+/// The route's consumer heartbeats, as decommission finds and reads them.
+async fn heartbeats(
+    conn: &mut ::redis::aio::ConnectionManager,
+    route: &RouteKeys,
+) -> Vec<heartbeat::Heartbeat> {
+    let found: Vec<String> = ::redis::cmd("KEYS")
+        .arg(route.any_heartbeat())
+        .query_async(conn)
+        .await
+        .unwrap();
+    heartbeat::read(conn, route, &found).await.unwrap()
 }
 
 /// Every key on the shared Redis whose name holds `part`.
@@ -158,8 +172,32 @@ diff = {{ settle = "0s" }}
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Its heartbeat, found by the pattern decommission scans and read by
+    // decommission's reader: the phase it acts on and the item it holds
+    // (from its next beat on).
+    let started = Instant::now();
+    let beats = loop {
+        let beats = heartbeats(&mut redis, &route_keys).await;
+        if beats.iter().any(|b| b.holding == 1) {
+            break beats;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no beat says it holds the item: {beats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(beats.len(), 1, "{beats:?}");
+    assert_eq!(beats[0].consumer, format!("c{id}"));
+    assert_eq!(
+        (beats[0].phase, beats[0].holding),
+        (Some(Phase::DualWrite), 1)
+    );
     intake.cancel();
     running.await.unwrap();
+    // A clean exit takes the heartbeat with it (the item stays for the next
+    // start, or for decommission).
+    assert!(heartbeats(&mut redis, &route_keys).await.is_empty());
     drop(recorder);
     writer.await.unwrap();
 
@@ -311,13 +349,26 @@ diff = {{ settle = "0s" }}
     // and repair read as "ran on Redis".
     assert!(!view.ran.is_empty(), "the view reads the ran set");
 
+    // A consumer that acknowledged decommissioned (the consumer's own
+    // writer): decommission reads it as idle and deletes it with the rest.
+    heartbeat::write(&mut redis, &consumer_keys, Phase::Decommissioned, 0)
+        .await
+        .unwrap();
+
     // Decommission archives them all and leaves no key of the route.
     let archived = decommission::archive_and_delete(&pool, &mut redis, &route, 1 << 20)
         .await
         .unwrap();
     assert_eq!(archived.dead, 1, "{archived:?}");
-    // slow-1, waiting-1 and parked-1, each archived once.
-    assert_eq!(archived.enqueued + archived.duplicates, 3, "{archived:?}");
+    assert_eq!(archived.consumers_acknowledged, [format!("c{id}")]);
+    // slow-1 and waiting-1, each archived once; parked-1 as the mirror
+    // copy it is (Redis had it).
+    assert_eq!(archived.enqueued + archived.duplicates, 2, "{archived:?}");
+    assert_eq!(
+        archived.parked.mirrored + archived.parked.known,
+        1,
+        "{archived:?}"
+    );
     let left = keys_holding(&mut redis, &name).await;
     assert!(left.is_empty(), "decommission left {left:?}");
     let _: i64 = ::redis::cmd("DEL")

@@ -9,6 +9,7 @@ use ::redis::{AsyncConnectionConfig, RedisResult};
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
+use super::heartbeat;
 use super::numbering::job_key;
 use super::{ConsumerReport, Ctx};
 use crate::config::PushEnd;
@@ -93,6 +94,15 @@ impl Slot {
     pub(super) async fn run_once(&mut self, token: &CancellationToken) -> RedisResult<Step> {
         if token.is_cancelled() || self.ctx.phase() == Phase::Decommissioned {
             return Ok(Step::Stop);
+        }
+        if !heartbeat::fresh(&self.ctx.beat_ok_ms) {
+            // Its heartbeat may be about to expire, and decommission takes an
+            // expired heartbeat for a consumer that touches its lists no
+            // more: touch none until the beat is renewed.
+            tokio::select! {
+                _ = token.cancelled() => return Ok(Step::Stop),
+                _ = tokio::time::sleep(heartbeat::EVERY) => return Ok(Step::Idle),
+            }
         }
         let mut conn = self.connection().await?;
         let keys = &self.ctx.keys;
@@ -189,6 +199,8 @@ impl Slot {
         token: &CancellationToken,
     ) -> RedisResult<Step> {
         let ctx = Arc::clone(&self.ctx);
+        // Counted in the heartbeat until the item is acked, dead or left.
+        let _held = heartbeat::Held::new(&ctx.holding);
         let (processing, inflight) = (ctx.keys.processing(list), ctx.keys.inflight(list));
         if recovered {
             self.report.recovered += 1;

@@ -64,11 +64,39 @@ fn the_consumers_keys_are_what_the_route_readers_scan() {
             assert!(finds(&route.any_inflight(), &c.inflight(n)));
             assert_eq!(inflight_beside(&c.processing(n)), Some(c.inflight(n)));
             assert!(!finds(&route.any_processing(), &c.inflight(n)));
+            assert_eq!(route.processing_owner(&c.processing(n)), Some(consumer));
         }
+        // The heartbeat decommission reads, and whose it is.
+        assert!(finds(&route.any_heartbeat(), &c.heartbeat()));
+        assert_eq!(route.heartbeat_owner(&c.heartbeat()), Some(consumer));
+        assert!(!finds(&route.any_heartbeat(), &c.processing(0)));
+        assert!(!finds(&route.any_processing(), &c.heartbeat()));
+        assert_eq!(route.processing_owner(&c.inflight(0)), None);
+        assert_eq!(route.heartbeat_owner(&c.processing(0)), None);
     }
     assert!(finds(&route.any_repushed(), &route.repushed("sha256:ab:1")));
     assert!(finds(&route.any_repushed(), &route.repushed("jid-1")));
     assert!(finds(&route.any_archiving(), &route.new_archiving()));
+    assert!(finds(
+        &route.any_archiving_gap(),
+        &route.new_archiving_gap()
+    ));
+    assert!(finds(
+        &route.any_archiving_dead(),
+        &route.new_archiving_dead()
+    ));
+    // The kinds of archiving lists are archived differently: no pattern
+    // finds another kind's lists.
+    let kinds = [
+        (route.any_archiving(), route.new_archiving()),
+        (route.any_archiving_gap(), route.new_archiving_gap()),
+        (route.any_archiving_dead(), route.new_archiving_dead()),
+    ];
+    for (i, (pattern, _)) in kinds.iter().enumerate() {
+        for (j, (_, list)) in kinds.iter().enumerate() {
+            assert_eq!(finds(pattern, list), i == j, "{pattern} {list}");
+        }
+    }
     assert_ne!(route.new_archiving(), route.new_archiving());
     assert_eq!(inflight_beside("queue:default"), None);
 }
@@ -83,12 +111,23 @@ fn one_routes_patterns_never_find_another_routes_keys() {
         let c = theirs.consumer("host-1");
         assert!(!finds(&mine.any_processing(), &c.processing(0)), "{other}");
         assert!(!finds(&mine.any_inflight(), &c.inflight(0)), "{other}");
+        assert!(!finds(&mine.any_heartbeat(), &c.heartbeat()), "{other}");
+        assert_eq!(mine.heartbeat_owner(&c.heartbeat()), None, "{other}");
+        assert_eq!(mine.processing_owner(&c.processing(0)), None, "{other}");
         assert!(
             !finds(&mine.any_repushed(), &theirs.repushed("k")),
             "{other}"
         );
         assert!(
             !finds(&mine.any_archiving(), &theirs.new_archiving()),
+            "{other}"
+        );
+        assert!(
+            !finds(&mine.any_archiving_gap(), &theirs.new_archiving_gap()),
+            "{other}"
+        );
+        assert!(
+            !finds(&mine.any_archiving_dead(), &theirs.new_archiving_dead()),
             "{other}"
         );
         assert_ne!(mine.gap(), theirs.gap());
@@ -117,6 +156,7 @@ fn fixed_names() {
     assert_eq!(r.gap_lock(), "qbridge:gap:emails:lock");
     assert_eq!(r.dead(), "qbridge:dead:emails");
     assert_eq!(r.repushed("k1"), "qbridge:repushed:emails:k1");
+    assert_eq!(r.consumer("h").heartbeat(), "qbridge:consumer:emails:h");
     let token = uuid::Uuid::nil();
     assert_eq!(paid(&token), format!("qbridge:paid:{token}"));
     assert_eq!(

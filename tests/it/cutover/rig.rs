@@ -106,6 +106,8 @@ pub struct Options {
     pub window: &'static str,
     pub min_jobs: u64,
     pub quiet_period: &'static str,
+    /// `gates.decommission_wait`.
+    pub decommission_wait: &'static str,
 }
 
 impl Default for Options {
@@ -116,6 +118,7 @@ impl Default for Options {
             window: "1m",
             min_jobs: 5,
             quiet_period: "1s",
+            decommission_wait: "60s",
         }
     }
 }
@@ -155,12 +158,13 @@ pool = {{ poll_interval = "50ms", concurrency = 4, backoff_base = "50ms", backof
 redis_consumer = {{ concurrency = 2, consumer_name = "c{id}", retry_delay = "20ms" }}
 shadow = {{ noise_sample = 0.0 }}
 diff = {{ settle = "1s", ignore_fields = ["/at"], sample_keys = 50 }}
-gates = {{ window = "{window}", min_jobs = {min_jobs}, quiet_period = "{quiet}", max_postgres_lag = "30s" }}
+gates = {{ window = "{window}", min_jobs = {min_jobs}, quiet_period = "{quiet}", max_postgres_lag = "30s", decommission_wait = "{wait}" }}
 "#,
             phase = opts.phase,
             window = opts.window,
             min_jobs = opts.min_jobs,
             quiet = opts.quiet_period,
+            wait = opts.decommission_wait,
         );
         let overrides = Overrides {
             database_url: Some(support::db_url(pool)),

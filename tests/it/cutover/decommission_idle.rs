@@ -1,0 +1,262 @@
+//! Decommission waits for the Redis side to be idle: a Redis consumer still
+//! running a handler keeps its processing list (no live Postgres copy of a
+//! job Redis is running), a consumer whose heartbeat expired has its lists
+//! archived once, and items the mirror parked in the gap list are never
+//! turned into second live copies of jobs the Redis side owned.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use qbridge::handler::Handler;
+use qbridge::model::Phase;
+use qbridge::ops::operate::Refusal;
+use qbridge::redis::consumer::heartbeat::{self, Heartbeat};
+use qbridge::redis::consumer::{ConsumerOptions, RedisConsumer};
+use qbridge::redis::keys::RouteKeys;
+use qbridge::shadow::{OutcomeRecorder, RecorderOptions};
+
+use super::rig::{Options, Rig, REDIS};
+use crate::support::{self, wait_for, wait_for_count};
+
+/// The rig's Redis consumer name.
+fn consumer_name(rig: &Rig) -> String {
+    let route = rig.route();
+    let consumer = route.config.redis_consumer.as_ref().expect("consumer");
+    consumer.consumer_name.clone()
+}
+
+/// A Redis consumer of the rig's route outside the runtime, so a test can
+/// kill it.
+async fn consumer_of(rig: &Rig) -> RedisConsumer {
+    let route = rig.route();
+    let (recorder, _writer) = OutcomeRecorder::spawn(
+        rig.pool.clone(),
+        RecorderOptions::default(),
+        CancellationToken::new(),
+    );
+    let handler = Handler::from_config(route.config.handler.as_ref().unwrap()).unwrap();
+    RedisConsumer::new(
+        route,
+        rig.routes.clone(),
+        REDIS,
+        &rig.config.redis_tls,
+        rig.pool.clone(),
+        handler,
+        recorder,
+    )
+    .await
+    .expect("consumer")
+    .with_options(ConsumerOptions {
+        block: Duration::from_millis(200),
+        drain: Duration::ZERO,
+        reconnect_delay: Duration::from_millis(100),
+        phase_poll: Duration::from_millis(50),
+    })
+}
+
+/// The route's consumer heartbeats as decommission reads them.
+async fn heartbeats(rig: &Rig) -> Vec<Heartbeat> {
+    let mut conn = rig.redis().await;
+    let keys = RouteKeys::of(&rig.route());
+    let found: Vec<String> = redis::cmd("KEYS")
+        .arg(keys.any_heartbeat())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    heartbeat::read(&mut conn, &keys, &found).await.unwrap()
+}
+
+/// Items in the route's processing lists.
+async fn processing_items(rig: &Rig) -> i64 {
+    let mut conn = rig.redis().await;
+    let lists: Vec<String> = redis::cmd("KEYS")
+        .arg(RouteKeys::of(&rig.route()).any_processing())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut n = 0;
+    for list in lists {
+        let len: i64 = redis::cmd("LLEN")
+            .arg(&list)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        n += len;
+    }
+    n
+}
+
+/// A job whose handler is still running when the route is decommissioned
+/// runs once, on Redis: the archive waits until the consumer acked it, and
+/// then has nothing to archive.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn decommission_waits_for_a_handler_still_running_on_redis(pool: PgPool) {
+    let mut rig = Rig::new(
+        &pool,
+        Options {
+            phase: Phase::PostgresOnly,
+            // Longer than the flag's propagation wait: the old fixed wait
+            // archived the processing list while this handler ran.
+            handler_delay: Duration::from_secs(3),
+            ..Options::default()
+        },
+    )
+    .await;
+    rig.start().await;
+    rig.push_behind_qbridge(r#"{"id":"busy"}"#).await;
+    let calls = rig.calls.clone();
+    wait_for("the Redis handler starts", Duration::from_secs(10), || {
+        let started = calls.live("busy") == 1;
+        async move { started }
+    })
+    .await;
+
+    // Forced: the gate refuses while an item is in a processing list.
+    let done = rig.advance(true).await.map_err(|_| "advance").unwrap();
+    assert_eq!(done.state.phase, Phase::Decommissioned);
+    let archived = done.archived.expect("archived");
+    assert_eq!(
+        (archived.enqueued, archived.duplicates),
+        (0, 0),
+        "the running job was archived as a live Postgres job: {archived:?}"
+    );
+    wait_for_count(
+        &pool,
+        "busy acked on Redis",
+        "SELECT count(*) FROM qbridge.outcomes WHERE side = 'redis' AND key = 'busy' AND outcome = 'ok'",
+        1,
+    )
+    .await;
+    rig.stop().await;
+    assert_eq!(rig.calls.live("busy"), 1, "the job ran twice");
+    assert_eq!(
+        support::count(
+            &pool,
+            "SELECT count(*) FROM qbridge.job_keys WHERE key = 'busy'"
+        )
+        .await,
+        0,
+        "no Postgres copy of a job Redis ran"
+    );
+    rig.finish().await;
+}
+
+/// A consumer that does not finish within `gates.decommission_wait`: the
+/// archive is refused in one line naming it, nothing is archived, and
+/// running the advance again once it finished archives nothing twice.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_consumer_still_busy_at_the_deadline_is_named_and_nothing_is_archived(pool: PgPool) {
+    let mut rig = Rig::new(
+        &pool,
+        Options {
+            phase: Phase::PostgresOnly,
+            handler_delay: Duration::from_secs(4),
+            decommission_wait: "500ms",
+            ..Options::default()
+        },
+    )
+    .await;
+    rig.start().await;
+    rig.push_behind_qbridge(r#"{"id":"slow"}"#).await;
+    let calls = rig.calls.clone();
+    wait_for("the Redis handler starts", Duration::from_secs(10), || {
+        let started = calls.live("slow") == 1;
+        async move { started }
+    })
+    .await;
+    let err = match rig.advance(true).await {
+        Err(Refusal::Error(e)) => e.to_string(),
+        Err(Refusal::Gate(_)) => panic!("forced past the gate"),
+        Ok(done) => panic!("archived while the handler ran: {:?}", done.archived),
+    };
+    assert!(err.contains(&consumer_name(&rig)), "{err}");
+    assert!(err.contains("holding 1 items"), "{err}");
+    assert!(err.contains("qbridge cutover advance"), "{err}");
+    assert!(!err.contains('\n'), "{err}");
+    // The flag flipped; the item is still where the consumer works on it.
+    rig.until_phase(Phase::Decommissioned).await;
+    assert_eq!(processing_items(&rig).await, 1);
+    assert_eq!(
+        support::count(&pool, "SELECT count(*) FROM qbridge.job_keys").await,
+        0
+    );
+
+    wait_for_count(
+        &pool,
+        "slow acked on Redis",
+        "SELECT count(*) FROM qbridge.outcomes WHERE side = 'redis' AND key = 'slow' AND outcome = 'ok'",
+        1,
+    )
+    .await;
+    let done = rig.advance(false).await.map_err(|_| "advance").unwrap();
+    let archived = done.archived.expect("archived");
+    assert_eq!((archived.enqueued, archived.duplicates), (0, 0));
+    assert_eq!(archived.consumers_acknowledged, [consumer_name(&rig)]);
+    rig.stop().await;
+    assert_eq!(rig.calls.live("slow"), 1);
+    rig.finish().await;
+}
+
+/// A consumer that died holding an item: its heartbeat is there (late, so
+/// decommission waits) until it expires; then its processing list is
+/// archived, once — running the archive again stores nothing more.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_dead_consumers_list_is_archived_once_after_its_heartbeat_expired(pool: PgPool) {
+    let rig = Rig::new(
+        &pool,
+        Options {
+            phase: Phase::PostgresOnly,
+            handler_delay: Duration::from_secs(60),
+            ..Options::default()
+        },
+    )
+    .await;
+    let consumer = tokio::spawn(consumer_of(&rig).await.run(CancellationToken::new()));
+    rig.push_behind_qbridge(r#"{"id":"orphan"}"#).await;
+    wait_for(
+        "the consumer holds the item",
+        Duration::from_secs(10),
+        || {
+            let rig = &rig;
+            async move { heartbeats(rig).await.iter().any(|b| b.holding == 1) }
+        },
+    )
+    .await;
+    // The process dies mid-job: no clean exit, its heartbeat stays until
+    // its TTL runs out.
+    consumer.abort();
+    let _ = consumer.await;
+    assert_eq!(heartbeats(&rig).await.len(), 1);
+
+    let done = rig.advance(true).await.map_err(|_| "advance").unwrap();
+    let archived = done.archived.expect("archived");
+    assert_eq!(
+        (archived.enqueued, archived.duplicates),
+        (1, 0),
+        "{archived:?}"
+    );
+    assert_eq!(archived.consumers_gone, [consumer_name(&rig)]);
+    assert!(archived.consumers_acknowledged.is_empty());
+    // Running the archive again finds nothing to store.
+    let again = rig.advance(false).await.map_err(|_| "advance").unwrap();
+    let again = again.archived.expect("archived");
+    assert_eq!((again.enqueued, again.duplicates), (0, 0), "{again:?}");
+    assert_eq!(
+        support::count(
+            &pool,
+            "SELECT count(*) FROM qbridge.jobs WHERE key = 'orphan' AND copy = 'live'"
+        )
+        .await,
+        1
+    );
+    let mut conn = rig.redis().await;
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("qbridge:*:{}*", rig.name))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "decommission left {left:?}");
+    rig.finish().await;
+}
