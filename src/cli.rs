@@ -301,13 +301,14 @@ pub struct DiffArgs {
     #[arg(long)]
     pub repair: bool,
     /// With --repair: the operator knows these jobs are lost (audited; needs
-    /// --reason): unaccounted mirror copies are pushed back to Redis, held
-    /// re-pushes run live in Postgres.
+    /// --reason): unaccounted mirror copies are pushed back to Redis; a held
+    /// re-push runs live in Postgres instead when Redis does not hold its
+    /// original (one path per key, never both).
     #[arg(long, value_name = "KEY", num_args = 1.., requires = "repair")]
     pub assume_lost: Vec<String>,
-    /// With --repair: every unaccounted job mirrored (or re-push held) before
-    /// this RFC 3339 time or duration back from now is lost (audited; needs
-    /// --reason).
+    /// With --repair: every unaccounted job mirrored before this RFC 3339
+    /// time or duration back from now is lost (audited; needs --reason).
+    /// Held re-pushes are released only by key (--assume-lost).
     #[arg(long, value_name = "TIME", requires = "repair")]
     pub assume_lost_before: Option<String>,
     /// Why the jobs are known to be lost (required with --assume-lost…).

@@ -18,7 +18,7 @@
 mod held;
 mod promote;
 
-pub use held::{held_count, release, settle_held_once, Selection, Settled};
+pub use held::{held_count, release, settle_held_once, Settled};
 pub use promote::{decide, Evidence, Verdict};
 
 use std::collections::{HashMap, HashSet};

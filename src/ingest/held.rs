@@ -52,9 +52,8 @@ SELECT h.queue, h.key, h.original, h.payload, h.kind, h.max_attempts, h.via, h.f
   FROM qbridge.held_repushes h
  WHERE ($1::text IS NULL OR h.queue = $1)
    AND ($2::text[] IS NULL OR h.key = ANY($2))
-   AND ($3::timestamptz IS NULL OR h.held_at < $3)
  ORDER BY h.held_at
- LIMIT $4
+ LIMIT $3
    FOR UPDATE OF h SKIP LOCKED
 "#;
 
@@ -71,7 +70,7 @@ RETURNING key
 /// One pass over every route's held re-pushes.
 pub async fn settle_held_once(pool: &PgPool, payload_limit: usize) -> Result<Settled> {
     let mut tx = pool.begin().await?;
-    let rows = take(&mut tx, None, None, None).await?;
+    let rows = take(&mut tx, None, None).await?;
     let mut settled = Settled::default();
     for row in rows {
         let (fleet, last, owed) = (row.7, row.8.clone(), row.9);
@@ -100,27 +99,26 @@ pub async fn settle_held_once(pool: &PgPool, payload_limit: usize) -> Result<Set
     Ok(settled)
 }
 
-/// Which held re-pushes an operator releases without evidence.
-#[derive(Debug, Clone, Default)]
-pub struct Selection<'a> {
-    /// Only these keys.
-    pub keys: Option<&'a [String]>,
-    /// Only those held before this time.
-    pub held_before: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-/// Releases the selected held re-pushes of `queue` as live jobs (the
-/// operator's audited `--assume-lost`); returns how many now run live.
+/// Releases the held re-pushes of `keys` on `queue` as live jobs (the
+/// operator's audited `--assume-lost KEY…`: they know the originals will
+/// never run); returns the keys that now run live or were already live.
+/// Only named keys: a Redis crash at some time says nothing of whether an
+/// original had run before it, so no time selects held re-pushes.
 pub async fn release(
     conn: &mut PgConnection,
     queue: &str,
-    selection: &Selection<'_>,
+    keys: &[String],
     payload_limit: usize,
-) -> Result<u64> {
-    let rows = take(conn, Some(queue), selection.keys, selection.held_before).await?;
-    let mut released = 0;
+) -> Result<Vec<String>> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = take(conn, Some(queue), Some(keys)).await?;
+    let mut released = Vec::new();
     for row in rows {
-        released += u64::from(release_row(conn, row, payload_limit).await?);
+        let key = row.1.clone();
+        release_row(conn, row, payload_limit).await?;
+        released.push(key);
     }
     Ok(released)
 }
@@ -143,12 +141,10 @@ async fn take(
     conn: &mut PgConnection,
     queue: Option<&str>,
     keys: Option<&[String]>,
-    before: Option<chrono::DateTime<chrono::Utc>>,
 ) -> Result<Vec<HeldRow>> {
     Ok(sqlx::query_as(TAKE_SQL)
         .bind(queue)
         .bind(keys)
-        .bind(before)
         .bind(BATCH)
         .fetch_all(&mut *conn)
         .await?)

@@ -169,10 +169,25 @@ pub async fn repair_with(
     let mut push: Vec<(String, String)> = accounting.repairable;
     let mut unaccounted = accounting.unaccounted;
     if let Some(assume) = assume {
+        // A named key with a held re-push runs once: in Postgres when Redis
+        // does not hold its original (then it is not pushed back either),
+        // else on Redis (the held re-push resolves when Redis reports it).
+        let in_redis: std::collections::HashSet<String> = held.keys().into_iter().collect();
+        let named: Vec<String> = assume
+            .keys
+            .iter()
+            .filter(|k| !in_redis.contains(*k))
+            .cloned()
+            .collect();
+        let released = assume
+            .release_held(db, route, &named, payload_limit)
+            .await?;
+        report.released = released.len() as u64;
+        push.retain(|(k, _)| !released.contains(k));
+        unaccounted.retain(|k| !released.contains(k));
         let (assumed, rest) = assume.split(db, route, unaccounted).await?;
         unaccounted = rest;
         push.extend(assumed.into_iter().map(|k| (k, assume.evidence_line())));
-        report.released = assume.release_held(db, route, payload_limit).await?;
     }
     report.unaccounted = unaccounted.len();
     report.unaccounted_sample = unaccounted

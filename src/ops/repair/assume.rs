@@ -1,7 +1,9 @@
 //! An operator's decision that jobs are lost when qbridge has no evidence
 //! (`qbridge diff --repair --assume-lost KEY… | --assume-lost-before TIME
 //! --reason …`): the selected unaccounted mirror copies are pushed back to
-//! Redis and the selected held re-pushes run live in Postgres. The decision
+//! Redis, and the named held re-pushes run live in Postgres instead (one
+//! path per key: a key whose re-push is released is not pushed back too,
+//! or it would run on both sides). The decision
 //! is the operator's, so it is audited in `qbridge.repair_audit` with who,
 //! why, what was selected and what it did.
 
@@ -10,7 +12,7 @@ use sqlx::PgPool;
 
 use super::RepairReport;
 use crate::error::{Error, Result};
-use crate::ingest::{self, Selection};
+use crate::ingest;
 use crate::routes::Route;
 
 /// Which jobs an operator declares lost, by whom and why.
@@ -73,19 +75,19 @@ impl Assumption {
         format!("assumed lost by {}: {}", self.by, self.reason.trim())
     }
 
-    /// Runs the selected held re-pushes live; how many.
+    /// Runs the held re-pushes of `keys` (named by the operator, and not
+    /// held in Redis) live; their keys. (Only named keys: a
+    /// Redis crash at some time says nothing of whether an original had
+    /// run before it, so `before` never releases a held re-push.)
     pub(super) async fn release_held(
         &self,
         db: &PgPool,
         route: &Route,
+        keys: &[String],
         payload_limit: usize,
-    ) -> Result<u64> {
-        let selection = Selection {
-            keys: (!self.keys.is_empty()).then_some(&self.keys[..]),
-            held_before: self.before,
-        };
+    ) -> Result<Vec<String>> {
         let mut tx = db.begin().await?;
-        let released = ingest::release(&mut tx, &route.queue, &selection, payload_limit).await?;
+        let released = ingest::release(&mut tx, &route.queue, keys, payload_limit).await?;
         tx.commit().await?;
         Ok(released)
     }

@@ -212,3 +212,109 @@ async fn a_retry_while_the_mirror_copy_runs_still_gets_a_live_job(pool: PgPool) 
     );
     delete_keys(&[&list]).await;
 }
+
+/// An operator's decision never runs a job on both sides: a held re-push is
+/// released only when its key is named (a Redis crash at some time says
+/// nothing of whether the original had run before it: the randomized
+/// oracle's seed 253 ran one on both sides when `--assume-lost-before`
+/// released it), and a named key runs once, in Postgres: its original is
+/// not pushed back to Redis as well.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn an_assumption_releases_a_held_repush_only_by_key_and_never_twice(pool: PgPool) {
+    use qbridge::ops::{gates, repair};
+    let (routes, list) = routes("fleet");
+    let producer = producer(&pool, &routes).await;
+    producer
+        .enqueue("r", vec![item("by-time"), item("by-key")])
+        .await
+        .unwrap();
+    routes.phases().set("r", Phase::PostgresOnly);
+    producer
+        .enqueue("r", vec![item("by-time"), item("by-key")])
+        .await
+        .unwrap();
+    assert_eq!(
+        held(&pool, "by-time").await + held(&pool, "by-key").await,
+        2
+    );
+    // Markers of an earlier run of this test (route "r") would stop the
+    // push-back.
+    delete_keys(&["qbridge:repushed:r:by-*"]).await;
+    // Redis loses both originals (by hand: no evidence qbridge could see).
+    let mut redis = qbridge::redis::connect::connect_redis(REDIS).await.unwrap();
+    let _: i64 = ::redis::cmd("DEL")
+        .arg(&list)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let route = routes.by_name("r").unwrap().clone();
+    let since = chrono::Utc::now() - chrono::Duration::minutes(5);
+    let repair = |assume: repair::Assumption| {
+        let (pool, route) = (pool.clone(), route.clone());
+        async move {
+            let mut redis = qbridge::redis::connect::connect_redis(REDIS).await.unwrap();
+            let (_, held) =
+                gates::diff_since(&pool, &mut redis, &route, Phase::PostgresOnly, since)
+                    .await
+                    .unwrap();
+            let input = repair::RepairInput {
+                route: &route,
+                phase: Phase::PostgresOnly,
+                since,
+                held: &held,
+                payload_limit: 1 << 20,
+                assume: Some(&assume),
+            };
+            repair::repair_with(&pool, &mut redis, input).await.unwrap()
+        }
+    };
+    // Settled past the route's default settle time.
+    sqlx::query("UPDATE qbridge.job_keys SET seen_at = seen_at - interval '1 minute'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Named: its original is gone from Redis, so the re-push runs once, in
+    // Postgres, and the original is not pushed back.
+    let by_key = repair(repair::Assumption {
+        keys: vec!["by-key".into()],
+        by: "t".into(),
+        reason: "seen gone from Redis and never run".into(),
+        ..repair::Assumption::default()
+    })
+    .await;
+    assert_eq!((by_key.released, by_key.repushed), (1, 0), "{by_key:?}");
+    assert_eq!(live_jobs(&pool, "by-key").await, 1);
+    // By time: the mirror copy is pushed back, the held re-push stays held
+    // (it resolves when Redis reports the original).
+    let by_time = repair(repair::Assumption {
+        before: Some(chrono::Utc::now()),
+        by: "t".into(),
+        reason: "Redis crashed".into(),
+        ..repair::Assumption::default()
+    })
+    .await;
+    assert_eq!((by_time.released, by_time.repushed), (0, 1), "{by_time:?}");
+    assert_eq!(held(&pool, "by-time").await, 1, "still held: {by_time:?}");
+    // Named now: Redis holds its original again, so it is not released.
+    let again = repair(repair::Assumption {
+        keys: vec!["by-time".into()],
+        by: "t".into(),
+        reason: "too late: it was pushed back".into(),
+        ..repair::Assumption::default()
+    })
+    .await;
+    assert_eq!(again.released, 0, "{again:?}");
+    let in_redis: Vec<String> = ::redis::cmd("LRANGE")
+        .arg(&list)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        in_redis,
+        vec![r#"{"id":"by-time"}"#.to_string()],
+        "one path per key"
+    );
+    delete_keys(&[&list, "qbridge:repushed:r:by-*"]).await;
+}
