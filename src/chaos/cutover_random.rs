@@ -3,7 +3,9 @@
 //! phase advances (with a flipped share), rollbacks, percent ramps, worker
 //! kills, Redis and Postgres restarts, lost outcome reports, client
 //! re-pushes of acknowledged jobs and repairs ([`steps`]), under continuous
-//! load through the proxy and the producer API, and ends with the flip to
+//! load through the proxy and the producer API — ids on odd seeds, a few
+//! identical texts on a `raw` route (content-hash keys) on even seeds — and
+//! ends with the flip to
 //! 100% and a decommission. Then the fault suite's [`oracle`] judges the
 //! handler's ledger: every acknowledged job ran live (or is dead), none ran
 //! live on both sides, none twice while a lease was valid, no stale result
@@ -22,7 +24,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::load::Load;
+use super::load::{Items, Load};
 use super::oracle::{self, Verdict};
 use super::rig::Rig;
 use super::Harness;
@@ -84,10 +86,16 @@ pub async fn campaign(
 pub async fn run_seed(c: &Campaign, seed: u64) -> Result<SeedReport> {
     let started = Instant::now();
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut rig = Rig::start(&c.bin, Phase::DualWrite, "").await?;
+    // Odd seeds push ids, even seeds a few identical texts (content-hash
+    // keys numbered by occurrence: the keys that can drift).
+    let items = match seed % 2 {
+        1 => Items::Ids,
+        _ => Items::Repeating,
+    };
+    let mut rig = Rig::start_with(&c.bin, Phase::DualWrite, "", items).await?;
     let h = Harness::attach(&rig).await?;
     let window_start = chrono::Utc::now() - chrono::Duration::seconds(1);
-    let load = Load::start(c.rate, rig.proxy_port, h.producer.clone());
+    let load = Load::start_with(c.rate, rig.proxy_port, h.producer.clone(), items);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut done = Vec::new();
     for _ in 0..c.steps {
@@ -99,7 +107,7 @@ pub async fn run_seed(c: &Campaign, seed: u64) -> Result<SeedReport> {
         tokio::time::sleep(Duration::from_millis(rng.random_range(100..400))).await;
     }
     let acked = load.stop().await;
-    oracle::record_acked(&rig.db, &acked.take()).await?;
+    oracle::record_acked(&rig.db, items, &acked.take()).await?;
     let mut violations = finish(&mut rig, &h, c.patience, &mut done).await;
     let mut verdict = oracle::judge(&rig.db).await?;
     violations.extend(visible_in_the_diff(&rig, &h, window_start, &verdict).await?);

@@ -21,14 +21,15 @@ use crate::redis::producer::Producer;
 pub struct Acked(Arc<Mutex<Vec<(String, &'static str)>>>);
 
 impl Acked {
-    fn add(&self, key: String, via: &'static str) {
+    /// Records one acknowledged push.
+    pub fn add(&self, key: String, via: &'static str) {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((key, via));
     }
 
-    /// The `index`-th key acknowledged so far (modulo how many there are),
+    /// The `index`-th name acknowledged so far (modulo how many there are),
     /// for a re-push; `None` before the first.
     pub fn pick(&self, index: usize) -> Option<String> {
         let keys = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -52,17 +53,29 @@ impl Load {
     /// Starts `rate` jobs/s in all, half through the proxy on `proxy_port`,
     /// half through `producer`.
     pub fn start(rate: u32, proxy_port: u16, producer: Producer) -> Load {
+        Load::start_with(rate, proxy_port, producer, Items::Ids)
+    }
+
+    /// [`Load::start`] with `items`.
+    pub fn start_with(rate: u32, proxy_port: u16, producer: Producer, items: Items) -> Load {
         let acked = Acked::default();
         let stop = CancellationToken::new();
         let period = Duration::from_secs_f64(2.0 / f64::from(rate.max(2)));
         let mut tasks = JoinSet::new();
         tasks.spawn(through_proxy(
+            items,
             proxy_port,
             period,
             acked.clone(),
             stop.clone(),
         ));
-        tasks.spawn(through_api(producer, period, acked.clone(), stop.clone()));
+        tasks.spawn(through_api(
+            items,
+            producer,
+            period,
+            acked.clone(),
+            stop.clone(),
+        ));
         Load { acked, stop, tasks }
     }
 
@@ -74,9 +87,50 @@ impl Load {
     }
 }
 
-/// The item the producers push for `key`.
-pub fn item(key: &str) -> Bytes {
-    Bytes::from(serde_json::json!({ "id": key, "work": "chaos" }).to_string())
+/// What the producers push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Items {
+    /// JSON with a unique `id` (route format `json:/id`): the key is the id.
+    Ids,
+    /// A few identical texts over and over (route format `raw`): keys are
+    /// content hashes numbered by occurrence, the case that can drift.
+    Repeating,
+}
+
+impl Items {
+    /// How many distinct texts [`Items::Repeating`] cycles through.
+    const TEXTS: u64 = 5;
+
+    /// The route format the items need.
+    pub fn format(self) -> &'static str {
+        match self {
+            Items::Ids => "json:/id",
+            Items::Repeating => "raw",
+        }
+    }
+
+    /// The name the n-th item of a producer is acknowledged under: its id,
+    /// or its text (the oracle counts pushes per text).
+    fn name(self, producer: &str, n: u64) -> String {
+        match self {
+            Items::Ids => format!("{producer}-{n}"),
+            Items::Repeating => format!("job-{}", n % Self::TEXTS),
+        }
+    }
+
+    /// Whether pushing a name again is a new job (identical bytes are two
+    /// jobs on a content-hash route) rather than a re-push of the same one.
+    pub fn repeats_are_new_jobs(self) -> bool {
+        self == Items::Repeating
+    }
+}
+
+/// The item pushed under `name` (see [`Items`]).
+pub fn item(items: Items, name: &str) -> Bytes {
+    match items {
+        Items::Ids => Bytes::from(serde_json::json!({ "id": name, "work": "chaos" }).to_string()),
+        Items::Repeating => Bytes::from(name.to_string()),
+    }
 }
 
 /// `*3 LPUSH <list> <item>` as RESP.
@@ -110,20 +164,26 @@ pub async fn reply_line(conn: &mut TcpStream) -> Option<Vec<u8>> {
     }
 }
 
-async fn through_proxy(port: u16, period: Duration, acked: Acked, stop: CancellationToken) {
+async fn through_proxy(
+    items: Items,
+    port: u16,
+    period: Duration,
+    acked: Acked,
+    stop: CancellationToken,
+) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut conn: Option<TcpStream> = None;
     let mut n = 0u64;
     while !stop.is_cancelled() {
         tick.tick().await;
-        let key = format!("p-{n}");
+        let key = items.name("p", n);
         n += 1;
         if conn.is_none() {
             conn = TcpStream::connect(("127.0.0.1", port)).await.ok();
         }
         let Some(c) = conn.as_mut() else { continue };
-        let sent = c.write_all(&lpush(LIST, &item(&key))).await.is_ok();
+        let sent = c.write_all(&lpush(LIST, &item(items, &key))).await.is_ok();
         let answer = match sent {
             true => tokio::time::timeout(Duration::from_secs(10), reply_line(c))
                 .await
@@ -141,15 +201,21 @@ async fn through_proxy(port: u16, period: Duration, acked: Acked, stop: Cancella
     }
 }
 
-async fn through_api(producer: Producer, period: Duration, acked: Acked, stop: CancellationToken) {
+async fn through_api(
+    items: Items,
+    producer: Producer,
+    period: Duration,
+    acked: Acked,
+    stop: CancellationToken,
+) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut n = 0u64;
     while !stop.is_cancelled() {
         tick.tick().await;
-        let key = format!("a-{n}");
+        let key = items.name("a", n);
         n += 1;
-        let call = producer.enqueue(ROUTE, vec![item(&key)]);
+        let call = producer.enqueue(ROUTE, vec![item(items, &key)]);
         if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(10), call).await {
             acked.add(key, "producer_api");
         }

@@ -171,7 +171,7 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report> {
         Err(e) => format!("FAULT FAILED: {e}"),
     };
     let fault_end = Instant::now();
-    oracle::record_acked(&rig.db, &load.acked.take()).await?;
+    oracle::record_acked(&rig.db, rig.items, &load.acked.take()).await?;
     if scenario == Scenario::RedisRestart {
         note.push_str("; ");
         note.push_str(&diff_and_repair(&rig).await?);
@@ -182,7 +182,7 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report> {
     // A little more load after recovery, then everything must drain.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let acked = load.stop().await;
-    oracle::record_acked(&rig.db, &acked.take()).await?;
+    oracle::record_acked(&rig.db, rig.items, &acked.take()).await?;
     let drained = oracle::wait_until_done(&rig.db, opts.patience).await;
     let mut verdict = oracle::judge(&rig.db).await?;
     if note.starts_with("FAULT FAILED") {

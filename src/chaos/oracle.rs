@@ -19,11 +19,18 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
+use super::load::{item, Items};
 use super::rig::ROUTE;
 use crate::error::Result;
+use crate::model::formats::{decode_bytes, Format};
 
-/// Stores acknowledged keys for the SQL checks (repeats are ignored).
-pub async fn record_acked(db: &PgPool, acked: &[(String, &'static str)]) -> Result<()> {
+/// Stores acknowledged pushes for the SQL checks: keys (repeats are
+/// ignored: a re-push of an id is the same job), or on a content-hash route
+/// one row per push of a text (identical bytes pushed twice are two jobs).
+pub async fn record_acked(db: &PgPool, items: Items, acked: &[(String, &'static str)]) -> Result<()> {
+    if items.repeats_are_new_jobs() {
+        return record_pushes(db, items, acked).await;
+    }
     for chunk in acked.chunks(5000) {
         let keys: Vec<&str> = chunk.iter().map(|(k, _)| k.as_str()).collect();
         let via: Vec<&str> = chunk.iter().map(|(_, v)| *v).collect();
@@ -39,6 +46,53 @@ pub async fn record_acked(db: &PgPool, acked: &[(String, &'static str)]) -> Resu
     Ok(())
 }
 
+async fn record_pushes(db: &PgPool, items: Items, acked: &[(String, &'static str)]) -> Result<()> {
+    for chunk in acked.chunks(5000) {
+        let hashes: Vec<String> = chunk
+            .iter()
+            .map(|(name, _)| {
+                let decoded = decode_bytes(&Format::Raw, item(items, name));
+                let key = decoded.key.with_occurrence(0);
+                key.trim_end_matches(":0").to_string()
+            })
+            .collect();
+        let via: Vec<&str> = chunk.iter().map(|(_, v)| *v).collect();
+        sqlx::query("INSERT INTO chaos.pushes (hash, via) SELECT * FROM unnest($1::text[], $2::text[])")
+            .bind(&hashes)
+            .bind(&via)
+            .execute(db)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Texts pushed on a content-hash route more often than jobs of them ran
+/// live with success (or died): each push is a job, keyed
+/// `sha256:<hex>:<n>`, so as many distinct keys must have run.
+const SHORT_RUNS_SQL: &str = r#"
+SELECT p.hash || ' (' || p.pushes || ' pushed, ' || r.ran || ' ran)'
+  FROM (SELECT hash, count(*) AS pushes FROM chaos.pushes GROUP BY hash) p
+  CROSS JOIN LATERAL (
+        SELECT (SELECT count(DISTINCT l.key) FROM chaos.ledger l
+                 WHERE l.key LIKE p.hash || ':%' AND l.mode = 'live' AND l.ok)
+             + (SELECT count(*) FROM qbridge.jobs_dead d
+                 WHERE d.queue = $1 AND d.key LIKE p.hash || ':%' AND d.copy = 'live') AS ran) r
+ WHERE r.ran < p.pushes
+ ORDER BY p.hash
+"#;
+
+/// Texts whose jobs ran under more distinct keys than they were pushed:
+/// one push run under two keys (the sides' numbering drifted apart).
+const EXTRA_KEYS_SQL: &str = r#"
+SELECT p.hash || ' (' || p.pushes || ' pushed, ran under ' || r.keys || ' keys)'
+  FROM (SELECT hash, count(*) AS pushes FROM chaos.pushes GROUP BY hash) p
+  CROSS JOIN LATERAL (
+        SELECT count(DISTINCT l.key) AS keys FROM chaos.ledger l
+         WHERE l.key LIKE p.hash || ':%' AND l.mode = 'live' AND l.ok) r
+ WHERE r.keys > p.pushes
+ ORDER BY p.hash
+"#;
+
 /// Acknowledged keys that neither ran live with success nor were dead-lettered.
 const MISSING_SQL: &str = r#"
 SELECT a.key FROM chaos.acked a
@@ -50,12 +104,19 @@ SELECT a.key FROM chaos.acked a
  ORDER BY a.key
 "#;
 
-/// Keys still owed, sorted.
+/// Keys (and texts of a content-hash route) still owed, sorted.
 pub async fn missing(db: &PgPool) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar(MISSING_SQL)
+    let mut owed: Vec<String> = sqlx::query_scalar(MISSING_SQL)
         .bind(ROUTE)
         .fetch_all(db)
-        .await?)
+        .await?;
+    owed.extend(
+        sqlx::query_scalar::<_, String>(SHORT_RUNS_SQL)
+            .bind(ROUTE)
+            .fetch_all(db)
+            .await?,
+    );
+    Ok(owed)
 }
 
 /// Polls until nothing acknowledged is owed; the time it took, or `None`
@@ -131,18 +192,23 @@ SELECT a.key FROM chaos.aborted a
 /// Runs every check.
 pub async fn judge(db: &PgPool) -> Result<Verdict> {
     let mut v = Verdict {
-        jobs: sqlx::query_scalar::<_, i64>("SELECT count(*) FROM chaos.acked")
-            .fetch_one(db)
-            .await? as u64,
+        jobs: sqlx::query_scalar::<_, i64>(
+            "SELECT (SELECT count(*) FROM chaos.acked) + (SELECT count(*) FROM chaos.pushes)",
+        )
+        .fetch_one(db)
+        .await? as u64,
         ..Verdict::default()
     };
     let lost = missing(db).await?;
     v.lost = lost.len() as u64;
     if let Some(key) = lost.first() {
+        let trace = match key.starts_with("sha256:") {
+            true => "identical pushes: see the ledger by hash".to_string(),
+            false => whereabouts(db, key).await?,
+        };
         v.violations.push(format!(
-            "{} acknowledged jobs lost, e.g. {key} ({})",
-            lost.len(),
-            whereabouts(db, key).await?
+            "{} acknowledged jobs lost, e.g. {key} ({trace})",
+            lost.len()
         ));
     }
     let failed: i64 =
@@ -154,6 +220,13 @@ pub async fn judge(db: &PgPool) -> Result<Verdict> {
             .insert("retry after a handler failure".into(), failed as u64);
     }
     classify_repeats(db, &mut v).await?;
+    let drifted: Vec<String> = sqlx::query_scalar(EXTRA_KEYS_SQL).fetch_all(db).await?;
+    if let Some(text) = drifted.first() {
+        v.violations.push(format!(
+            "{} texts ran under more keys than they were pushed, e.g. {text}",
+            drifted.len()
+        ));
+    }
     let doubled: Vec<i64> = sqlx::query_scalar(DOUBLE_COMPLETION_SQL)
         .fetch_all(db)
         .await?;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 
 use crate::demo::servers::{free_port, ThrowawayPostgres, ThrowawayRedis};
+use super::load::Items;
 use crate::error::{Error, Result};
 use crate::model::Phase;
 
@@ -38,6 +39,8 @@ pub struct Rig {
     /// When the restarted Redis came back (the redis-restart fault): every
     /// mirror copy from before went to the server that lost its data.
     pub redis_back_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// What the producers push, and so the route's format.
+    pub items: Items,
 }
 
 /// One qbridge child process.
@@ -110,6 +113,12 @@ impl Rig {
     /// `setup` runs first, as the superuser (database settings the
     /// processes must start with).
     pub async fn start(bin: &Path, phase: Phase, setup: &str) -> Result<Rig> {
+        Rig::start_with(bin, phase, setup, Items::Ids).await
+    }
+
+    /// [`Rig::start`] for producers pushing `items` (the route's format
+    /// follows).
+    pub async fn start_with(bin: &Path, phase: Phase, setup: &str, items: Items) -> Result<Rig> {
         let pg = ThrowawayPostgres::try_start().map_err(Error::Config)?;
         let redis = ThrowawayRedis::try_start().map_err(Error::Config)?;
         let db = crate::db::connect(&harness_url(&pg.url()), 24).await?;
@@ -133,6 +142,7 @@ impl Rig {
             workers: Vec::new(),
             proxy: None,
             redis_back_at: None,
+            items,
         };
         for name in ["w1", "w2"] {
             let config = rig.write_config(name, phase)?;
@@ -184,7 +194,7 @@ listen = "127.0.0.1:{proxy_port}"
 name = "{ROUTE}"
 redis_key = "{LIST}"
 queue = "{ROUTE}"
-format = "json:/id"
+format = "{format}"
 phase = "{phase}"
 handler = {{ type = "http", url = "{url}", timeout = "5s" }}
 pool = {{ poll_interval = "250ms", concurrency = 8, lease = "{lease}s" }}
@@ -195,6 +205,7 @@ gates = {{ window = "2s", min_jobs = 1 }}
             redis = self.redis.url(),
             proxy_port = self.proxy_port,
             phase = phase.as_str(),
+            format = self.items.format(),
             url = self.handler_url,
             lease = LEASE.as_secs(),
         );
@@ -296,5 +307,8 @@ CREATE TABLE chaos.ledger (
 );
 CREATE INDEX ON chaos.ledger (key);
 CREATE TABLE chaos.acked (key text PRIMARY KEY, via text NOT NULL);
+-- Content-hash routes: one row per acknowledged push of identical bytes
+-- (`sha256:<hex>`, the key without its occurrence number).
+CREATE TABLE chaos.pushes (hash text NOT NULL, via text NOT NULL);
 CREATE TABLE chaos.aborted (key text PRIMARY KEY);
 "#;

@@ -147,37 +147,41 @@ pub async fn take(step: Step, rig: &mut Rig, h: &Harness, acked: &Acked) -> Resu
             let Some(key) = acked.pick(index) else {
                 return Ok("re-push: nothing acknowledged yet".into());
             };
-            let answer = match via_proxy {
-                true => repush_through_proxy(rig.proxy_port, &key).await,
-                false => h
-                    .producer
-                    .enqueue(&route.name, vec![load::item(&key)])
-                    .await
-                    .map(|_| "ok".to_string())
-                    .unwrap_or_else(|e| e.to_string()),
+            let item = load::item(rig.items, &key);
+            let (answer, ok) = match via_proxy {
+                true => repush_through_proxy(rig.proxy_port, &item).await,
+                false => match h.producer.enqueue(&route.name, vec![item]).await {
+                    Ok(_) => ("ok".to_string(), true),
+                    Err(e) => (e.to_string(), false),
+                },
             };
-            let via = if via_proxy { "proxy" } else { "producer API" };
+            let via = if via_proxy { "proxy" } else { "producer_api" };
+            // Identical bytes pushed again are one more job on a
+            // content-hash route, promised like any other.
+            if ok && rig.items.repeats_are_new_jobs() {
+                acked.add(key.clone(), via);
+            }
             Ok(format!("re-push {key} via {via}: {answer}"))
         }
         Step::Repair => repair_once(rig, h, None).await,
     }
 }
 
-/// One LPUSH of `key`'s item through the proxy; the reply line.
-async fn repush_through_proxy(port: u16, key: &str) -> String {
+/// One LPUSH of `item` through the proxy; the reply line, and whether it
+/// acknowledged the push (an integer reply).
+async fn repush_through_proxy(port: u16, item: &[u8]) -> (String, bool) {
     let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)).await else {
-        return "proxy unreachable".into();
+        return ("proxy unreachable".into(), false);
     };
-    if conn
-        .write_all(&load::lpush(LIST, &load::item(key)))
-        .await
-        .is_err()
-    {
-        return "write failed".into();
+    if conn.write_all(&load::lpush(LIST, item)).await.is_err() {
+        return ("write failed".into(), false);
     }
     match tokio::time::timeout(Duration::from_secs(10), load::reply_line(&mut conn)).await {
-        Ok(Some(line)) => String::from_utf8_lossy(&line).trim().to_string(),
-        _ => "no reply".into(),
+        Ok(Some(line)) => (
+            String::from_utf8_lossy(&line).trim().to_string(),
+            line.starts_with(b":"),
+        ),
+        _ => ("no reply".into(), false),
     }
 }
 
