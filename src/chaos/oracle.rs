@@ -27,7 +27,11 @@ use crate::model::formats::{decode_bytes, Format};
 /// Stores acknowledged pushes for the SQL checks: keys (repeats are
 /// ignored: a re-push of an id is the same job), or on a content-hash route
 /// one row per push of a text (identical bytes pushed twice are two jobs).
-pub async fn record_acked(db: &PgPool, items: Items, acked: &[(String, &'static str)]) -> Result<()> {
+pub async fn record_acked(
+    db: &PgPool,
+    items: Items,
+    acked: &[(String, &'static str)],
+) -> Result<()> {
     if items.repeats_are_new_jobs() {
         return record_pushes(db, items, acked).await;
     }
@@ -57,11 +61,13 @@ async fn record_pushes(db: &PgPool, items: Items, acked: &[(String, &'static str
             })
             .collect();
         let via: Vec<&str> = chunk.iter().map(|(_, v)| *v).collect();
-        sqlx::query("INSERT INTO chaos.pushes (hash, via) SELECT * FROM unnest($1::text[], $2::text[])")
-            .bind(&hashes)
-            .bind(&via)
-            .execute(db)
-            .await?;
+        sqlx::query(
+            "INSERT INTO chaos.pushes (hash, via) SELECT * FROM unnest($1::text[], $2::text[])",
+        )
+        .bind(&hashes)
+        .bind(&via)
+        .execute(db)
+        .await?;
     }
     Ok(())
 }

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
-use crate::demo::servers::{free_port, ThrowawayPostgres, ThrowawayRedis};
 use super::load::Items;
+use crate::demo::servers::{free_port, ThrowawayPostgres, ThrowawayRedis};
 use crate::error::{Error, Result};
 use crate::model::Phase;
 

@@ -216,6 +216,25 @@ impl KeySource {
         }
     }
 
+    /// The key of a live copy stored while Postgres runs the route: it never
+    /// reaches Redis, so it is numbered apart from what Redis counts,
+    /// `sha256:<hex>:pg<n>` (an id unchanged).
+    pub fn with_live_occurrence(&self, n: u64) -> String {
+        match self {
+            KeySource::Id(id) => id.clone(),
+            KeySource::ContentHash(hex) => format!("sha256:{hex}:pg{n}"),
+        }
+    }
+
+    /// The key of a pop in `redis_only` of bytes no mirrored copy waits for:
+    /// `sha256:<hex>:r-<pop>`, a name no push can have (an id unchanged).
+    pub fn unmirrored(&self, pop: &str) -> String {
+        match self {
+            KeySource::Id(id) => id.clone(),
+            KeySource::ContentHash(hex) => format!("sha256:{hex}:r-{pop}"),
+        }
+    }
+
     /// True when the key is a content hash, i.e. the caller must number
     /// occurrences for the key to be unique.
     pub fn is_content_hash(&self) -> bool {

@@ -32,8 +32,8 @@
 //! its job key, error class, response digest and attempt number through the
 //! [`OutcomeRecorder`], which never blocks. Content-hash keys (resque, raw,
 //! flagged items) are numbered by pop occurrence, the way the push side
-//! numbers pushes (see `numbering::job_key`, including why `redis_only` does not
-//! number).
+//! numbers mirrored pushes ([`numbering`]: once per pop, retried rather than
+//! run unnumbered, bounded in `redis_only`).
 //!
 //! **Phases.** It runs in every phase but `decommissioned`; in
 //! `postgres_only` it keeps draining what is left. While decommissioned it
@@ -58,7 +58,7 @@
 //! processing and dead lists together.
 
 pub mod heartbeat;
-mod numbering;
+pub mod numbering;
 mod scripts;
 mod slot;
 

@@ -6,6 +6,7 @@
 
 mod both_sides;
 mod fleet;
+mod key_drift;
 mod lost_report;
 mod promotion;
 mod restart_evidence;

@@ -1,6 +1,20 @@
 //! The pop-side numbering of content-hash job keys: the n-th pop of some
-//! bytes gets the key the n-th push of them got, so both sides of the
-//! comparison name the same job.
+//! bytes gets the key the n-th mirrored push of them got, so both sides of
+//! the comparison name the same job.
+//!
+//! Three rules keep the two counts in step (issue 13, class 2):
+//! - **Once per pop.** Each pop has an id, kept in the slot's inflight hash
+//!   before it is numbered; numbering it again (the reply was lost, the
+//!   process restarted) finds its key in `qbridge.numbered_writes` instead of
+//!   taking a second number.
+//! - **Never a made-up key.** When Postgres cannot number a pop in time the
+//!   answer is [`PopKey::Retry`]: the item stays in its processing list and
+//!   is numbered later, before it runs. (It used to run as `:0`, a key every
+//!   such pop shared and no job had.)
+//! - **`redis_only` numbers only what was mirrored.** Nothing is mirrored
+//!   in that phase, so a pop takes a number only while the pushes of its
+//!   bytes are ahead of the pops; the rest are [`PopKey::Unmirrored`], with
+//!   a key no push can have.
 
 use std::time::Duration;
 
@@ -9,50 +23,114 @@ use sqlx::PgPool;
 use crate::model::formats::{Decoded, KeySource};
 use crate::model::Phase;
 
-const POP_OCCURRENCE_SQL: &str = r#"
-INSERT INTO qbridge.key_occurrences (queue, side, hash, n)
-VALUES ($1, 'pop', $2, 1)
-ON CONFLICT (queue, side, hash) DO UPDATE SET n = key_occurrences.n + 1
-RETURNING n
+/// The key a pop numbered before, if any.
+const KNOWN_SQL: &str = "SELECT key FROM qbridge.numbered_writes WHERE write_id = $1";
+
+/// Makes sure the pop count of the hash exists, so the bump below can lock it.
+const ENSURE_SQL: &str = r#"
+INSERT INTO qbridge.key_occurrences (queue, side, hash, n) VALUES ($1, 'pop', $2, 0)
+ON CONFLICT (queue, side, hash) DO NOTHING
 "#;
 
-/// How long numbering a pop may wait for Postgres before the item runs
-/// with an unnumbered key: the live run must not wait on the comparison.
+/// The next pop number; with `$3` only while the pushes are ahead.
+const BUMP_SQL: &str = r#"
+UPDATE qbridge.key_occurrences p
+   SET n = p.n + 1
+ WHERE p.queue = $1 AND p.side = 'pop' AND p.hash = $2
+   AND (NOT $3 OR p.n < COALESCE((SELECT s.n FROM qbridge.key_occurrences s
+                                   WHERE s.queue = $1 AND s.side = 'push' AND s.hash = $2), 0))
+RETURNING p.n
+"#;
+
+const RECORD_SQL: &str =
+    "INSERT INTO qbridge.numbered_writes (write_id, queue, key) VALUES ($1, $2, $3)";
+
+/// How long numbering a pop may wait for Postgres before the slot retries
+/// later (the item waits in its processing list meanwhile).
 const NUMBERING_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The job key of a freshly popped item. Ids are keys as they are. A
-/// content hash gets the next pop occurrence of its hash on the queue
-/// (`key_occurrences`, side `pop`), so the n-th pop of some bytes gets the
-/// key the n-th push of them got.
-///
-/// In `redis_only` the push side numbers nothing (nothing is mirrored), so
-/// counting pops then would put the two counts out of step for good; the
-/// key is then `sha256:<hex>:0`, as it is when Postgres cannot be reached in
-/// time. Occurrence 0 is never a push's number, so such an outcome never
-/// matches a wrong job.
-pub(super) async fn job_key(db: &PgPool, queue: &str, phase: Phase, decoded: &Decoded) -> String {
+/// What numbering a popped item gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PopKey {
+    /// Its job key: an id as it is, or the content hash with this pop's
+    /// occurrence number.
+    Numbered(String),
+    /// A pop in `redis_only` of bytes whose mirrored copies were all popped
+    /// already: it matches no job (`sha256:<hex>:r-<pop>`).
+    Unmirrored(String),
+    /// Postgres did not answer in time (the reason): number it again later.
+    Retry(String),
+}
+
+/// The job key of the item popped as `pop` (an id unique to this pop, kept
+/// in the inflight hash). See the module docs.
+pub async fn pop_key(
+    db: &PgPool,
+    queue: &str,
+    phase: Phase,
+    decoded: &Decoded,
+    pop: &str,
+) -> PopKey {
     let KeySource::ContentHash(hash) = &decoded.key else {
-        return decoded.key.with_occurrence(0);
+        return PopKey::Numbered(decoded.key.with_occurrence(0));
     };
-    if phase == Phase::RedisOnly {
-        return decoded.key.with_occurrence(0);
+    let bounded = phase == Phase::RedisOnly;
+    let numbered = number(db, queue, hash, decoded, pop, bounded);
+    match tokio::time::timeout(NUMBERING_TIMEOUT, numbered).await {
+        Ok(Ok(key)) => key,
+        Ok(Err(e)) => PopKey::Retry(e.to_string()),
+        Err(_) => PopKey::Retry("numbering timed out".into()),
     }
-    let numbered = sqlx::query_scalar::<_, i64>(POP_OCCURRENCE_SQL)
+}
+
+async fn number(
+    db: &PgPool,
+    queue: &str,
+    hash: &str,
+    decoded: &Decoded,
+    pop: &str,
+    bounded: bool,
+) -> sqlx::Result<PopKey> {
+    let mut tx = db.begin().await?;
+    let known: Option<String> = sqlx::query_scalar(KNOWN_SQL)
+        .bind(pop)
+        .fetch_optional(&mut *tx)
+        .await?;
+    if let Some(key) = known {
+        return Ok(classify(key));
+    }
+    sqlx::query(ENSURE_SQL)
         .bind(queue)
         .bind(hash)
-        .fetch_one(db);
-    match tokio::time::timeout(NUMBERING_TIMEOUT, numbered).await {
-        Ok(Ok(n)) => decoded.key.with_occurrence(n.max(0) as u64),
-        Ok(Err(e)) => {
-            tracing::warn!(queue, error = %e, "cannot number a popped item; its outcome gets occurrence 0");
-            decoded.key.with_occurrence(0)
-        }
-        Err(_) => {
-            tracing::warn!(
-                queue,
-                "numbering a popped item timed out; its outcome gets occurrence 0"
-            );
-            decoded.key.with_occurrence(0)
-        }
+        .execute(&mut *tx)
+        .await?;
+    let n: Option<i64> = sqlx::query_scalar(BUMP_SQL)
+        .bind(queue)
+        .bind(hash)
+        .bind(bounded)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let key = match n {
+        Some(n) => PopKey::Numbered(decoded.key.with_occurrence(n.max(1) as u64)),
+        None => PopKey::Unmirrored(decoded.key.unmirrored(pop)),
+    };
+    let text = match &key {
+        PopKey::Numbered(k) | PopKey::Unmirrored(k) | PopKey::Retry(k) => k,
+    };
+    sqlx::query(RECORD_SQL)
+        .bind(pop)
+        .bind(queue)
+        .bind(text)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(key)
+}
+
+/// A key read back from `numbered_writes`, sorted by its shape.
+fn classify(key: String) -> PopKey {
+    match key.rsplit(':').next() {
+        Some(last) if last.starts_with("r-") => PopKey::Unmirrored(key),
+        _ => PopKey::Numbered(key),
     }
 }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use super::heartbeat;
-use super::numbering::job_key;
+use super::numbering::{pop_key, PopKey};
 use super::{ConsumerReport, Ctx};
 use crate::config::PushEnd;
 use crate::handler::HandlerResult;
@@ -210,7 +210,14 @@ impl Slot {
         // A freshly popped item has no state yet; one found in a processing
         // list may have its key and attempts from before.
         let fresh = !recovered && list == self.index && !self.check_own;
-        let key = item_key(&ctx, conn, &inflight, fresh, &decoded).await?;
+        let Some(key) = item_key(&ctx, conn, &inflight, fresh, &decoded).await? else {
+            // Left in its processing list: this slot looks there first next.
+            self.check_own = true;
+            tokio::select! {
+                _ = token.cancelled() => return Ok(Step::Stop),
+                _ = tokio::time::sleep(self.ctx.opts.reconnect_delay) => return Ok(Step::Idle),
+            }
+        };
         let max = i64::from(ctx.config.max_attempts);
         loop {
             // Counted before the run: a crash mid-run used up an attempt,
@@ -367,35 +374,73 @@ fn key_hash(key: &str) -> String {
 }
 
 /// The job key of an item: the one its inflight hash remembers, else a new
-/// one stored there (a fresh item also starts at zero attempts).
+/// one stored there (a fresh item also starts at zero attempts). `None` when
+/// Postgres could not number it yet: the item stays where it is and is
+/// numbered on the next try, never run under a made-up key.
 async fn item_key(
     ctx: &Ctx,
     conn: &mut MultiplexedConnection,
     inflight: &str,
     fresh: bool,
     decoded: &Decoded,
-) -> RedisResult<String> {
-    let known: Option<String> = if fresh {
-        None
-    } else {
-        ::redis::cmd("HGET")
+) -> RedisResult<Option<String>> {
+    if fresh {
+        // Overwrites whatever a hand-edited list left behind; the pop id is
+        // stored before numbering, so numbering again finds its number.
+        let _: i64 = ::redis::cmd("HSET")
+            .arg(inflight)
+            .arg("attempts")
+            .arg(0)
+            .arg("pop")
+            .arg(uuid::Uuid::new_v4().simple().to_string())
+            .query_async(conn)
+            .await?;
+        let _: i64 = ::redis::cmd("HDEL")
             .arg(inflight)
             .arg("key")
             .query_async(conn)
-            .await?
-    };
-    Ok(match known {
-        Some(key) => key,
+            .await?;
+    }
+    let (known, pop): (Option<String>, Option<String>) = ::redis::cmd("HMGET")
+        .arg(inflight)
+        .arg("key")
+        .arg("pop")
+        .query_async(conn)
+        .await?;
+    if let Some(key) = known {
+        return Ok(Some(key));
+    }
+    let pop = match pop {
+        Some(pop) => pop,
         None => {
-            let key = job_key(&ctx.db, &ctx.route.queue, ctx.phase(), decoded).await;
-            let mut set = ::redis::cmd("HSET");
-            set.arg(inflight).arg("key").arg(&key);
-            if fresh {
-                // Overwrites whatever a hand-edited list left behind.
-                set.arg("attempts").arg(0);
-            }
-            let _: i64 = set.query_async(conn).await?;
-            key
+            // Recovered from an older version's list: give it its pop id now.
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let _: bool = ::redis::cmd("HSETNX")
+                .arg(inflight)
+                .arg("pop")
+                .arg(&id)
+                .query_async(conn)
+                .await?;
+            ::redis::cmd("HGET")
+                .arg(inflight)
+                .arg("pop")
+                .query_async(conn)
+                .await?
         }
-    })
+    };
+    let key = match pop_key(&ctx.db, &ctx.route.queue, ctx.phase(), decoded, &pop).await {
+        PopKey::Numbered(key) | PopKey::Unmirrored(key) => key,
+        PopKey::Retry(reason) => {
+            tracing::warn!(route = %ctx.route.name, error = %reason,
+                "cannot number a popped item yet; it waits in its processing list");
+            return Ok(None);
+        }
+    };
+    let _: i64 = ::redis::cmd("HSET")
+        .arg(inflight)
+        .arg("key")
+        .arg(&key)
+        .query_async(conn)
+        .await?;
+    Ok(Some(key))
 }

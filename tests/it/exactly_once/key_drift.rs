@@ -1,0 +1,225 @@
+//! Class 2: content-hash keys (Resque, raw) must not drift. The push side
+//! numbers only items that reach Redis, the pop side numbers what Redis
+//! hands out, so the n-th copy of some bytes has the same key on both sides
+//! across rollbacks, failed trims of the gap list and retried numbering.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sqlx::PgPool;
+
+use qbridge::config::{Config, Overrides};
+use qbridge::mirror::{repair_gaps_once, Mirror, MirrorOptions};
+use qbridge::model::formats::decode_bytes;
+use qbridge::model::Phase;
+use qbridge::redis::consumer::numbering::{pop_key, PopKey};
+use qbridge::redis::keys::RouteKeys;
+use qbridge::redis::producer::Producer;
+use qbridge::routes::Routes;
+
+use super::{delete_keys, REDIS};
+
+/// A raw route with its own list (and so its own gap list) per test.
+fn routes() -> (Routes, String) {
+    let name = format!("kd{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let toml = format!(
+        "[[routes]]\nname = \"{name}\"\nredis_key = \"qbt:{name}\"\nqueue = \"q\"\n\
+         format = \"raw\"\nphase = \"dual_write\"\n"
+    );
+    let cfg = Config::from_toml(&toml, &Overrides::default()).expect("route config");
+    (Routes::from_config(&cfg.routes), name)
+}
+
+const BYTES: &[u8] = b"send the weekly digest";
+
+async fn keys(pool: &PgPool) -> Vec<(String, String)> {
+    sqlx::query_as("SELECT key, copy FROM qbridge.jobs WHERE queue = 'q' ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+async fn redis() -> ::redis::aio::ConnectionManager {
+    ::redis::Client::open(REDIS)
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap()
+}
+
+/// A live copy stored after the flip never reaches Redis, so it must not
+/// take a number the Redis side will count: before the fix the next
+/// mirrored push of the same bytes got `:2` while the consumer's first pop
+/// of them got `:1` — two names for one job.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_live_copy_after_the_flip_takes_no_push_number(pool: PgPool) {
+    let (routes, name) = routes();
+    let producer = Producer::connect(pool.clone(), Some(REDIS), routes.clone(), 1 << 20)
+        .await
+        .unwrap();
+    routes.phases().set(&name, Phase::PostgresOnly);
+    producer
+        .enqueue(&name, vec![Bytes::from_static(BYTES)])
+        .await
+        .unwrap();
+    routes.phases().set(&name, Phase::DualWrite);
+    let mirrored = producer
+        .enqueue(&name, vec![Bytes::from_static(BYTES)])
+        .await
+        .unwrap();
+    let mirror_key = mirrored.stored[0].key().to_string();
+    let decoded = decode_bytes(
+        &routes.by_name(&name).unwrap().format,
+        Bytes::from_static(BYTES),
+    );
+    let popped = pop_key(&pool, "q", Phase::DualWrite, &decoded, "pop-1").await;
+    assert_eq!(
+        popped,
+        PopKey::Numbered(mirror_key.clone()),
+        "the first pop of the bytes names the only copy Redis got; jobs: {:?}",
+        keys(&pool).await
+    );
+    let all = keys(&pool).await;
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert_ne!(all[0].0, all[1].0, "two jobs, two keys: {all:?}");
+    delete_keys(&[&format!("qbt:{name}*"), &format!("qbridge:*:{name}*")]).await;
+}
+
+/// Gap repair writes parked items, then trims them; when the trim fails the
+/// next pass writes them again. Before the fix the second write numbered
+/// the same items again: a second job for the same push.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_gap_entry_written_twice_is_one_job(pool: PgPool) {
+    let (routes, name) = routes();
+    let route = routes.by_name(&name).unwrap().clone();
+    let shared = route.clone();
+    let gap = RouteKeys::of(&route).gap();
+    // A writer whose Postgres is unreachable parks what it is given.
+    let dead = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/none")
+        .unwrap();
+    let opts = MirrorOptions {
+        buffer_bytes: 1 << 20,
+        batch_items: 100,
+        writers: 1,
+        payload_limit: 1 << 20,
+    };
+    let (mirror, writers) = Mirror::start(dead, Some(redis().await), opts);
+    let two = vec![Bytes::from_static(BYTES), Bytes::from_static(BYTES)];
+    mirror.mirror(shared, two, Instant::now()).await.unwrap();
+    drop(mirror);
+    writers.join_all().await;
+    let mut conn = redis().await;
+    let parked: Vec<Vec<u8>> = ::redis::AsyncCommands::lrange(&mut conn, &gap, 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(parked.len(), 2, "both items parked");
+
+    assert_eq!(
+        repair_gaps_once(&pool, &mut conn, &routes, 1 << 20)
+            .await
+            .unwrap(),
+        2
+    );
+    // The trim "failed": the same entries are still there for the next pass.
+    let _: () = ::redis::AsyncCommands::rpush(&mut conn, &gap, parked)
+        .await
+        .unwrap();
+    repair_gaps_once(&pool, &mut conn, &routes, 1 << 20)
+        .await
+        .unwrap();
+
+    let all = keys(&pool).await;
+    assert_eq!(
+        all.len(),
+        2,
+        "two pushes, two jobs, however often they were written: {all:?}"
+    );
+    let decoded = decode_bytes(&route.format, Bytes::from_static(BYTES));
+    let next = pop_key(&pool, "q", Phase::DualWrite, &decoded, "p1").await;
+    let after = pop_key(&pool, "q", Phase::DualWrite, &decoded, "p2").await;
+    let names: Vec<String> = all.into_iter().map(|(k, _)| k).collect();
+    for popped in [next, after] {
+        match popped {
+            PopKey::Numbered(k) => assert!(names.contains(&k), "{k} not in {names:?}"),
+            other => panic!("numbered pop expected, got {other:?}"),
+        }
+    }
+    delete_keys(&[&gap, &format!("qbt:{name}*")]).await;
+}
+
+/// A pop's number is taken once per pop, not per attempt: numbering it again
+/// (its reply was lost, the consumer restarted) gives the same key.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn numbering_a_pop_again_gives_the_same_key(pool: PgPool) {
+    let (routes, name) = routes();
+    let decoded = decode_bytes(
+        &routes.by_name(&name).unwrap().format,
+        Bytes::from_static(BYTES),
+    );
+    let first = pop_key(&pool, "q", Phase::DualWrite, &decoded, "pop-a").await;
+    let again = pop_key(&pool, "q", Phase::DualWrite, &decoded, "pop-a").await;
+    let other = pop_key(&pool, "q", Phase::DualWrite, &decoded, "pop-b").await;
+    assert_eq!(first, again);
+    assert_ne!(first, other);
+}
+
+/// When Postgres cannot number a pop the item is not run under a made-up
+/// key (before the fix: `:0`, which every such pop shared): the consumer
+/// is told to retry and keeps the item in its processing list.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_pop_postgres_cannot_number_is_retried_not_zero(pool: PgPool) {
+    let (routes, name) = routes();
+    let decoded = decode_bytes(
+        &routes.by_name(&name).unwrap().format,
+        Bytes::from_static(BYTES),
+    );
+    let dead = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/none")
+        .unwrap();
+    let popped = pop_key(&dead, "q", Phase::DualWrite, &decoded, "pop-x").await;
+    assert!(matches!(popped, PopKey::Retry(_)), "{popped:?}");
+    drop(pool);
+}
+
+/// In `redis_only` nothing is mirrored, so a pop there takes a number only
+/// while mirrored copies of the bytes are still owed one; the rest get a key
+/// no push can have. Before the fix every such pop was `:0` and the mirrored
+/// copies waiting across a rollback were never matched.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn pops_in_redis_only_number_only_what_was_mirrored(pool: PgPool) {
+    let (routes, name) = routes();
+    let producer = Producer::connect(pool.clone(), Some(REDIS), routes.clone(), 1 << 20)
+        .await
+        .unwrap();
+    let mirrored = producer
+        .enqueue(&name, vec![Bytes::from_static(BYTES)])
+        .await
+        .unwrap();
+    let decoded = decode_bytes(
+        &routes.by_name(&name).unwrap().format,
+        Bytes::from_static(BYTES),
+    );
+    let first = pop_key(&pool, "q", Phase::RedisOnly, &decoded, "r1").await;
+    assert_eq!(
+        first,
+        PopKey::Numbered(mirrored.stored[0].key().to_string())
+    );
+    let second = pop_key(&pool, "q", Phase::RedisOnly, &decoded, "r2").await;
+    match second {
+        PopKey::Unmirrored(k) => {
+            assert!(!k.ends_with(":0") && !k.ends_with(":2"), "{k}");
+        }
+        other => panic!("an unmirrored pop expected, got {other:?}"),
+    }
+    // Back in dual_write, the next mirrored push and its pop agree.
+    let next = producer
+        .enqueue(&name, vec![Bytes::from_static(BYTES)])
+        .await
+        .unwrap();
+    let third = pop_key(&pool, "q", Phase::DualWrite, &decoded, "d1").await;
+    assert_eq!(third, PopKey::Numbered(next.stored[0].key().to_string()));
+    delete_keys(&[&format!("qbt:{name}*")]).await;
+}
