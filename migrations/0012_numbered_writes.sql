@@ -19,3 +19,15 @@ CREATE TABLE qbridge.numbered_writes (
     at       timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX numbered_writes_at_idx ON qbridge.numbered_writes (queue, at);
+
+-- Numbers the Redis consumer must give out again: a mirror copy pushed back
+-- to Redis by repair (Redis lost it) whose number the pop count had already
+-- passed (it was popped, then lost with a restart). The next pop of its bytes
+-- takes the lowest such number before counting on, so a push-back does not
+-- put the pop count one ahead of the pushes for good.
+CREATE TABLE qbridge.pop_holes (
+    queue text   NOT NULL,
+    hash  text   NOT NULL,
+    n     bigint NOT NULL,
+    PRIMARY KEY (queue, hash, n)
+);

@@ -5,8 +5,11 @@
 //! For each item, on the caller's connection or transaction (nothing here
 //! commits):
 //! 1. decode it by its route's format (done by the caller: [`Item`]);
-//! 2. items with no id get their occurrence number (`qbridge.key_occurrences`,
-//!    side `push`), so identical bytes pushed twice are two jobs;
+//! 2. items with no id get their occurrence number (`qbridge.key_occurrences`):
+//!    mirror copies on side `push`, the count the Redis consumer's pops
+//!    follow; live copies, which never reach Redis, on side `live` (`:pg<n>`).
+//!    Identical bytes pushed twice are two jobs; the same write stored twice
+//!    (it carries a write id) is one (`qbridge.numbered_writes`);
 //! 3. the key goes into `qbridge.job_keys`, which remembers keys after their
 //!    job is done: a key seen before (a Sidekiq retry, a producer retry) is a
 //!    duplicate and no job is enqueued for it;
@@ -72,6 +75,27 @@ pub struct Item<'a> {
     pub copy: JobCopy,
     /// How it came in.
     pub via: Via,
+    /// Its key when already known: an item taken from Redis to be stored
+    /// (repair, decommission's archive) has the key the Redis side gives it.
+    pub known_key: Option<String>,
+    /// The write id given to the item before its first write: storing the
+    /// same write again finds the key it got (`qbridge.numbered_writes`)
+    /// instead of numbering its content hash a second time.
+    pub write: Option<String>,
+}
+
+impl<'a> Item<'a> {
+    /// An item with no known key and no write id.
+    pub fn new(route: &'a Route, decoded: Decoded, copy: JobCopy, via: Via) -> Item<'a> {
+        Item {
+            route,
+            decoded,
+            copy,
+            via,
+            known_key: None,
+            write: None,
+        }
+    }
 }
 
 /// What became of one item, in input order.
@@ -94,12 +118,23 @@ impl Stored {
 
 const OCCURRENCES_SQL: &str = r#"
 INSERT INTO qbridge.key_occurrences (queue, side, hash, n)
-SELECT t.queue, 'push', t.hash, count(*)
-  FROM unnest($1::text[], $2::text[]) AS t(queue, hash)
- GROUP BY t.queue, t.hash
- ORDER BY t.queue, t.hash
+SELECT t.queue, t.side, t.hash, count(*)
+  FROM unnest($1::text[], $2::text[], $3::text[]) AS t(queue, side, hash)
+ GROUP BY t.queue, t.side, t.hash
+ ORDER BY t.queue, t.side, t.hash
 ON CONFLICT (queue, side, hash) DO UPDATE SET n = key_occurrences.n + excluded.n
-RETURNING queue, hash, n
+RETURNING queue, side, hash, n
+"#;
+
+/// Keys of writes numbered before (a write stored again).
+const WRITTEN_SQL: &str =
+    "SELECT write_id, key FROM qbridge.numbered_writes WHERE write_id = ANY($1::text[])";
+
+/// Remembers the key each write got.
+const RECORD_WRITES_SQL: &str = r#"
+INSERT INTO qbridge.numbered_writes (write_id, queue, key)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
+ON CONFLICT (write_id) DO NOTHING
 "#;
 
 const KEYS_SQL: &str = r#"
@@ -214,51 +249,116 @@ pub async fn store(
     Ok(stored)
 }
 
-/// The job key of every item: ids as they are, content hashes numbered by
-/// occurrence in push order.
+/// The job key of every item: a known key as it is, ids as they are,
+/// content hashes numbered by occurrence in push order — mirror copies
+/// (which reach Redis) on the count the Redis consumer's pops follow, live
+/// copies (which never do) on their own count, as `:pg<n>`. A write stored
+/// before keeps the key it got.
 async fn assign_keys(conn: &mut PgConnection, items: &[Item<'_>]) -> Result<Vec<String>> {
-    let (mut queues, mut hashes) = (Vec::new(), Vec::new());
-    for item in items {
-        if let KeySource::ContentHash(hash) = &item.decoded.key {
+    let mut keys: Vec<Option<String>> = items
+        .iter()
+        .map(|item| match (&item.known_key, &item.decoded.key) {
+            (Some(key), _) => Some(key.clone()),
+            (None, KeySource::Id(_)) => Some(item.decoded.key.with_occurrence(0)),
+            (None, KeySource::ContentHash(_)) => None,
+        })
+        .collect();
+    let writes: Vec<&str> = items
+        .iter()
+        .zip(&keys)
+        .filter(|(_, key)| key.is_none())
+        .filter_map(|(item, _)| item.write.as_deref())
+        .collect();
+    if !writes.is_empty() {
+        let rows: Vec<(String, String)> = sqlx::query_as(WRITTEN_SQL)
+            .bind(&writes)
+            .fetch_all(&mut *conn)
+            .await?;
+        let written: HashMap<String, String> = rows.into_iter().collect();
+        for (item, key) in items.iter().zip(keys.iter_mut()) {
+            if let (None, Some(write)) = (&key, &item.write) {
+                *key = written.get(write).cloned();
+            }
+        }
+    }
+    let (mut queues, mut sides, mut hashes) = (Vec::new(), Vec::new(), Vec::new());
+    for (item, key) in items.iter().zip(&keys) {
+        if let (None, KeySource::ContentHash(hash)) = (key, &item.decoded.key) {
             queues.push(item.route.queue.as_str());
+            sides.push(side(item.copy));
             hashes.push(hash.as_str());
         }
     }
-    // Totals after this batch; the batch's items take the last numbers.
-    let mut next: HashMap<(String, String), u64> = HashMap::new();
-    if !hashes.is_empty() {
-        let rows: Vec<(String, String, i64)> = sqlx::query_as(OCCURRENCES_SQL)
-            .bind(&queues)
-            .bind(&hashes)
-            .fetch_all(&mut *conn)
-            .await?;
-        let mut counts: HashMap<(&str, &str), u64> = HashMap::new();
-        for (q, h) in queues.iter().zip(&hashes) {
-            *counts.entry((q, h)).or_default() += 1;
-        }
-        for (queue, hash, total) in rows {
-            let in_batch = counts
-                .get(&(queue.as_str(), hash.as_str()))
-                .copied()
-                .unwrap_or(0);
-            let first = (total as u64).saturating_sub(in_batch) + 1;
-            next.insert((queue, hash), first);
-        }
+    if hashes.is_empty() {
+        return Ok(keys.into_iter().flatten().collect());
     }
-    Ok(items
-        .iter()
-        .map(|item| match &item.decoded.key {
-            KeySource::Id(_) => item.decoded.key.with_occurrence(0),
-            KeySource::ContentHash(hash) => {
-                let slot = next
-                    .entry((item.route.queue.clone(), hash.clone()))
-                    .or_insert(1);
-                let n = *slot;
-                *slot += 1;
-                item.decoded.key.with_occurrence(n)
-            }
-        })
-        .collect())
+    // Totals after this batch; the batch's items take the last numbers.
+    let rows: Vec<(String, String, String, i64)> = sqlx::query_as(OCCURRENCES_SQL)
+        .bind(&queues)
+        .bind(&sides)
+        .bind(&hashes)
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut counts: HashMap<(&str, &str, &str), u64> = HashMap::new();
+    for ((q, s), h) in queues.iter().zip(&sides).zip(&hashes) {
+        *counts.entry((q, s, h)).or_default() += 1;
+    }
+    let mut next: HashMap<(String, String, String), u64> = HashMap::new();
+    for (queue, side, hash, total) in rows {
+        let in_batch = counts
+            .get(&(queue.as_str(), side.as_str(), hash.as_str()))
+            .copied()
+            .unwrap_or(0);
+        let first = (total as u64).saturating_sub(in_batch) + 1;
+        next.insert((queue, side, hash), first);
+    }
+    let mut recorded = (Vec::new(), Vec::new(), Vec::new());
+    for (item, key) in items.iter().zip(keys.iter_mut()) {
+        let KeySource::ContentHash(hash) = &item.decoded.key else {
+            continue;
+        };
+        if key.is_some() {
+            continue;
+        }
+        let slot = next
+            .entry((
+                item.route.queue.clone(),
+                side(item.copy).into(),
+                hash.clone(),
+            ))
+            .or_insert(1);
+        let n = *slot;
+        *slot += 1;
+        let numbered = match item.copy {
+            JobCopy::Live => item.decoded.key.with_live_occurrence(n),
+            JobCopy::Mirror => item.decoded.key.with_occurrence(n),
+        };
+        if let Some(write) = &item.write {
+            recorded.0.push(write.as_str());
+            recorded.1.push(item.route.queue.as_str());
+            recorded.2.push(numbered.clone());
+        }
+        *key = Some(numbered);
+    }
+    if !recorded.0.is_empty() {
+        sqlx::query(RECORD_WRITES_SQL)
+            .bind(&recorded.0)
+            .bind(&recorded.1)
+            .bind(&recorded.2)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(keys.into_iter().flatten().collect())
+}
+
+/// The occurrence count an item's copy is numbered on: mirror copies reach
+/// Redis and are popped there (`push`, matched by `pop`); live copies never
+/// do (`live`).
+fn side(copy: JobCopy) -> &'static str {
+    match copy {
+        JobCopy::Live => "live",
+        JobCopy::Mirror => "push",
+    }
 }
 
 /// Records every key in `job_keys` and returns the ones that were new.
@@ -340,6 +440,19 @@ pub async fn prune_keys_once(pool: &sqlx::PgPool, routes: &crate::routes::Routes
         .execute(pool)
         .await?;
         pruned += done.rows_affected();
+        // The write ids of the same age: a write retried after its key was
+        // forgotten is a new job anyway.
+        sqlx::query(
+            "DELETE FROM qbridge.numbered_writes WHERE write_id IN ( \
+                 SELECT write_id FROM qbridge.numbered_writes \
+                  WHERE queue = $1 AND at < now() - $2 * interval '1 millisecond' \
+                  LIMIT $3)",
+        )
+        .bind(&route.queue)
+        .bind(route.config.dedup_window.as_millis() as i64)
+        .bind(PRUNE_BATCH)
+        .execute(pool)
+        .await?;
     }
     Ok(pruned)
 }

@@ -37,6 +37,7 @@ pub const REPUSHES_SETTLED: &str = "qbridge_repushes_settled_total";
 pub const MIRROR_FAILURES: &str = "qbridge_mirror_failures_total";
 pub const MIRROR_SPOOLED: &str = "qbridge_mirror_spooled_total";
 pub const MIRROR_LOST: &str = "qbridge_mirror_lost_total";
+pub const MIRROR_RETAIN_DROPPED: &str = "qbridge_mirror_retain_dropped_total";
 pub const MIRROR_LAG: &str = "qbridge_mirror_lag_seconds";
 pub const MIRROR_BATCH_ITEMS: &str = "qbridge_mirror_batch_items";
 pub const ITEMS_FLAGGED: &str = "qbridge_items_flagged_total";
@@ -95,6 +96,7 @@ pub const ALL: &[&str] = &[
     MIRROR_FAILURES,
     MIRROR_SPOOLED,
     MIRROR_LOST,
+    MIRROR_RETAIN_DROPPED,
     MIRROR_LAG,
     MIRROR_BATCH_ITEMS,
     ITEMS_FLAGGED,
@@ -222,6 +224,10 @@ fn describe_redis_side() {
     describe_counter!(
         MIRROR_LOST,
         "Items neither mirrored nor spooled (the Redis copy still runs; the diff reports them)"
+    );
+    describe_counter!(
+        MIRROR_RETAIN_DROPPED,
+        "Parked items let go from the writers' memory past the mirror buffer (still in the gap list)"
     );
     describe_histogram!(
         MIRROR_LAG,

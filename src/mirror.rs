@@ -18,11 +18,13 @@
 //!
 //! Layout: [`writer`] (the handle and the group-commit writers), [`breaker`]
 //! (writers skip Postgres for a moment after finding it down), [`spool`]
-//! (parking items in the gap list), [`gap_repair`] (writing them once
-//! Postgres is back).
+//! (parking items in the gap list), `retained` (the writers' own copy of
+//! what they parked, written once Postgres is back even if Redis lost the
+//! gap list), [`gap_repair`] (writing the gap list once Postgres is back).
 
 mod breaker;
 mod gap_repair;
+mod retained;
 mod spool;
 mod writer;
 

@@ -16,7 +16,8 @@
 //! replayed, so a failure's seed is where to start looking, not a
 //! recording).
 
-pub mod steps;
+mod dump;
+mod steps;
 
 use std::time::{Duration, Instant};
 
@@ -112,6 +113,9 @@ pub async fn run_seed(c: &Campaign, seed: u64) -> Result<SeedReport> {
     let mut verdict = oracle::judge(&rig.db).await?;
     violations.extend(visible_in_the_diff(&rig, &h, window_start, &verdict).await?);
     verdict.violations.extend(violations);
+    if !verdict.violations.is_empty() {
+        dump::write(&rig.db, seed, &verdict.violations, &done).await;
+    }
     rig.stop();
     h.detach().await;
     Ok(SeedReport {

@@ -5,7 +5,8 @@
 //! a crash or a failed write leaves them where they were. New items are
 //! appended at the tail meanwhile and the trim removes only the head that was
 //! written. A short Redis lock per route keeps two processes from writing
-//! the same items (identical raw items would otherwise get two occurrences).
+//! the same items at once; writing them twice is harmless anyway (ids are
+//! keys, content-hash items carry write ids: see `redis::gap_entry`).
 
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use crate::ingest::{self, Item, Via};
 use crate::model::formats::decode_bytes;
 use crate::periodic::Pace;
 use crate::queue::JobCopy;
+use crate::redis::gap_entry;
 use crate::redis::keys::RouteKeys;
 use crate::routes::{Route, Routes};
 
@@ -87,11 +89,12 @@ async fn repair_route(
     }
     let items = taken
         .iter()
-        .map(|b| Item {
-            route,
-            decoded: decode_bytes(&route.format, Bytes::copy_from_slice(b)),
-            copy: JobCopy::Mirror,
-            via: Via::Repair,
+        .map(|b| {
+            let entry = gap_entry::decode(Bytes::copy_from_slice(b));
+            let decoded = decode_bytes(&route.format, entry.item);
+            let mut item = Item::new(route, decoded, JobCopy::Mirror, Via::Repair);
+            item.write = entry.write;
+            item
         })
         .collect();
     let mut tx = pool.begin().await?;
@@ -99,7 +102,7 @@ async fn repair_route(
     tx.commit().await?;
     // Written: now drop them from the head. If this trim fails they are
     // written again next pass, and their keys make that a no-op (content-hash
-    // items would get a second occurrence: counted as a duplicate by the diff).
+    // items by their write ids: the same write keeps the number it got).
     conn.ltrim::<_, ()>(key, taken.len() as isize, -1)
         .await
         .map_err(|e| Error::redis(DOING, e))?;

@@ -15,6 +15,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use super::breaker::Breaker;
+use super::retained::{Kept, Retained};
 use super::spool;
 use crate::error::Error;
 use crate::ingest::{self, Item, Stored, Via};
@@ -64,6 +65,10 @@ struct Request {
     via: Via,
     /// When Redis acknowledged the push (mirror lag starts here).
     acked_at: Instant,
+    /// Names this request's writes: item `i` is write `<writes>.<i>`, the
+    /// same on every attempt (a retry from the gap list included), so its
+    /// content hash is numbered once.
+    writes: uuid::Uuid,
     reply: Option<oneshot::Sender<Result<Vec<Stored>, StoreError>>>,
     /// Returned to the budget when the request is done.
     _permit: OwnedSemaphorePermit,
@@ -105,6 +110,7 @@ impl Mirror {
         let (tx, rx) = async_channel::bounded(units as usize);
         let mut writers = JoinSet::new();
         let breaker = Breaker::new();
+        let retained = Retained::new(opts.buffer_bytes);
         for _ in 0..opts.writers.max(1) {
             let writer = Writer {
                 pool: pool.clone(),
@@ -113,6 +119,7 @@ impl Mirror {
                 opts,
                 probe: probe.clone(),
                 breaker: breaker.clone(),
+                retained: retained.clone(),
             };
             writers.spawn(writer.run());
         }
@@ -186,6 +193,7 @@ impl Mirror {
             copy,
             via,
             acked_at,
+            writes: uuid::Uuid::new_v4(),
             reply,
             _permit: permit,
         };
@@ -200,15 +208,82 @@ struct Writer {
     opts: MirrorOptions,
     probe: Option<LagProbe>,
     breaker: Breaker,
+    retained: Retained,
 }
+
+/// How often a writer with nothing new to write tries again what it parked.
+const RETRY_KEPT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Where [`Mirror::start_probed`] puts lag samples, in seconds.
 pub type LagProbe = Arc<std::sync::Mutex<Vec<f64>>>;
 
 impl Writer {
     async fn run(mut self) {
-        while let Some(batch) = self.gather().await {
+        loop {
+            let next = tokio::select! {
+                batch = self.gather() => batch,
+                _ = tokio::time::sleep(RETRY_KEPT_EVERY), if !self.retained.is_empty() => {
+                    self.write_kept().await;
+                    continue;
+                }
+            };
+            let Some(batch) = next else { break };
             self.write(batch).await;
+            if !self.retained.is_empty() {
+                self.write_kept().await;
+            }
+        }
+        // Stopping: a last try for what was parked (the gap list has it too).
+        if !self.retained.is_empty() {
+            self.write_kept().await;
+        }
+    }
+
+    /// Writes what this mirror parked (see `retained`), unless Postgres is
+    /// known to be down; on failure it is kept for the next try.
+    async fn write_kept(&mut self) {
+        if self.breaker.is_open() {
+            return;
+        }
+        let kept = self.retained.take();
+        if kept.is_empty() {
+            return;
+        }
+        let parts: Vec<Part<'_>> = kept
+            .iter()
+            .flat_map(|k| {
+                k.items.iter().enumerate().map(move |(index, bytes)| Part {
+                    route: &k.route,
+                    copy: k.copy,
+                    via: k.via,
+                    writes: k.writes,
+                    index,
+                    bytes,
+                })
+            })
+            .collect();
+        let result = write_batch(
+            &self.pool,
+            parts,
+            self.opts.payload_limit,
+            self.opts.batch_items,
+        )
+        .await;
+        match result {
+            Ok(stored) => {
+                self.breaker.close();
+                tracing::info!(
+                    items = stored.len(),
+                    "mirrored items parked during a Postgres outage"
+                );
+            }
+            Err(e) => {
+                if e.is_unavailable() {
+                    self.breaker.open();
+                }
+                tracing::debug!(error = %e, "parked items not written yet");
+                self.retained.give_back(kept);
+            }
         }
     }
 
@@ -246,9 +321,22 @@ impl Writer {
             }
             return;
         }
+        let parts: Vec<Part<'_>> = batch
+            .iter()
+            .flat_map(|r| {
+                r.items.iter().enumerate().map(move |(index, bytes)| Part {
+                    route: &r.route,
+                    copy: r.copy,
+                    via: r.via,
+                    writes: r.writes,
+                    index,
+                    bytes,
+                })
+            })
+            .collect();
         let result = write_batch(
             &self.pool,
-            &batch,
+            parts,
             self.opts.payload_limit,
             self.opts.batch_items,
         )
@@ -297,18 +385,37 @@ impl Writer {
             return;
         }
         let n = request.items.len() as u64;
+        self.retained.keep(Kept {
+            route: Arc::clone(&request.route),
+            items: request.items.clone(),
+            copy: request.copy,
+            via: request.via,
+            writes: request.writes,
+        });
         match &mut self.spool {
-            Some(conn) => match spool::park(conn, &request.route, &request.items).await {
-                Ok(()) => metrics::counter!(m::MIRROR_SPOOLED, "route" => route).increment(n),
-                Err(e) => {
-                    tracing::error!(route = %route, items = n, error = %e,
+            Some(conn) => {
+                match spool::park(conn, &request.route, request.writes, &request.items).await {
+                    Ok(()) => metrics::counter!(m::MIRROR_SPOOLED, "route" => route).increment(n),
+                    Err(e) => {
+                        tracing::error!(route = %route, items = n, error = %e,
                         "could not park unmirrored items in the gap list; the diff will report them");
-                    metrics::counter!(m::MIRROR_LOST, "route" => route).increment(n);
+                        metrics::counter!(m::MIRROR_LOST, "route" => route).increment(n);
+                    }
                 }
-            },
+            }
             None => metrics::counter!(m::MIRROR_LOST, "route" => route).increment(n),
         }
     }
+}
+
+/// One item of a batch, with what its request says of it.
+struct Part<'a> {
+    route: &'a Route,
+    copy: JobCopy,
+    via: Via,
+    writes: uuid::Uuid,
+    index: usize,
+    bytes: &'a Bytes,
 }
 
 /// Decodes and stores every item of `batch` in one transaction; results in
@@ -319,14 +426,10 @@ impl Writer {
 /// duplicates come out as in one statement.
 async fn write_batch(
     pool: &PgPool,
-    batch: &[Request],
+    all: Vec<Part<'_>>,
     payload_limit: usize,
     chunk: usize,
 ) -> Result<Vec<Stored>, Error> {
-    let all: Vec<(&Request, &Bytes)> = batch
-        .iter()
-        .flat_map(|r| r.items.iter().map(move |bytes| (r, bytes)))
-        .collect();
     let mut tx = pool.begin().await?;
     // A batch stuck behind a lock (a business transaction holding a key it
     // shares, a manual LOCK TABLE) fails over to the gap list instead of
@@ -338,11 +441,15 @@ async fn write_batch(
     for part in all.chunks(chunk.max(1)) {
         let items: Vec<Item<'_>> = part
             .iter()
-            .map(|&(r, bytes)| Item {
-                route: &r.route,
-                decoded: decode_bytes(&r.route.format, bytes.clone()),
-                copy: r.copy,
-                via: r.via,
+            .map(|p| {
+                let decoded = decode_bytes(&p.route.format, p.bytes.clone());
+                let hashed = decoded.key.is_content_hash();
+                let mut item = Item::new(p.route, decoded, p.copy, p.via);
+                // Only content hashes are numbered; an id is its own key.
+                if hashed {
+                    item.write = Some(spool::write_id(p.writes, p.index));
+                }
+                item
             })
             .collect();
         stored.extend(ingest::store(&mut tx, items, payload_limit).await?);

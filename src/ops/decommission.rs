@@ -26,11 +26,13 @@ use redis::aio::ConnectionManager;
 use serde::Serialize;
 use sqlx::{PgPool, Postgres, Transaction};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ingest::{self, Item, Stored, Via};
 use crate::model::formats::decode_bytes;
+use crate::model::Phase;
 use crate::ops::redis_view::scan;
 use crate::queue::JobCopy;
+use crate::redis::consumer::numbering::{pop_key, PopKey};
 use crate::redis::keys::RouteKeys;
 use crate::routes::Route;
 
@@ -140,15 +142,27 @@ async fn archive_live(
     let Some(mut tx) = claim(db, route, list, items.len()).await? else {
         return Ok(Vec::new());
     };
-    let batch = items
-        .into_iter()
-        .map(|bytes| Item {
-            route,
-            decoded: decode_bytes(&route.format, bytes.into()),
-            copy: JobCopy::Live,
-            via: Via::Archive,
-        })
-        .collect();
+    let mut batch = Vec::with_capacity(items.len());
+    for (i, bytes) in items.into_iter().enumerate() {
+        let decoded = decode_bytes(&route.format, bytes.into());
+        let mut item = Item::new(route, decoded, JobCopy::Live, Via::Archive);
+        if item.decoded.key.is_content_hash() {
+            // Taking the item out of Redis is its pop: it gets the key the
+            // Redis consumer would have given it (so it meets its mirror
+            // copy), numbered once per list and place however often a run
+            // is repeated.
+            let pop = format!("archive:{list}:{i}");
+            item.known_key = match pop_key(db, &route.queue, Phase::Decommissioned, &item.decoded, &pop).await {
+                PopKey::Numbered(key) | PopKey::Unmirrored(key) => Some(key),
+                PopKey::Retry(reason) => {
+                    return Err(Error::Refused(format!(
+                        "cannot number an archived item yet ({reason}); nothing was archived from this list, run it again"
+                    )))
+                }
+            };
+        }
+        batch.push(item);
+    }
     let stored = ingest::store(&mut tx, batch, payload_limit).await?;
     tx.commit().await?;
     Ok(stored)

@@ -147,7 +147,7 @@ pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> R
 
     // Processing items were numbered when popped (their inflight hash says
     // so); waiting ones take the numbers after the pops so far.
-    let mut next: HashMap<String, u64> = HashMap::new();
+    let mut next: HashMap<String, NextPops> = HashMap::new();
     for (known, item) in processing {
         let key = match known {
             Some(k) => k,
@@ -168,31 +168,55 @@ pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> R
     Ok(view)
 }
 
-/// The key an item has (an id) or will get when popped (a numbered hash).
+/// The numbers the next pops of one hash take, in order: its holes first
+/// (push-backs popped under their own numbers), then the count onwards.
+#[derive(Default)]
+struct NextPops {
+    holes: std::collections::VecDeque<u64>,
+    count: u64,
+}
+
+/// The key an item has (an id) or will get when popped (a numbered hash,
+/// the way `redis::consumer::numbering` will number it).
 async fn keyed(
     db: &PgPool,
     route: &Route,
     item: &Bytes,
-    next: &mut HashMap<String, u64>,
+    next: &mut HashMap<String, NextPops>,
 ) -> Result<String> {
     let decoded = decode_bytes(&route.format, item.clone());
     let KeySource::ContentHash(hash) = &decoded.key else {
         return Ok(decoded.key.with_occurrence(0));
     };
-    let n = match next.get(hash) {
-        Some(n) => *n + 1,
+    if !next.contains_key(hash) {
+        let popped: Option<i64> = sqlx::query_scalar(
+            "SELECT n FROM qbridge.key_occurrences WHERE queue = $1 AND side = 'pop' AND hash = $2",
+        )
+        .bind(&route.queue)
+        .bind(hash)
+        .fetch_optional(db)
+        .await?;
+        let holes: Vec<i64> = sqlx::query_scalar(
+            "SELECT n FROM qbridge.pop_holes WHERE queue = $1 AND hash = $2 ORDER BY n",
+        )
+        .bind(&route.queue)
+        .bind(hash)
+        .fetch_all(db)
+        .await?;
+        let pops = NextPops {
+            holes: holes.into_iter().map(|n| n.max(0) as u64).collect(),
+            count: popped.unwrap_or(0).max(0) as u64,
+        };
+        next.insert(hash.clone(), pops);
+    }
+    let pops = next.get_mut(hash).expect("inserted above");
+    let n = match pops.holes.pop_front() {
+        Some(n) => n,
         None => {
-            let popped: Option<i64> = sqlx::query_scalar(
-                "SELECT n FROM qbridge.key_occurrences WHERE queue = $1 AND side = 'pop' AND hash = $2",
-            )
-            .bind(&route.queue)
-            .bind(hash)
-            .fetch_optional(db)
-            .await?;
-            popped.unwrap_or(0).max(0) as u64 + 1
+            pops.count += 1;
+            pops.count
         }
     };
-    next.insert(hash.clone(), n);
     Ok(decoded.key.with_occurrence(n))
 }
 

@@ -36,6 +36,7 @@ use crate::ops::diff::{ONLY_POSTGRES_SQL, UNKNOWN_KEYS_SQL};
 use crate::ops::evidence;
 use crate::ops::redis_view::{self, RedisView};
 use crate::queue::JobCopy;
+use crate::redis::consumer::numbering;
 use crate::redis::keys::RouteKeys;
 use crate::routes::Route;
 
@@ -235,15 +236,21 @@ async fn push_back(
     let script = redis::Script::new(REPUSH_LUA);
     let route_keys = RouteKeys::of(route);
     for (key, original) in rows {
-        let pushed: i64 = script
+        // A content hash is popped again under its own number, not the next.
+        let hole = numbering::expect_again(db, &route.queue, &key).await?;
+        let pushed: Result<i64> = script
             .key(&list)
             .key(route_keys.repushed(&key))
             .arg(original)
             .arg(MARKER_TTL.as_secs())
             .arg(command)
             .invoke_async(redis)
-            .await?;
-        if pushed == 1 {
+            .await
+            .map_err(Into::into);
+        if hole && !matches!(pushed, Ok(1)) {
+            numbering::unexpect(db, &route.queue, &key).await?;
+        }
+        if pushed? == 1 {
             report.repushed += 1;
             let line = why.get(key.as_str()).copied().unwrap_or_default();
             *report.evidence.entry(line.to_string()).or_default() += 1;
@@ -306,11 +313,13 @@ async fn mirror_waiting(
         .iter()
         .zip(originals)
         .filter(|(k, _)| unknown.contains(*k))
-        .map(|(_, original)| Item {
-            route,
-            decoded: decode_bytes(&route.format, original),
-            copy: JobCopy::Mirror,
-            via: Via::Repair,
+        .map(|(key, original)| {
+            let decoded = decode_bytes(&route.format, original);
+            let mut item = Item::new(route, decoded, JobCopy::Mirror, Via::Repair);
+            // The key the Redis side gives it (its pop number, for a content
+            // hash), not a new push number: Redis already holds it.
+            item.known_key = Some(key.clone());
+            item
         })
         .collect();
     let mut tx = db.begin().await?;

@@ -1,12 +1,13 @@
 //! The Redis side of a migration: every Redis key qbridge reads or writes
 //! ([`keys`]), connecting to Redis ([`connect`]), the producer API with its
-//! outbox, the Redis consumer, which Redis a route talks to ([`epoch`]:
+//! outbox, the Redis consumer, the gap list's entries ([`gap_entry`]), which Redis a route talks to ([`epoch`]:
 //! the evidence that Redis lost data), and per-route Redis numbers for `qbridge
 //! stats`.
 
 pub mod connect;
 pub mod consumer;
 pub mod epoch;
+pub mod gap_entry;
 pub mod keys;
 pub mod outbox;
 pub mod producer;

@@ -183,12 +183,7 @@ impl Producer {
                     true => JobCopy::Live,
                     false => JobCopy::Mirror,
                 };
-                Item {
-                    route: &route,
-                    decoded,
-                    copy,
-                    via: self.via,
-                }
+                Item::new(&route, decoded, copy, self.via)
             })
             .collect();
         let copies: Vec<JobCopy> = decoded.iter().map(|i| i.copy).collect();

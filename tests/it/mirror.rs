@@ -172,6 +172,58 @@ async fn postgres_down_parks_mirror_items_in_the_gap_list_until_it_is_back() {
     assert_eq!(redis.llen::<_, i64>(&key).await.unwrap(), 0);
 }
 
+/// Issue 13 (found by the randomized oracle, seed 757): Postgres went down,
+/// the mirror parked its items in the gap list, then Redis restarted with no
+/// persistence before gap repair ran: the items' Postgres copies were gone
+/// with the gap list, and the items themselves with Redis. The writers now
+/// keep what they parked (bounded by the mirror buffer) and write it once
+/// Postgres is back, whatever became of the gap list.
+#[tokio::test]
+async fn parked_items_reach_postgres_even_when_redis_loses_the_gap_list() {
+    let server = ThrowawayPostgres::start();
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(&server.url())
+        .await
+        .expect("throwaway Postgres");
+    qbridge::MIGRATOR.run(&pool).await.expect("migrate");
+    let (routes, _) = route_table("json:/id", Phase::DualWrite);
+    let name = format!("qbt-{}", uuid::Uuid::new_v4());
+    let routes = rename(routes, &name);
+    let route = Arc::clone(routes.by_name(&name).expect("renamed route"));
+    let spool = connect_redis("redis://127.0.0.1:6379").await.unwrap();
+    let (mirror, _writers) = Mirror::start(pool.clone(), Some(spool.clone()), opts());
+
+    server.kill();
+    for i in 0..10 {
+        let item = Bytes::from(format!(r#"{{"id":"lost{i}"}}"#));
+        mirror
+            .mirror(Arc::clone(&route), vec![item], Instant::now())
+            .await
+            .unwrap();
+    }
+    let mut redis = spool.clone();
+    let key = gap_key(&route);
+    support::wait_for("10 items parked", Duration::from_secs(30), || {
+        let mut redis = redis.clone();
+        let key = key.clone();
+        async move { redis.llen::<_, i64>(&key).await.unwrap_or(0) == 10 }
+    })
+    .await;
+    // Redis restarts empty: the gap list is gone.
+    let _: i64 = redis.del(&key).await.unwrap();
+    server.resume();
+    // No gap repair runs: the writers write what they kept.
+    support::wait_for_count(
+        &pool,
+        "the 10 parked items written by the writers",
+        "SELECT count(*) FROM qbridge.jobs WHERE copy = 'mirror' AND key LIKE 'lost%'",
+        10,
+    )
+    .await;
+}
+
 /// The same table with the route renamed (gap lists are keyed by route name).
 fn rename(routes: qbridge::routes::Routes, name: &str) -> qbridge::routes::Routes {
     let mut configs: Vec<_> = routes.iter().map(|r| r.config.clone()).collect();

@@ -28,6 +28,7 @@ use crate::error::Result;
 use crate::ingest::{self, Item, Stored, Via};
 use crate::model::formats::decode_bytes;
 use crate::queue::JobCopy;
+use crate::redis::gap_entry;
 use crate::redis::keys::RouteKeys;
 use crate::routes::Route;
 
@@ -65,11 +66,12 @@ pub(super) async fn archive(
     };
     let batch = items
         .into_iter()
-        .map(|bytes| Item {
-            route,
-            decoded: decode_bytes(&route.format, bytes.into()),
-            copy: JobCopy::Mirror,
-            via: Via::Repair,
+        .map(|bytes| {
+            let entry = gap_entry::decode(bytes.into());
+            let decoded = decode_bytes(&route.format, entry.item);
+            let mut item = Item::new(route, decoded, JobCopy::Mirror, Via::Repair);
+            item.write = entry.write;
+            item
         })
         .collect();
     let stored = ingest::store(&mut tx, batch, payload_limit).await?;

@@ -15,6 +15,10 @@
 //!   in that phase, so a pop takes a number only while the pushes of its
 //!   bytes are ahead of the pops; the rest are [`PopKey::Unmirrored`], with
 //!   a key no push can have.
+//! - **A push-back is popped under its own number.** Repair pushes a lost
+//!   item's bytes back; when the pop count had already passed its number
+//!   (it was popped, then lost), the number is a hole ([`expect_again`]) and
+//!   the next pop of those bytes takes the lowest hole before counting on.
 
 use std::time::Duration;
 
@@ -25,6 +29,15 @@ use crate::model::Phase;
 
 /// The key a pop numbered before, if any.
 const KNOWN_SQL: &str = "SELECT key FROM qbridge.numbered_writes WHERE write_id = $1";
+
+/// The lowest hole of the hash, taken.
+const HOLE_SQL: &str = r#"
+DELETE FROM qbridge.pop_holes
+ WHERE (queue, hash, n) = (SELECT queue, hash, n FROM qbridge.pop_holes
+                            WHERE queue = $1 AND hash = $2
+                            ORDER BY n LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING n
+"#;
 
 /// Makes sure the pop count of the hash exists, so the bump below can lock it.
 const ENSURE_SQL: &str = r#"
@@ -99,17 +112,24 @@ async fn number(
     if let Some(key) = known {
         return Ok(classify(key));
     }
-    sqlx::query(ENSURE_SQL)
+    let mut n: Option<i64> = sqlx::query_scalar(HOLE_SQL)
         .bind(queue)
         .bind(hash)
-        .execute(&mut *tx)
-        .await?;
-    let n: Option<i64> = sqlx::query_scalar(BUMP_SQL)
-        .bind(queue)
-        .bind(hash)
-        .bind(bounded)
         .fetch_optional(&mut *tx)
         .await?;
+    if n.is_none() {
+        sqlx::query(ENSURE_SQL)
+            .bind(queue)
+            .bind(hash)
+            .execute(&mut *tx)
+            .await?;
+        n = sqlx::query_scalar(BUMP_SQL)
+            .bind(queue)
+            .bind(hash)
+            .bind(bounded)
+            .fetch_optional(&mut *tx)
+            .await?;
+    }
     let key = match n {
         Some(n) => PopKey::Numbered(decoded.key.with_occurrence(n.max(1) as u64)),
         None => PopKey::Unmirrored(decoded.key.unmirrored(pop)),
@@ -133,4 +153,50 @@ fn classify(key: String) -> PopKey {
         Some(last) if last.starts_with("r-") => PopKey::Unmirrored(key),
         _ => PopKey::Numbered(key),
     }
+}
+
+/// The content hash and occurrence number of a numbered key
+/// (`sha256:<hex>:<n>`); `None` for any other key.
+pub fn numbered(key: &str) -> Option<(&str, i64)> {
+    let rest = key.strip_prefix("sha256:")?;
+    let (hash, n) = rest.rsplit_once(':')?;
+    Some((hash, n.parse().ok()?))
+}
+
+const EXPECT_SQL: &str = r#"
+INSERT INTO qbridge.pop_holes (queue, hash, n)
+SELECT $1, $2, $3
+ WHERE $3 <= (SELECT n FROM qbridge.key_occurrences
+               WHERE queue = $1 AND side = 'pop' AND hash = $2)
+ON CONFLICT DO NOTHING
+"#;
+
+/// Before `key`'s bytes are pushed back to Redis: when the pop count has
+/// passed its number, makes it a hole the next pop of those bytes takes
+/// (see the module docs). True when a hole was made; undo it with
+/// [`unexpect`] if the push does not happen.
+pub async fn expect_again(db: &PgPool, queue: &str, key: &str) -> sqlx::Result<bool> {
+    let Some((hash, n)) = numbered(key) else {
+        return Ok(false);
+    };
+    let made = sqlx::query(EXPECT_SQL)
+        .bind(queue)
+        .bind(hash)
+        .bind(n)
+        .execute(db)
+        .await?;
+    Ok(made.rows_affected() == 1)
+}
+
+/// Takes back a hole [`expect_again`] made for a push that did not happen.
+pub async fn unexpect(db: &PgPool, queue: &str, key: &str) -> sqlx::Result<()> {
+    if let Some((hash, n)) = numbered(key) {
+        sqlx::query("DELETE FROM qbridge.pop_holes WHERE queue = $1 AND hash = $2 AND n = $3")
+            .bind(queue)
+            .bind(hash)
+            .bind(n)
+            .execute(db)
+            .await?;
+    }
+    Ok(())
 }

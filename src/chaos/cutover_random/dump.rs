@@ -1,0 +1,67 @@
+//! What a failed content-hash seed leaves for a reader: for each text a
+//! violation names, every row the numbering wrote about it (pushes and pops
+//! counted, write ids, holes, job keys, outcomes, the ledger's runs), as
+//! text in `$QBRIDGE_CHAOS_DUMP_DIR/seed-<n>.txt`. The throwaway servers are
+//! gone a moment later; this is how a campaign's failure gets diagnosed.
+//! Test payloads only (the load's own texts): nothing personal is written.
+
+use std::fmt::Write as _;
+
+use sqlx::PgPool;
+
+/// The queries, each with `$1` = `sha256:<hex>` (the key without its number).
+const QUERIES: &[(&str, &str)] = &[
+    ("counts", "SELECT side, n FROM qbridge.key_occurrences WHERE 'sha256:' || hash = $1 ORDER BY side"),
+    ("holes", "SELECT n FROM qbridge.pop_holes WHERE 'sha256:' || hash = $1 ORDER BY n"),
+    ("writes", "SELECT write_id, key, at FROM qbridge.numbered_writes WHERE key LIKE $1 || ':%' ORDER BY at"),
+    ("job_keys", "SELECT key, copy, via, seen_at, original IS NOT NULL AS has_bytes FROM qbridge.job_keys WHERE key LIKE $1 || ':%' ORDER BY seen_at"),
+    ("jobs", "SELECT id, key, copy, state, attempts FROM qbridge.jobs WHERE key LIKE $1 || ':%' ORDER BY id"),
+    ("outcomes", "SELECT key, side, mode, outcome, at FROM qbridge.outcomes WHERE key LIKE $1 || ':%' ORDER BY at"),
+    ("held", "SELECT key FROM qbridge.held_repushes WHERE key LIKE $1 || ':%'"),
+    ("ledger", "SELECT key, job_id, attempt, mode, ok, at FROM chaos.ledger WHERE key LIKE $1 || ':%' ORDER BY at"),
+    ("pushes", "SELECT via, count(*) FROM chaos.pushes WHERE hash = $1 GROUP BY via"),
+];
+
+/// Writes the dump of `seed` when `QBRIDGE_CHAOS_DUMP_DIR` is set and a
+/// violation names a text; errors are reported in the file, never raised.
+pub(super) async fn write(db: &PgPool, seed: u64, violations: &[String], steps: &[String]) {
+    let Ok(dir) = std::env::var("QBRIDGE_CHAOS_DUMP_DIR") else {
+        return;
+    };
+    let mut hashes: Vec<String> = violations
+        .iter()
+        .flat_map(|v| v.match_indices("sha256:").map(move |(i, _)| &v[i..]))
+        .filter_map(|s| s.get(..71).map(str::to_string))
+        .collect();
+    hashes.sort();
+    hashes.dedup();
+    let mut out = format!("seed {seed}\nviolations:\n");
+    for v in violations {
+        let _ = writeln!(out, "  {v}");
+    }
+    let _ = writeln!(out, "steps:\n  {}", steps.join("\n  "));
+    for hash in hashes {
+        let _ = writeln!(out, "\n== {hash}");
+        for (name, sql) in QUERIES {
+            let _ = writeln!(out, "-- {name}");
+            let wrapped = format!("SELECT row_to_json(t)::text FROM ({sql}) t");
+            match sqlx::query_scalar::<_, String>(&wrapped)
+                .bind(&hash)
+                .fetch_all(db)
+                .await
+            {
+                Ok(rows) => rows.iter().for_each(|r| {
+                    let _ = writeln!(out, "{r}");
+                }),
+                Err(e) => {
+                    let _ = writeln!(out, "(failed: {e})");
+                }
+            }
+        }
+    }
+    let path = std::path::Path::new(&dir).join(format!("seed-{seed}.txt"));
+    let _ = std::fs::create_dir_all(&dir);
+    if let Err(e) = std::fs::write(&path, out) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot write the seed's dump");
+    }
+}
