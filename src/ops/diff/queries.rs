@@ -58,7 +58,8 @@ SELECT t.key FROM unnest($2::text[]) AS t(key)
 
 /// Mirror copies whose Redis copy is unaccounted for: no final Redis
 /// outcome (ok or dead; a failed attempt is retried from a processing list,
-/// which a Redis restart can lose too) and not held in Redis now.
+/// which a Redis restart can lose too), not held in Redis now and not owed
+/// to Redis by the outbox.
 /// `original IS NOT NULL` narrows the scan (a final Redis outcome clears
 /// it), but the outcome check itself is what counts:
 /// the Redis consumer can finish a job before its mirror row commits, and
@@ -70,6 +71,9 @@ SELECT k.key FROM qbridge.job_keys k
    AND NOT EXISTS (SELECT 1 FROM qbridge.outcomes o
                     WHERE o.queue = k.queue AND o.key = k.key AND o.side = 'redis'
                       AND o.outcome IN ('ok', 'dead'))
+   -- Owed by the outbox: on its way to Redis, not lost (the outbox pays it).
+   AND NOT EXISTS (SELECT 1 FROM qbridge.redis_outbox b
+                    WHERE b.queue = k.queue AND b.key = k.key)
  ORDER BY k.seen_at, k.key
 "#;
 
