@@ -16,6 +16,9 @@ use tokio_util::sync::CancellationToken;
 use super::rig::{LIST, ROUTE};
 use crate::redis::producer::Producer;
 
+/// The path label of a push that was not acknowledged ([`Acked::unsure`]).
+pub const UNSURE: &str = "unacknowledged";
+
 /// Keys acknowledged so far, with the path they came in by.
 #[derive(Clone, Default)]
 pub struct Acked(Arc<Mutex<Vec<(String, &'static str)>>>);
@@ -29,11 +32,23 @@ impl Acked {
             .push((key, via));
     }
 
+    /// Records a push whose answer was an error or never came: it may or
+    /// may not exist (on a content-hash route it may be one more run of
+    /// its text, never one the promise counts).
+    pub fn unsure(&self, key: String) {
+        self.add(key, UNSURE);
+    }
+
     /// The `index`-th name acknowledged so far (modulo how many there are),
     /// for a re-push; `None` before the first.
     pub fn pick(&self, index: usize) -> Option<String> {
         let keys = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        (!keys.is_empty()).then(|| keys[index % keys.len()].0.clone())
+        let sure: Vec<&String> = keys
+            .iter()
+            .filter(|(_, via)| *via != UNSURE)
+            .map(|(k, _)| k)
+            .collect();
+        (!sure.is_empty()).then(|| sure[index % sure.len()].clone())
     }
 
     /// Everything acknowledged, for the oracle.
@@ -195,8 +210,11 @@ async fn through_proxy(
             Some(line) if line.starts_with(b":") => acked.add(key, "proxy"),
             // An error reply leaves the connection usable; a broken one is
             // replaced on the next tick.
-            Some(_) => {}
-            None => conn = None,
+            Some(_) => acked.unsure(key),
+            None => {
+                acked.unsure(key);
+                conn = None;
+            }
         }
     }
 }
@@ -216,8 +234,9 @@ async fn through_api(
         let key = items.name("a", n);
         n += 1;
         let call = producer.enqueue(ROUTE, vec![item(items, &key)]);
-        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(10), call).await {
-            acked.add(key, "producer_api");
+        match tokio::time::timeout(Duration::from_secs(10), call).await {
+            Ok(Ok(_)) => acked.add(key, "producer_api"),
+            _ => acked.unsure(key),
         }
     }
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
-use super::load::{item, Items};
+use super::load::{item, Items, UNSURE};
 use super::rig::ROUTE;
 use crate::error::Result;
 use crate::model::formats::{decode_bytes, Format};
@@ -35,6 +35,7 @@ pub async fn record_acked(
     if items.repeats_are_new_jobs() {
         return record_pushes(db, items, acked).await;
     }
+    let acked: Vec<&(String, &str)> = acked.iter().filter(|(_, v)| *v != UNSURE).collect();
     for chunk in acked.chunks(5000) {
         let keys: Vec<&str> = chunk.iter().map(|(k, _)| k.as_str()).collect();
         let via: Vec<&str> = chunk.iter().map(|(_, v)| *v).collect();
@@ -77,7 +78,8 @@ async fn record_pushes(db: &PgPool, items: Items, acked: &[(String, &'static str
 /// `sha256:<hex>:<n>`, so as many distinct keys must have run.
 const SHORT_RUNS_SQL: &str = r#"
 SELECT p.hash || ' (' || p.pushes || ' pushed, ' || r.ran || ' ran)'
-  FROM (SELECT hash, count(*) AS pushes FROM chaos.pushes GROUP BY hash) p
+  FROM (SELECT hash, count(*) AS pushes FROM chaos.pushes
+         WHERE via <> 'unacknowledged' GROUP BY hash) p
   CROSS JOIN LATERAL (
         SELECT (SELECT count(DISTINCT l.key) FROM chaos.ledger l
                  WHERE l.key LIKE p.hash || ':%' AND l.mode = 'live' AND l.ok)
@@ -87,8 +89,9 @@ SELECT p.hash || ' (' || p.pushes || ' pushed, ' || r.ran || ' ran)'
  ORDER BY p.hash
 "#;
 
-/// Texts whose jobs ran under more distinct keys than they were pushed:
-/// one push run under two keys (the sides' numbering drifted apart).
+/// Texts whose jobs ran under more distinct keys than they were pushed
+/// (acknowledged or not: an unanswered push may exist): one push run under
+/// two keys (the sides' numbering drifted apart).
 const EXTRA_KEYS_SQL: &str = r#"
 SELECT p.hash || ' (' || p.pushes || ' pushed, ran under ' || r.keys || ' keys)'
   FROM (SELECT hash, count(*) AS pushes FROM chaos.pushes GROUP BY hash) p
@@ -199,7 +202,8 @@ SELECT a.key FROM chaos.aborted a
 pub async fn judge(db: &PgPool) -> Result<Verdict> {
     let mut v = Verdict {
         jobs: sqlx::query_scalar::<_, i64>(
-            "SELECT (SELECT count(*) FROM chaos.acked) + (SELECT count(*) FROM chaos.pushes)",
+            "SELECT (SELECT count(*) FROM chaos.acked) \
+             + (SELECT count(*) FROM chaos.pushes WHERE via <> 'unacknowledged')",
         )
         .fetch_one(db)
         .await? as u64,

@@ -173,8 +173,15 @@ pub(super) async fn promote_or_hold(
         let verdict = match items[i].via {
             // Decommission took the original out of Redis: nothing there
             // holds it any more, so it runs here (at least once: a consumer
-            // that died holding it may have run part of it).
-            Via::Archive if evidence.copy == "mirror" => Verdict::Promote,
+            // that died holding it may have run part of it) — unless the
+            // Redis side reported it done: then this is a second copy (a
+            // client's retried push) of a job that ran.
+            Via::Archive
+                if evidence.copy == "mirror"
+                    && evidence.last_redis_outcome.as_deref() != Some("ok") =>
+            {
+                Verdict::Promote
+            }
             _ => decide(evidence, fleet),
         };
         match verdict {

@@ -85,13 +85,21 @@ pub async fn archive_and_delete(
     // its key stored live already.
     for list in scan(redis, &keys.any_archiving()).await? {
         let items = all_items(redis, &list).await?;
-        for s in archive_live(db, route, &list, items, payload_limit).await? {
+        for s in archive_live(db, redis, route, &list, items, payload_limit).await? {
             match s {
                 Stored::New { .. } => report.enqueued += 1,
                 Stored::Duplicate { .. } => report.duplicates += 1,
             }
         }
         report.keys_deleted += delete(redis, &list).await?;
+    }
+    // Pushes the producer API still owes Redis: the outbox leaves a
+    // decommissioned route alone, so they run here or nowhere.
+    for s in archive_owed(db, route, payload_limit).await? {
+        match s {
+            Stored::New { .. } => report.enqueued += 1,
+            Stored::Duplicate { .. } => report.duplicates += 1,
+        }
     }
     for list in scan(redis, &keys.any_archiving_gap()).await? {
         let items = all_items(redis, &list).await?;
@@ -134,6 +142,7 @@ async fn rename_all(redis: &mut ConnectionManager, route: &Route, keys: &RouteKe
 /// Stores a runnable list's items as live jobs, once.
 async fn archive_live(
     db: &PgPool,
+    redis: &mut ConnectionManager,
     route: &Route,
     list: &str,
     items: Vec<Vec<u8>>,
@@ -163,9 +172,68 @@ async fn archive_live(
         }
         batch.push(item);
     }
+    ran_already(redis, route, &mut batch).await?;
     let stored = ingest::store(&mut tx, batch, payload_limit).await?;
     tx.commit().await?;
     Ok(stored)
+}
+
+/// Takes the route's owed outbox rows and stores them as live jobs under
+/// their keys, in one transaction (a second run finds no rows).
+async fn archive_owed(db: &PgPool, route: &Route, payload_limit: usize) -> Result<Vec<Stored>> {
+    let mut tx = db.begin().await?;
+    let rows: Vec<(String, Vec<u8>)> =
+        sqlx::query_as("DELETE FROM qbridge.redis_outbox WHERE queue = $1 RETURNING key, original")
+            .bind(&route.queue)
+            .fetch_all(&mut *tx)
+            .await?;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let batch = rows
+        .into_iter()
+        .map(|(key, original)| {
+            let decoded = decode_bytes(&route.format, original.into());
+            let mut item = Item::new(route, decoded, JobCopy::Live, Via::Archive);
+            item.known_key = Some(key);
+            item
+        })
+        .collect();
+    let stored = ingest::store(&mut tx, batch, payload_limit).await?;
+    tx.commit().await?;
+    Ok(stored)
+}
+
+/// Items whose key the Redis side ran (qbridge's consumer's ran set: the
+/// report may have been lost) are a second copy of a finished job — a
+/// client's retried push — and are stored as the mirror copies they are, so
+/// nothing runs them again. A reported `ok` does the same in `ingest`.
+async fn ran_already(
+    redis: &mut ConnectionManager,
+    route: &Route,
+    batch: &mut [Item<'_>],
+) -> Result<()> {
+    let keys: Vec<String> = batch
+        .iter()
+        .map(|i| match &i.known_key {
+            Some(key) => key.clone(),
+            None => i.decoded.key.with_occurrence(0),
+        })
+        .collect();
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+        .arg(RouteKeys::of(route).ran())
+        .arg(&keys)
+        .query_async(redis)
+        .await?;
+    for (item, score) in batch.iter_mut().zip(scores) {
+        if score.is_some() {
+            item.copy = JobCopy::Mirror;
+        }
+    }
+    Ok(())
 }
 
 /// Copies a dead list's items into `qbridge.jobs_dead`, once; returns how

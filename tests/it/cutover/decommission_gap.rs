@@ -119,3 +119,99 @@ async fn parked_items_do_not_become_live_copies_at_a_forced_decommission(pool: P
     assert_eq!(rig.calls.live("ran"), 1, "ran twice");
     rig.finish().await;
 }
+
+/// A client pushed a job id again after the Redis side ran it (found by the
+/// randomized oracle, seed 851: a retried LPUSH in `shadow` whose copy was
+/// still in the route's list at decommission). Decommission archived the
+/// copy and promoted the mirror copy unconditionally: the job ran on both
+/// sides. With evidence that the Redis side ran the key (its ran set here,
+/// the report lost) the archived copy is a duplicate.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_repush_of_a_job_redis_ran_is_not_run_again_at_decommission(pool: PgPool) {
+    let mut rig = Rig::new(
+        &pool,
+        Options {
+            phase: Phase::PostgresOnly,
+            ..Options::default()
+        },
+    )
+    .await;
+    rig.start().await;
+    rig.push_behind_qbridge(r#"{"id":"done"}"#).await;
+    wait_for_count(
+        &pool,
+        "done acked on Redis",
+        "SELECT count(*) FROM qbridge.outcomes WHERE side = 'redis' AND key = 'done' AND outcome = 'ok'",
+        1,
+    )
+    .await;
+    rig.stop().await;
+    // Its mirror copy exists (as the proxy would have written it), its report
+    // was lost (the ran set still has it), and the client's retry waits.
+    sqlx::query(
+        "INSERT INTO qbridge.job_keys (queue, key, copy, via) VALUES ($1, 'done', 'mirror', 'proxy')",
+    )
+    .bind(&rig.route().queue)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("DELETE FROM qbridge.outcomes WHERE key = 'done'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    rig.push_behind_qbridge(r#"{"id":"done"}"#).await;
+
+    let done = rig.advance(true).await.map_err(|_| "advance").unwrap();
+    assert_eq!(done.state.phase, Phase::Decommissioned);
+    assert_eq!(live_jobs(&pool, "done").await, 0, "{:?}", done.archived);
+    let archived = done.archived.expect("archived");
+    assert_eq!(
+        (archived.enqueued, archived.duplicates),
+        (0, 1),
+        "{archived:?}"
+    );
+    rig.finish().await;
+}
+
+/// A producer-API push still owed to Redis when the route is decommissioned
+/// (by force: the gate refuses while pushes are owed) used to stay in the
+/// outbox for good — the outbox leaves decommissioned routes alone — and the
+/// job never ran (found by the randomized oracle, seed 104). The archive now
+/// takes owed pushes too, as live jobs, once.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_push_still_owed_at_decommission_runs_in_postgres(pool: PgPool) {
+    let rig = Rig::new(
+        &pool,
+        Options {
+            phase: Phase::PostgresOnly,
+            ..Options::default()
+        },
+    )
+    .await;
+    // Mirrored in shadow, its push to Redis never made (owed again).
+    rig.routes.phases().set(&rig.name, Phase::Shadow);
+    rig.produce(&["owed".to_string()]).await;
+    rig.routes.phases().set(&rig.name, Phase::PostgresOnly);
+    let mut conn = rig.redis().await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&rig.list)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO qbridge.redis_outbox (queue, key, original) \
+         SELECT queue, key, original FROM qbridge.job_keys WHERE key = 'owed'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let done = rig.advance(true).await.map_err(|_| "advance").unwrap();
+    assert_eq!(done.state.phase, Phase::Decommissioned);
+    assert_eq!(live_jobs(&pool, "owed").await, 1, "{:?}", done.archived);
+    assert_eq!(
+        support::count(&pool, "SELECT count(*) FROM qbridge.redis_outbox").await,
+        0
+    );
+    rig.finish().await;
+}
