@@ -5,7 +5,8 @@
 #
 #   bench/oracle-campaign.sh [SEEDS=1000] [PARALLEL=6] [FIRST=100] [STEPS=12]
 #
-# Writes each process's output to bench/results/oracle-<date>/part-<n>.txt, a
+# Writes each process's output to bench/results/oracle-<date>/part-<n>.txt (its
+# log to part-<n>.err), a
 # failed content-hash seed's numbering rows to .../dumps/, and the summary to
 # .../summary.txt. Uses target/release/qbridge when built, else target/debug.
 set -euo pipefail
@@ -24,7 +25,7 @@ for ((p = 0; p < parallel; p++)); do
     n=$(( seeds - p * per < per ? seeds - p * per : per ))
     (( n > 0 )) || break
     "$bin" chaos --scenario cutover-random --seeds "$n" --seed "$start" --steps "$steps" \
-        --rate 40 --patience 90s >"$out/part-$p.txt" 2>/dev/null &
+        --rate 40 --patience 90s >"$out/part-$p.txt" 2>"$out/part-$p.err" &
     pids+=($!)
 done
 status=0

@@ -115,6 +115,7 @@ pub async fn run_seed(c: &Campaign, seed: u64) -> Result<SeedReport> {
     verdict.violations.extend(violations);
     if !verdict.violations.is_empty() {
         dump::write(&rig.db, seed, &verdict.violations, &done).await;
+        dump::keep_logs(rig.dir.path(), seed);
     }
     rig.stop();
     h.detach().await;

@@ -371,14 +371,23 @@ impl ThrowawayRedis {
     /// Starts redis-server with extra arguments, TLS only when `tls` is
     /// given, and waits until it accepts connections.
     fn launch(args: &[&str], tls: Option<&ServerTls>) -> Result<ThrowawayRedis, String> {
-        let mut redis = ThrowawayRedis {
-            child: None,
-            port: free_port(),
-            extra: args.iter().map(|a| a.to_string()).collect(),
-            tls: tls.cloned(),
-        };
-        redis.try_resume()?;
-        Ok(redis)
+        let mut last = String::new();
+        // Another process may take the free port before the server binds it
+        // (parallel oracle campaigns start many servers at once): try again
+        // on a new port.
+        for _ in 0..5 {
+            let mut redis = ThrowawayRedis {
+                child: None,
+                port: free_port(),
+                extra: args.iter().map(|a| a.to_string()).collect(),
+                tls: tls.cloned(),
+            };
+            match redis.try_resume() {
+                Ok(()) => return Ok(redis),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
     }
 
     /// redis://… of the server (rediss://… with TLS).
@@ -447,6 +456,22 @@ impl ThrowawayRedis {
                 return Err("redis-server did not start within 10 s".into());
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+        // Something answers on the port; it is ours only if our server is
+        // still running a moment later. A redis-server that finds the port
+        // taken exits at once, and the answer came from another process's
+        // server (a parallel oracle walk once shared its Redis that way).
+        std::thread::sleep(Duration::from_millis(200));
+        if let Some(status) = self
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        {
+            self.child = None;
+            return Err(format!(
+                "redis-server exited at start-up ({status}): port {} is taken by another process",
+                self.port
+            ));
         }
         Ok(())
     }

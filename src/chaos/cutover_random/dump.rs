@@ -65,3 +65,21 @@ pub(super) async fn write(db: &PgPool, seed: u64, violations: &[String], steps: 
         tracing::warn!(path = %path.display(), error = %e, "cannot write the seed's dump");
     }
 }
+
+/// Copies the rig's process logs (qbridge logs no payloads) beside the
+/// dump, as `seed-<n>-<process>.log`, when `QBRIDGE_CHAOS_DUMP_DIR` is set.
+pub(super) fn keep_logs(rig_dir: &std::path::Path, seed: u64) {
+    let Ok(dir) = std::env::var("QBRIDGE_CHAOS_DUMP_DIR") else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(rig_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(process) = name.strip_suffix(".log") {
+            let to = std::path::Path::new(&dir).join(format!("seed-{seed}-{process}.log"));
+            let _ = std::fs::copy(entry.path(), to);
+        }
+    }
+}
