@@ -7,12 +7,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+pub use super::items::{item, Items};
 use super::rig::{LIST, ROUTE};
 use crate::redis::producer::Producer;
 
@@ -99,52 +99,6 @@ impl Load {
         self.stop.cancel();
         while self.tasks.join_next().await.is_some() {}
         self.acked
-    }
-}
-
-/// What the producers push.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Items {
-    /// JSON with a unique `id` (route format `json:/id`): the key is the id.
-    Ids,
-    /// A few identical texts over and over (route format `raw`): keys are
-    /// content hashes numbered by occurrence, the case that can drift.
-    Repeating,
-}
-
-impl Items {
-    /// How many distinct texts [`Items::Repeating`] cycles through.
-    const TEXTS: u64 = 5;
-
-    /// The route format the items need.
-    pub fn format(self) -> &'static str {
-        match self {
-            Items::Ids => "json:/id",
-            Items::Repeating => "raw",
-        }
-    }
-
-    /// The name the n-th item of a producer is acknowledged under: its id,
-    /// or its text (the oracle counts pushes per text).
-    fn name(self, producer: &str, n: u64) -> String {
-        match self {
-            Items::Ids => format!("{producer}-{n}"),
-            Items::Repeating => format!("job-{}", n % Self::TEXTS),
-        }
-    }
-
-    /// Whether pushing a name again is a new job (identical bytes are two
-    /// jobs on a content-hash route) rather than a re-push of the same one.
-    pub fn repeats_are_new_jobs(self) -> bool {
-        self == Items::Repeating
-    }
-}
-
-/// The item pushed under `name` (see [`Items`]).
-pub fn item(items: Items, name: &str) -> Bytes {
-    match items {
-        Items::Ids => Bytes::from(serde_json::json!({ "id": name, "work": "chaos" }).to_string()),
-        Items::Repeating => Bytes::from(name.to_string()),
     }
 }
 

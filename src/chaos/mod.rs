@@ -18,6 +18,7 @@
 pub mod cutover_random;
 pub mod faults;
 pub mod handler;
+pub mod items;
 pub mod load;
 pub mod oracle;
 pub mod rig;

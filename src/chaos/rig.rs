@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
-use super::load::Items;
+use super::items::Items;
 use crate::demo::servers::{free_port, ThrowawayPostgres, ThrowawayRedis};
 use crate::error::{Error, Result};
 use crate::model::Phase;
