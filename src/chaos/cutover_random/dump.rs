@@ -16,7 +16,7 @@ const QUERIES: &[(&str, &str)] = &[
     ("writes", "SELECT write_id, key, at FROM qbridge.numbered_writes WHERE key LIKE $1 || ':%' ORDER BY at"),
     ("job_keys", "SELECT key, copy, via, seen_at, original IS NOT NULL AS has_bytes FROM qbridge.job_keys WHERE key LIKE $1 || ':%' ORDER BY seen_at"),
     ("jobs", "SELECT id, key, copy, state, attempts FROM qbridge.jobs WHERE key LIKE $1 || ':%' ORDER BY id"),
-    ("outcomes", "SELECT key, side, mode, outcome, at FROM qbridge.outcomes WHERE key LIKE $1 || ':%' ORDER BY at"),
+    ("outcomes", "SELECT key, side, mode, outcome, recorded_at FROM qbridge.outcomes WHERE key LIKE $1 || ':%' ORDER BY recorded_at"),
     ("held", "SELECT key FROM qbridge.held_repushes WHERE key LIKE $1 || ':%'"),
     ("ledger", "SELECT key, job_id, attempt, mode, ok, at FROM chaos.ledger WHERE key LIKE $1 || ':%' ORDER BY at"),
     ("pushes", "SELECT via, count(*) FROM chaos.pushes WHERE hash = $1 GROUP BY via"),
