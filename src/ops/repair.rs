@@ -283,7 +283,8 @@ async fn owed(
     Ok(keys.into_iter().collect())
 }
 
-/// Stores the held items Postgres does not know as mirror copies.
+/// Stores the held items Postgres does not know as mirror copies (items
+/// with an id only; see the filter below).
 async fn mirror_waiting(
     db: &PgPool,
     route: &Route,
@@ -313,11 +314,16 @@ async fn mirror_waiting(
         .iter()
         .zip(originals)
         .filter(|(k, _)| unknown.contains(*k))
-        .map(|(key, original)| {
-            let decoded = decode_bytes(&route.format, original);
+        .map(|(key, original)| (key, decode_bytes(&route.format, original)))
+        // Identical bytes cannot be matched to their pushes one by one: a
+        // content-hash item's name here is a prediction, and it is the number
+        // the next push of the same bytes takes (a mirror write in flight, a
+        // producer about to commit), which would then be taken for a
+        // duplicate and never pushed. Such items are left to the numbering
+        // (decommission archives what is still waiting).
+        .filter(|(_, decoded)| !decoded.key.is_content_hash())
+        .map(|(key, decoded)| {
             let mut item = Item::new(route, decoded, JobCopy::Mirror, Via::Repair);
-            // The key the Redis side gives it (its pop number, for a content
-            // hash), not a new push number: Redis already holds it.
             item.known_key = Some(key.clone());
             item
         })
