@@ -187,6 +187,22 @@ fn route_name(name: &str, defaulted: bool) -> std::result::Result<(), String> {
     ))
 }
 
+/// The route's Redis database. The consumer, the producer API and repair
+/// reach the list through redis_url, so a route lives in redis_url's
+/// database; `db` only states it (the proxy matches pushes on it).
+fn route_db(db: Option<i64>, redis_db: i64) -> std::result::Result<i64, String> {
+    let db = db.unwrap_or(redis_db);
+    if db < 0 {
+        return Err("db must be 0 or more".into());
+    }
+    if db != redis_db {
+        return Err(format!(
+            "db {db} differs from the database of redis_url ({redis_db}); qbridge's consumer and repair use redis_url: point it at /{db} (one config per Redis database)"
+        ));
+    }
+    Ok(db)
+}
+
 /// Validates every route and returns them with the Postgres pools of the
 /// routes that have a handler.
 pub(super) fn validate_routes(
@@ -207,18 +223,7 @@ pub(super) fn validate_routes(
         if !names.insert(name.clone()) {
             return Err(ctx("two routes have this name".into()));
         }
-        // The consumer, the producer API and repair reach the list through
-        // redis_url, so a route lives in redis_url's database; `db` only
-        // states it (the proxy matches pushes on it).
-        let db = file.db.unwrap_or(redis_db);
-        if db < 0 {
-            return Err(ctx("db must be 0 or more".into()));
-        }
-        if db != redis_db {
-            return Err(ctx(format!(
-                "db {db} differs from the database of redis_url ({redis_db}); qbridge's consumer and repair use redis_url: point it at /{db} (one config per Redis database)"
-            )));
-        }
+        let db = route_db(file.db, redis_db).map_err(ctx)?;
         if !keys.insert((db, file.redis_key.clone())) {
             return Err(ctx(format!(
                 "redis_key {:?} in db {} already belongs to another route",
