@@ -188,23 +188,21 @@ async fn a_push_still_owed_at_decommission_runs_in_postgres(pool: PgPool) {
         },
     )
     .await;
-    // Mirrored in shadow, its push to Redis never made (owed again).
-    rig.routes.phases().set(&rig.name, Phase::Shadow);
-    rig.produce(&["owed".to_string()]).await;
-    rig.routes.phases().set(&rig.name, Phase::PostgresOnly);
-    let mut conn = rig.redis().await;
-    let _: i64 = redis::cmd("DEL")
-        .arg(&rig.list)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    sqlx::query(
-        "INSERT INTO qbridge.redis_outbox (queue, key, original) \
-         SELECT queue, key, original FROM qbridge.job_keys WHERE key = 'owed'",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    // Mirrored by the producer API in shadow, its push to Redis still owed
+    // (written here directly: the rig's phase watch would race a producer
+    // switched to shadow by hand).
+    let item = br#"{"id":"owed"}"#.to_vec();
+    for sql in [
+        "INSERT INTO qbridge.job_keys (queue, key, copy, via, original) VALUES ($1, 'owed', 'mirror', 'producer', $2)",
+        "INSERT INTO qbridge.redis_outbox (queue, key, original) VALUES ($1, 'owed', $2)",
+    ] {
+        sqlx::query(sql)
+            .bind(&rig.route().queue)
+            .bind(&item)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
 
     let done = rig.advance(true).await.map_err(|_| "advance").unwrap();
     assert_eq!(done.state.phase, Phase::Decommissioned);
