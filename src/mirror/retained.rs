@@ -48,6 +48,21 @@ struct State {
     bytes: usize,
 }
 
+impl State {
+    /// Lets the oldest requests go while past `limit` (always keeping the
+    /// newest one), counting what was let go.
+    fn evict_past(&mut self, limit: usize) {
+        while self.bytes > limit && self.kept.len() > 1 {
+            let Some(old) = self.kept.pop_front() else {
+                break;
+            };
+            self.bytes -= old.bytes();
+            metrics::counter!(m::MIRROR_RETAIN_DROPPED, "route" => old.route.name.clone())
+                .increment(old.items.len() as u64);
+        }
+    }
+}
+
 impl Retained {
     pub(super) fn new(limit: usize) -> Retained {
         Retained {
@@ -61,14 +76,7 @@ impl Retained {
         let mut state = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         state.bytes += kept.bytes();
         state.kept.push_back(kept);
-        while state.bytes > self.limit && state.kept.len() > 1 {
-            let Some(old) = state.kept.pop_front() else {
-                break;
-            };
-            state.bytes -= old.bytes();
-            metrics::counter!(m::MIRROR_RETAIN_DROPPED, "route" => old.route.name.clone())
-                .increment(old.items.len() as u64);
-        }
+        state.evict_past(self.limit);
     }
 
     /// Takes everything kept (to write it); [`Retained::give_back`] if the
@@ -86,14 +94,7 @@ impl Retained {
             state.bytes += kept.bytes();
             state.kept.push_front(kept);
         }
-        while state.bytes > self.limit && state.kept.len() > 1 {
-            let Some(old) = state.kept.pop_front() else {
-                break;
-            };
-            state.bytes -= old.bytes();
-            metrics::counter!(m::MIRROR_RETAIN_DROPPED, "route" => old.route.name.clone())
-                .increment(old.items.len() as u64);
-        }
+        state.evict_past(self.limit);
     }
 
     pub(super) fn is_empty(&self) -> bool {

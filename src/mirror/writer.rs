@@ -251,16 +251,7 @@ impl Writer {
         }
         let parts: Vec<Part<'_>> = kept
             .iter()
-            .flat_map(|k| {
-                k.items.iter().enumerate().map(move |(index, bytes)| Part {
-                    route: &k.route,
-                    copy: k.copy,
-                    via: k.via,
-                    writes: k.writes,
-                    index,
-                    bytes,
-                })
-            })
+            .flat_map(|k| Part::all(&k.route, k.copy, k.via, k.writes, &k.items))
             .collect();
         let result = write_batch(
             &self.pool,
@@ -323,16 +314,7 @@ impl Writer {
         }
         let parts: Vec<Part<'_>> = batch
             .iter()
-            .flat_map(|r| {
-                r.items.iter().enumerate().map(move |(index, bytes)| Part {
-                    route: &r.route,
-                    copy: r.copy,
-                    via: r.via,
-                    writes: r.writes,
-                    index,
-                    bytes,
-                })
-            })
+            .flat_map(|r| Part::all(&r.route, r.copy, r.via, r.writes, &r.items))
             .collect();
         let result = write_batch(
             &self.pool,
@@ -416,6 +398,26 @@ struct Part<'a> {
     writes: uuid::Uuid,
     index: usize,
     bytes: &'a Bytes,
+}
+
+impl<'a> Part<'a> {
+    /// The parts of one request's (or one kept request's) items, in order.
+    fn all(
+        route: &'a Route,
+        copy: JobCopy,
+        via: Via,
+        writes: uuid::Uuid,
+        items: &'a [Bytes],
+    ) -> impl Iterator<Item = Part<'a>> + 'a {
+        items.iter().enumerate().map(move |(index, bytes)| Part {
+            route,
+            copy,
+            via,
+            writes,
+            index,
+            bytes,
+        })
+    }
 }
 
 /// Decodes and stores every item of `batch` in one transaction; results in
