@@ -59,6 +59,7 @@
 
 pub mod heartbeat;
 pub mod numbering;
+pub mod postgres_owns;
 mod scripts;
 mod slot;
 
@@ -123,6 +124,9 @@ pub struct ConsumerReport {
     pub recovered: u64,
     /// Redis errors the slots reconnected after.
     pub redis_errors: u64,
+    /// Items dropped unrun: re-pushes of a key Postgres holds live (it ran
+    /// or runs that job; see `live_in_postgres`).
+    pub skipped_live_in_postgres: u64,
     /// Whether it ever opened its slots' connections (false: the route was
     /// decommissioned the whole time).
     pub connected: bool,
@@ -135,6 +139,7 @@ impl ConsumerReport {
         self.dead += other.dead;
         self.recovered += other.recovered;
         self.redis_errors += other.redis_errors;
+        self.skipped_live_in_postgres += other.skipped_live_in_postgres;
     }
 }
 

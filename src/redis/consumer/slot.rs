@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::heartbeat;
 use super::numbering::{pop_key, PopKey};
+use super::postgres_owns::{owner, Owner};
 use super::{ConsumerReport, Ctx};
 use crate::config::PushEnd;
 use crate::handler::HandlerResult;
@@ -218,6 +219,23 @@ impl Slot {
                 _ = tokio::time::sleep(self.ctx.opts.reconnect_delay) => return Ok(Step::Idle),
             }
         };
+        match owner(&ctx.db, &ctx.route.queue, &decoded, &key).await {
+            Owner::Postgres => {
+                self.drop_unrun(conn, &processing, &inflight, &decoded).await?;
+                self.report.skipped_live_in_postgres += 1;
+                metrics::counter!(m::REDIS_SKIPPED, "route" => ctx.route.name.clone(),
+                    "reason" => "live_in_postgres")
+                .increment(1);
+                tracing::info!(route = %ctx.route.name, key = %key_hash(&key),
+                    "redis consumer: a re-push of a job Postgres runs live; dropped unrun");
+                return Ok(Step::Handled);
+            }
+            Owner::NotPostgres => {}
+            Owner::Unknown(reason) => {
+                tracing::warn!(route = %ctx.route.name, key = %key_hash(&key), error = %reason,
+                    "redis consumer: cannot ask Postgres whether it runs this job live; running it");
+            }
+        }
         let max = i64::from(ctx.config.max_attempts);
         loop {
             // Counted before the run: a crash mid-run used up an attempt,
@@ -313,6 +331,25 @@ impl Slot {
             tracing::warn!(route = %self.ctx.route.name, slot = self.index,
                 "redis consumer: the finished item was no longer in its processing list");
         }
+        Ok(())
+    }
+
+    /// Removes an item that must not run on Redis from its processing list,
+    /// with its inflight state, in one step; it joins neither the ran set
+    /// nor the dead list.
+    async fn drop_unrun(
+        &self,
+        conn: &mut MultiplexedConnection,
+        processing: &str,
+        inflight: &str,
+        decoded: &Decoded,
+    ) -> RedisResult<()> {
+        let _: (i64, i64) = ::redis::pipe()
+            .atomic()
+            .lrem(processing, -1, &decoded.original[..])
+            .del(inflight)
+            .query_async(conn)
+            .await?;
         Ok(())
     }
 

@@ -211,3 +211,55 @@ async fn postgres_only_keeps_draining(pool: PgPool) {
     assert_eq!(fx.leftovers().await, vec![fx.ran()]);
     fx.cleanup().await;
 }
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_repush_of_a_key_postgres_ran_live_is_not_run_again(pool: PgPool) {
+    // Issue 13, found by the randomized oracle (seed 105): a key ran live in
+    // Postgres during `postgres_only`; after a rollback to `shadow` a client
+    // re-pushes it through the proxy, which forwards it to Redis before the
+    // mirror can say it is a duplicate. The consumer must not run it again.
+    let fx = Fixture::new(
+        "json:/id",
+        Phase::Shadow,
+        PushEnd::Lpush,
+        sh("exit 0", &[]),
+        1,
+        3,
+    );
+    let ran_live = Bytes::from_static(br#"{"id":"k-ran-live"}"#);
+    let fresh = Bytes::from_static(br#"{"id":"k-fresh"}"#);
+    let mut tx = pool.begin().await.unwrap();
+    ingest::store(
+        &mut tx,
+        vec![Item::new(
+            &fx.route,
+            decode_bytes(&fx.route.format, ran_live.clone()),
+            JobCopy::Live,
+            Via::Producer,
+        )],
+        support::LIMIT,
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    for b in [&ran_live, &fresh] {
+        let _: i64 = redis().await.lpush(&fx.list, b.as_ref()).await.unwrap();
+    }
+
+    let running = fx.start(&pool).await;
+    wait_for_count(
+        &pool,
+        "the fresh key's outcome",
+        "SELECT count(*) FROM qbridge.outcomes WHERE key = 'k-fresh'",
+        1,
+    )
+    .await;
+    let report = running.stop().await;
+    let ran: Vec<String> = outcomes(&pool).await.into_iter().map(|o| o.0).collect();
+    assert_eq!(ran, vec!["k-fresh".to_string()]);
+    assert_eq!(report.ok, 1);
+    assert_eq!(report.skipped_live_in_postgres, 1);
+    // Not left behind either: the duplicate left the processing list.
+    assert_eq!(fx.leftovers().await, vec![fx.ran()]);
+    fx.cleanup().await;
+}
