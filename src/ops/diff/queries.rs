@@ -64,17 +64,45 @@ SELECT t.key FROM unnest($2::text[]) AS t(key)
 /// it), but the outcome check itself is what counts:
 /// the Redis consumer can finish a job before its mirror row commits, and
 /// then nothing cleared that row's bytes.
+///
+/// "Owed by the outbox" is by key for ids, by count for content hashes:
+/// identical texts are numbered by count, so an outbox row's key names a
+/// count, not a copy (a pop may have run another copy under it). A number a
+/// pop took (at most the pop count, not a hole waiting for a push-back) is
+/// never owed: the outbox's copy, when paid, is popped under a later number.
+/// Of the numbers no pop took, the lowest as many as the outbox owes copies
+/// of the text are owed.
 pub(crate) const ONLY_POSTGRES_SQL: &str = r#"
-SELECT k.key FROM qbridge.job_keys k
- WHERE k.queue = $1 AND k.copy = 'mirror' AND k.original IS NOT NULL
-   AND k.seen_at >= $2 AND k.seen_at < $3 AND NOT (k.key = ANY($4::text[]))
-   AND NOT EXISTS (SELECT 1 FROM qbridge.outcomes o
-                    WHERE o.queue = k.queue AND o.key = k.key AND o.side = 'redis'
-                      AND o.outcome IN ('ok', 'dead'))
-   -- Owed by the outbox: on its way to Redis, not lost (the outbox pays it).
-   AND NOT EXISTS (SELECT 1 FROM qbridge.redis_outbox b
-                    WHERE b.queue = k.queue AND b.key = k.key)
- ORDER BY k.seen_at, k.key
+WITH silent AS (
+    SELECT k.key, k.seen_at,
+           substring(k.key from '^sha256:([0-9a-f]+):[0-9]+$') AS hash,
+           substring(k.key from '^sha256:[0-9a-f]+:([0-9]+)$')::bigint AS n
+      FROM qbridge.job_keys k
+     WHERE k.queue = $1 AND k.copy = 'mirror' AND k.original IS NOT NULL
+       AND k.seen_at >= $2 AND k.seen_at < $3 AND NOT (k.key = ANY($4::text[]))
+       AND NOT EXISTS (SELECT 1 FROM qbridge.outcomes o
+                        WHERE o.queue = k.queue AND o.key = k.key AND o.side = 'redis'
+                          AND o.outcome IN ('ok', 'dead'))),
+placed AS (
+    SELECT s.*,
+           s.hash IS NOT NULL
+           AND s.n <= COALESCE((SELECT p.n FROM qbridge.key_occurrences p
+                                 WHERE p.queue = $1 AND p.side = 'pop' AND p.hash = s.hash), 0)
+           AND NOT EXISTS (SELECT 1 FROM qbridge.pop_holes h
+                            WHERE h.queue = $1 AND h.hash = s.hash AND h.n = s.n) AS popped
+      FROM silent s),
+ranked AS (
+    SELECT p.*, row_number() OVER (PARTITION BY p.hash, p.popped ORDER BY p.n) AS place
+      FROM placed p)
+SELECT r.key FROM ranked r
+ WHERE CASE
+         WHEN r.hash IS NULL THEN NOT EXISTS (SELECT 1 FROM qbridge.redis_outbox b
+                                               WHERE b.queue = $1 AND b.key = r.key)
+         WHEN r.popped THEN true
+         ELSE r.place > (SELECT count(*) FROM qbridge.redis_outbox b
+                          WHERE b.queue = $1 AND b.key LIKE 'sha256:' || r.hash || ':%')
+       END
+ ORDER BY r.seen_at, r.key
 "#;
 
 /// Compared jobs and mismatches counted in SQL; only a sample of the

@@ -221,7 +221,8 @@ impl Slot {
         };
         match owner(&ctx.db, &ctx.route.queue, &decoded, &key).await {
             Owner::Postgres => {
-                self.drop_unrun(conn, &processing, &inflight, &decoded).await?;
+                self.drop_unrun(conn, &processing, &inflight, &decoded)
+                    .await?;
                 self.report.skipped_live_in_postgres += 1;
                 metrics::counter!(m::REDIS_SKIPPED, "route" => ctx.route.name.clone(),
                     "reason" => "live_in_postgres")

@@ -9,9 +9,11 @@ use bytes::Bytes;
 use sqlx::PgPool;
 
 use qbridge::config::{Config, Overrides};
+use qbridge::model::formats::decode_bytes;
 use qbridge::model::Phase;
 use qbridge::ops::{gates, repair};
 use qbridge::redis::connect::connect_redis;
+use qbridge::redis::consumer::numbering::{pop_key, PopKey};
 use qbridge::redis::producer::Producer;
 use qbridge::routes::Routes;
 
@@ -21,81 +23,123 @@ use crate::servers::ThrowawayRedis;
 /// lets qbridge observe that Redis, restarts it without persistence, and
 /// returns the repair's report with the diff's verdict.
 async fn restart_then_repair(pool: &PgPool, redis_side: &str) -> (repair::RepairReport, String) {
-    restart_then_repair_owing(pool, redis_side, &[]).await
+    let walk = Walk {
+        redis_side,
+        ..Walk::default()
+    };
+    let (report, verdict, only_postgres) = walk.run(pool).await;
+    assert_eq!(only_postgres, 3, "{verdict}");
+    (report, verdict)
 }
 
-/// [`restart_then_repair`] with the pushes of `owed` owed again by the
-/// outbox before the restart (as after a push whose reply failed).
-async fn restart_then_repair_owing(
-    pool: &PgPool,
-    redis_side: &str,
-    owed: &[&str],
-) -> (repair::RepairReport, String) {
-    let mut server = ThrowawayRedis::start();
-    let toml = format!(
-        "[[routes]]\nname = \"r\"\nredis_key = \"jobs\"\nqueue = \"q\"\nformat = \"json:/id\"\n\
-         phase = \"dual_write\"\nredis_side = \"{redis_side}\"\ndiff = {{ settle = \"0s\" }}\n"
-    );
-    let cfg = Config::from_toml(&toml, &Overrides::default()).expect("route config");
-    let routes = Routes::from_config(&cfg.routes);
-    let route = routes.by_name("r").unwrap().clone();
-    let producer = Producer::connect(pool.clone(), Some(&server.url()), routes.clone(), 1 << 20)
-        .await
-        .expect("producer");
-    let items: Vec<Bytes> = (0..3)
-        .map(|n| Bytes::from(format!(r#"{{"id":"job-{n}"}}"#)))
-        .collect();
-    assert_eq!(producer.enqueue("r", items).await.unwrap().pushed, 3);
-    // Any qbridge process with a Redis side observes it every second; the
-    // diff observes it too. This one sees the jobs waiting.
-    let mut conn = connect_redis(&server.url()).await.unwrap();
-    let since = chrono::Utc::now() - chrono::Duration::minutes(5);
-    let (before, _) = gates::diff_since(pool, &mut conn, &route, Phase::DualWrite, since)
-        .await
-        .unwrap();
-    assert_eq!(before.only_postgres, 0, "{}", before.verdict);
-    drop(conn);
-    for key in owed {
-        sqlx::query(
-            "INSERT INTO qbridge.redis_outbox (queue, key, original) \
-             SELECT queue, key, original FROM qbridge.job_keys WHERE key = $1",
-        )
-        .bind(key)
-        .execute(pool)
-        .await
-        .unwrap();
-    }
+/// One restart walk: what is pushed, what the outbox owes again and what a
+/// consumer popped before Redis restarted.
+struct Walk<'a> {
+    redis_side: &'a str,
+    format: &'a str,
+    items: Vec<Bytes>,
+    /// Job keys whose pushes the outbox owes again before the restart (as
+    /// after a push whose reply failed).
+    owed: &'a [&'a str],
+    /// How many items a consumer popped (and numbered) before the restart.
+    popped: usize,
+}
 
-    server.kill();
-    server.resume();
-    let mut conn = connect_redis(&server.url()).await.unwrap();
-    let (after, held) = gates::diff_since(pool, &mut conn, &route, Phase::DualWrite, since)
+impl Default for Walk<'_> {
+    fn default() -> Self {
+        Walk {
+            redis_side: "qbridge",
+            format: "json:/id",
+            items: (0..3)
+                .map(|n| Bytes::from(format!(r#"{{"id":"job-{n}"}}"#)))
+                .collect(),
+            owed: &[],
+            popped: 0,
+        }
+    }
+}
+
+impl Walk<'_> {
+    /// Returns the repair's report, the diff's verdict after the restart and
+    /// its count of jobs only on Postgres.
+    async fn run(self, pool: &PgPool) -> (repair::RepairReport, String, i64) {
+        let mut server = ThrowawayRedis::start();
+        let toml = format!(
+            "[[routes]]\nname = \"r\"\nredis_key = \"jobs\"\nqueue = \"q\"\nformat = \"{}\"\n\
+             phase = \"dual_write\"\nredis_side = \"{}\"\ndiff = {{ settle = \"0s\" }}\n",
+            self.format, self.redis_side
+        );
+        let cfg = Config::from_toml(&toml, &Overrides::default()).expect("route config");
+        let routes = Routes::from_config(&cfg.routes);
+        let route = routes.by_name("r").unwrap().clone();
+        let producer =
+            Producer::connect(pool.clone(), Some(&server.url()), routes.clone(), 1 << 20)
+                .await
+                .expect("producer");
+        let count = self.items.len();
+        assert_eq!(
+            producer
+                .enqueue("r", self.items.clone())
+                .await
+                .unwrap()
+                .pushed,
+            count
+        );
+        let mut conn = connect_redis(&server.url()).await.unwrap();
+        for n in 0..self.popped {
+            // A consumer's pop: the item leaves the list and takes its number.
+            let item: Vec<u8> = ::redis::cmd("RPOP")
+                .arg("jobs")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let decoded = decode_bytes(&route.format, Bytes::from(item));
+            let key = pop_key(pool, "q", Phase::DualWrite, &decoded, &format!("pop-{n}")).await;
+            assert!(matches!(key, PopKey::Numbered(_)), "{key:?}");
+        }
+        // Any qbridge process with a Redis side observes it every second;
+        // the diff observes it too.
+        let since = chrono::Utc::now() - chrono::Duration::minutes(5);
+        gates::diff_since(pool, &mut conn, &route, Phase::DualWrite, since)
+            .await
+            .unwrap();
+        drop(conn);
+        for key in self.owed {
+            sqlx::query(
+                "INSERT INTO qbridge.redis_outbox (queue, key, original) \
+                 SELECT queue, key, original FROM qbridge.job_keys WHERE key = $1",
+            )
+            .bind(key)
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+
+        server.kill();
+        server.resume();
+        let mut conn = connect_redis(&server.url()).await.unwrap();
+        let (after, held) = gates::diff_since(pool, &mut conn, &route, Phase::DualWrite, since)
+            .await
+            .unwrap();
+        let report = repair::repair(
+            pool,
+            &mut conn,
+            &route,
+            Phase::DualWrite,
+            since,
+            &held,
+            1 << 20,
+        )
         .await
         .unwrap();
-    assert_eq!(
-        after.only_postgres,
-        3 - owed.len() as i64,
-        "{}",
-        after.verdict
-    );
-    let report = repair::repair(
-        pool,
-        &mut conn,
-        &route,
-        Phase::DualWrite,
-        since,
-        &held,
-        1 << 20,
-    )
-    .await
-    .unwrap();
-    let left: i64 = ::redis::cmd("LLEN")
-        .arg("jobs")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(left as usize, report.repushed, "{report:?}");
-    (report, after.verdict)
+        let left: i64 = ::redis::cmd("LLEN")
+            .arg("jobs")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(left as usize, report.repushed, "{report:?}");
+        (report, after.verdict, after.only_postgres)
+    }
 }
 
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
@@ -132,7 +176,48 @@ async fn a_restart_is_no_evidence_for_an_outside_fleet(pool: PgPool) {
 /// across a Postgres crash was pushed back after an assumed loss, then paid).
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn a_push_the_outbox_still_owes_is_never_pushed_back(pool: PgPool) {
-    let (report, verdict) = restart_then_repair_owing(&pool, "qbridge", &["job-0"]).await;
+    let walk = Walk {
+        owed: &["job-0"],
+        ..Walk::default()
+    };
+    let (report, verdict, only_postgres) = walk.run(&pool).await;
+    assert_eq!(only_postgres, 2, "{verdict}");
     assert_eq!((report.repushed, report.unaccounted), (2, 0), "{report:?}");
     assert!(verdict.contains("2 repairable"), "{verdict}");
+}
+
+/// Identical texts are numbered by count, so the outbox's row names a count,
+/// not a copy: a producer push takes its number when it commits, before
+/// Redis has it, and a pop in between runs another copy under that number.
+/// When Redis then loses the popped copy, its key is owed by the outbox in
+/// name only — the outbox's copy will be popped under a later number. Before
+/// the fix repair skipped the popped key (owed) and pushed back the unpopped
+/// one the outbox pays: one job ran twice and one never (found by the oracle
+/// campaign, seed 550). Repair of a content hash counts instead: a number a
+/// pop took is lost whatever the outbox owes; of the numbers no pop took, as
+/// many as the outbox owes copies of the text are owed.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn identical_texts_are_repaired_by_count_not_by_the_outbox_rows_name(pool: PgPool) {
+    let text = Bytes::from_static(b"send the weekly digest");
+    let hash = decode_bytes(&"raw".parse().unwrap(), text.clone())
+        .key
+        .with_occurrence(1);
+    let first = hash.clone();
+    let walk = Walk {
+        format: "raw",
+        items: vec![text.clone(), text],
+        owed: &[first.as_str()],
+        popped: 1,
+        ..Walk::default()
+    };
+    let (report, verdict, only_postgres) = walk.run(&pool).await;
+    assert_eq!(only_postgres, 1, "{verdict}");
+    assert_eq!((report.repushed, report.unaccounted), (1, 0), "{report:?}");
+    // The copy pushed back is popped under the number the lost pop took.
+    let pushed_back: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM qbridge.pop_holes WHERE queue = 'q' AND n = 1")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(pushed_back, 1, "{report:?}");
 }
