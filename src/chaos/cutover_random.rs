@@ -104,7 +104,9 @@ pub async fn run_seed(c: &Campaign, seed: u64) -> Result<SeedReport> {
         let (phase, percent) = state.map_or((Phase::DualWrite, 100), |s| (s.phase, s.percent));
         let step = steps::draw(&mut rng, phase, percent);
         let said = steps::take(step, &mut rig, &h, &load.acked).await;
-        done.push(said.unwrap_or_else(|e| format!("{step:?} failed: {e}")));
+        done.push(stamped(
+            said.unwrap_or_else(|e| format!("{step:?} failed: {e}")),
+        ));
         tokio::time::sleep(Duration::from_millis(rng.random_range(100..400))).await;
     }
     let acked = load.stop().await;
@@ -127,6 +129,13 @@ pub async fn run_seed(c: &Campaign, seed: u64) -> Result<SeedReport> {
     })
 }
 
+/// A step as the walk reports it: the time it ended (UTC, to the
+/// millisecond, to line up with the dump's rows and the processes' logs),
+/// then what it did.
+fn stamped(said: String) -> String {
+    format!("{} {said}", chrono::Utc::now().format("%H:%M:%S%.3f"))
+}
+
 /// The end every walk has: forward to `postgres_only` with every key
 /// flipped, drained, then decommissioned and drained again. What failed.
 async fn finish(
@@ -146,9 +155,16 @@ async fn finish(
             _ => Step::Advance { percent: 100 },
         };
         match steps::take(step, rig, h, &Default::default()).await {
-            Ok(said) => done.push(format!("end: {said}")),
+            Ok(said) => done.push(stamped(format!("end: {said}"))),
             Err(e) => failed.push(format!("the end's {step:?} failed: {e}")),
         }
+    }
+    // As the runbook says before decommissioning: push back what the diff
+    // shows Redis provably lost (the gate refuses while any is left; the
+    // walk forces, so it is done here as an operator would).
+    match steps::take(Step::Repair, rig, h, &Default::default()).await {
+        Ok(said) => done.push(stamped(format!("end: {said}"))),
+        Err(e) => failed.push(format!("the end's repair failed: {e}")),
     }
     if oracle::wait_until_done(&rig.db, patience).await.is_none() {
         failed.push(format!(
@@ -157,7 +173,7 @@ async fn finish(
         ));
     }
     match steps::take(Step::Advance { percent: 100 }, rig, h, &Default::default()).await {
-        Ok(said) => done.push(format!("end: {said}")),
+        Ok(said) => done.push(stamped(format!("end: {said}"))),
         Err(e) => failed.push(format!("decommission failed: {e}")),
     }
     if oracle::wait_until_done(&rig.db, patience).await.is_none() {

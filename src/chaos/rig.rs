@@ -60,7 +60,12 @@ impl Process {
         let child = Command::new(bin)
             .args(&self.args)
             .env("QBRIDGE_DATABASE_URL", database_url)
-            .env("RUST_LOG", "warn")
+            // QBRIDGE_CHAOS_LOG raises the processes' log level to diagnose a
+            // failed seed (their logs go to the dump directory).
+            .env(
+                "RUST_LOG",
+                std::env::var("QBRIDGE_CHAOS_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -331,6 +331,7 @@ async fn postgres_only_checks(
         },
         "0 (settled by the Redis side's reports, or qbridge diff --repair --assume-lost)".into(),
     ));
+    checks.push(never_ran_check(db, route, state, &held).await?);
     let last: Option<DateTime<Utc>> = sqlx::query_scalar(
         "SELECT max(recorded_at) FROM qbridge.outcomes WHERE queue = $1 AND side = 'redis'",
     )
@@ -356,6 +357,38 @@ async fn postgres_only_checks(
     .await?;
     checks.push(both_sides_check(both));
     Ok(None)
+}
+
+/// Mirror copies the Redis side never ran and does not hold (repairable
+/// or unaccounted, as the diff says): decommissioning would leave them to
+/// run nowhere. They are pushed back on evidence by `qbridge diff --repair`
+/// (the Redis consumer still drains in `postgres_only`), or on an
+/// operator's word with `--assume-lost`.
+async fn never_ran_check(
+    db: &PgPool,
+    route: &Route,
+    state: &RouteState,
+    held: &redis_view::RedisView,
+) -> Result<Check> {
+    let settled = Utc::now()
+        - chrono::Duration::from_std(route.config.cutover.diff.settle).unwrap_or_default();
+    let missing: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM ({}) one_sided",
+        diff::ONLY_POSTGRES_SQL
+    ))
+    .bind(&route.queue)
+    .bind(window_start(route, state))
+    .bind(settled)
+    .bind(held.accounted_keys())
+    .fetch_one(db)
+    .await?;
+    Ok(check(
+        "mirror copies Redis never ran",
+        missing == 0,
+        missing.to_string(),
+        "0 (qbridge diff --repair pushes back those Redis provably lost; --assume-lost the rest)"
+            .into(),
+    ))
 }
 
 /// Every gate refuses while a job of the window ran live on both sides:

@@ -20,6 +20,7 @@ const QUERIES: &[(&str, &str)] = &[
     ("held", "SELECT key FROM qbridge.held_repushes WHERE key LIKE $1 || ':%'"),
     ("ledger", "SELECT key, job_id, attempt, mode, ok, at FROM chaos.ledger WHERE key LIKE $1 || ':%' ORDER BY at"),
     ("pushes", "SELECT via, count(*) FROM chaos.pushes WHERE hash = $1 GROUP BY via"),
+    ("outbox", "SELECT key, original IS NOT NULL AS has_bytes FROM qbridge.redis_outbox WHERE key LIKE $1 || ':%'"),
 ];
 
 /// Writes the dump of `seed` when `QBRIDGE_CHAOS_DUMP_DIR` is set and a

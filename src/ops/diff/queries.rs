@@ -65,42 +65,53 @@ SELECT t.key FROM unnest($2::text[]) AS t(key)
 /// the Redis consumer can finish a job before its mirror row commits, and
 /// then nothing cleared that row's bytes.
 ///
-/// "Owed by the outbox" is by key for ids, by count for content hashes:
-/// identical texts are numbered by count, so an outbox row's key names a
-/// count, not a copy (a pop may have run another copy under it). A number a
-/// pop took (at most the pop count, not a hole waiting for a push-back) is
-/// never owed: the outbox's copy, when paid, is popped under a later number.
-/// Of the numbers no pop took, the lowest as many as the outbox owes copies
-/// of the text are owed.
+/// Ids are matched by key. Content hashes are counted (a key names a
+/// count, not a copy), in three classes per text:
+/// - *popped* (a number a pop took, not a hole): unaccounted unless Redis
+///   holds it under that key (a processing list, the ran set); an outbox row
+///   naming it is the outbox's copy, which pops under a later number;
+/// - *hole* (a number a push-back waits to be popped under): the same;
+/// - *fresh* (no pop took it yet): as many as Redis has copies waiting (the
+///   diff's view names them by the next pop numbers) plus the copies the
+///   outbox owes are accounted for, the newest first; the older rest are
+///   unaccounted. Copies pushed after a restart are the ones Redis has, so
+///   the copies called missing are those pushed before it.
 pub(crate) const ONLY_POSTGRES_SQL: &str = r#"
 WITH silent AS (
     SELECT k.key, k.seen_at,
            substring(k.key from '^sha256:([0-9a-f]+):[0-9]+$') AS hash,
            substring(k.key from '^sha256:[0-9a-f]+:([0-9]+)$')::bigint AS n
       FROM qbridge.job_keys k
-     WHERE k.queue = $1 AND k.copy = 'mirror' AND k.original IS NOT NULL
-       AND k.seen_at >= $2 AND k.seen_at < $3 AND NOT (k.key = ANY($4::text[]))
+     WHERE k.queue = $1 AND k.copy = 'mirror' AND k.original IS NOT NULL AND k.seen_at >= $2
        AND NOT EXISTS (SELECT 1 FROM qbridge.outcomes o
                         WHERE o.queue = k.queue AND o.key = k.key AND o.side = 'redis'
                           AND o.outcome IN ('ok', 'dead'))),
-placed AS (
-    SELECT s.*,
-           s.hash IS NOT NULL
-           AND s.n <= COALESCE((SELECT p.n FROM qbridge.key_occurrences p
-                                 WHERE p.queue = $1 AND p.side = 'pop' AND p.hash = s.hash), 0)
-           AND NOT EXISTS (SELECT 1 FROM qbridge.pop_holes h
-                            WHERE h.queue = $1 AND h.hash = s.hash AND h.n = s.n) AS popped
-      FROM silent s),
+classed AS (
+    SELECT s.*, COALESCE(p.n, 0) AS pops,
+           CASE WHEN s.hash IS NULL THEN 'id'
+                WHEN EXISTS (SELECT 1 FROM qbridge.pop_holes h
+                              WHERE h.queue = $1 AND h.hash = s.hash AND h.n = s.n) THEN 'hole'
+                WHEN s.n <= COALESCE(p.n, 0) THEN 'popped'
+                ELSE 'fresh' END AS class
+      FROM silent s
+      LEFT JOIN qbridge.key_occurrences p ON p.queue = $1 AND p.side = 'pop' AND p.hash = s.hash),
 ranked AS (
-    SELECT p.*, row_number() OVER (PARTITION BY p.hash, p.popped ORDER BY p.n) AS place
-      FROM placed p)
+    SELECT c.*, row_number() OVER (PARTITION BY c.hash, c.class
+                                   ORDER BY c.seen_at DESC, c.n DESC) AS newest
+      FROM classed c)
 SELECT r.key FROM ranked r
- WHERE CASE
-         WHEN r.hash IS NULL THEN NOT EXISTS (SELECT 1 FROM qbridge.redis_outbox b
-                                               WHERE b.queue = $1 AND b.key = r.key)
-         WHEN r.popped THEN true
-         ELSE r.place > (SELECT count(*) FROM qbridge.redis_outbox b
-                          WHERE b.queue = $1 AND b.key LIKE 'sha256:' || r.hash || ':%')
+ WHERE r.seen_at < $3
+   AND CASE r.class
+         WHEN 'id' THEN NOT (r.key = ANY($4::text[]))
+                        AND NOT EXISTS (SELECT 1 FROM qbridge.redis_outbox b
+                                         WHERE b.queue = $1 AND b.key = r.key)
+         WHEN 'fresh' THEN r.newest >
+              (SELECT count(*) FROM unnest($4::text[]) AS a(key)
+                WHERE a.key LIKE 'sha256:' || r.hash || ':%'
+                  AND substring(a.key from ':([0-9]+)$')::bigint > r.pops)
+            + (SELECT count(*) FROM qbridge.redis_outbox b
+                WHERE b.queue = $1 AND b.key LIKE 'sha256:' || r.hash || ':%')
+         ELSE NOT (r.key = ANY($4::text[]))
        END
  ORDER BY r.seen_at, r.key
 "#;

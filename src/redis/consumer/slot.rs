@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use super::heartbeat;
-use super::numbering::{pop_key, PopKey};
+use super::numbering::{numbered, pop_key, PopKey};
 use super::postgres_owns::{owner, Owner};
 use super::{ConsumerReport, Ctx};
 use crate::config::PushEnd;
@@ -100,6 +100,8 @@ impl Slot {
             // Its heartbeat may be about to expire, and decommission takes an
             // expired heartbeat for a consumer that touches its lists no
             // more: touch none until the beat is renewed.
+            tracing::debug!(route = %self.ctx.route.name, slot = self.index,
+                "redis consumer: heartbeat not fresh; not popping");
             tokio::select! {
                 _ = token.cancelled() => return Ok(Step::Stop),
                 _ = tokio::time::sleep(heartbeat::EVERY) => return Ok(Step::Idle),
@@ -237,6 +239,8 @@ impl Slot {
                     "redis consumer: cannot ask Postgres whether it runs this job live; running it");
             }
         }
+        tracing::debug!(route = %ctx.route.name, slot = list, fresh, key = %key_hash(&key),
+            occurrence = numbered(&key).map_or(0, |(_, n)| n), "redis consumer: running an item");
         let max = i64::from(ctx.config.max_attempts);
         loop {
             // Counted before the run: a crash mid-run used up an attempt,
