@@ -1,7 +1,9 @@
 //! The operator layer: what `qbridge cutover`, `qbridge diff` and the admin
 //! API do, above the runtime pieces they inspect.
 //!
-//! - [`redis_view`]: what a route still holds in Redis.
+//! - [`redis_view`]: what a route still holds in Redis; [`structures`]:
+//!   what its framework's other structures hold (Sidekiq's schedule, retry
+//!   and dead sets).
 //! - [`diff`]: the two sides of a route compared over a window;
 //!   [`diff_metrics`] publishes it as gauges; [`repair`] fills what is
 //!   missing on one side; [`evidence`] decides which silent mirror copies
@@ -19,4 +21,5 @@ pub mod gates;
 pub mod operate;
 pub mod redis_view;
 pub mod repair;
+pub mod structures;
 pub mod window;

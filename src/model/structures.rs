@@ -1,0 +1,133 @@
+//! Where a framework keeps a queue's jobs outside the list qbridge mirrors
+//! (issue 14): jobs scheduled for later, waiting to be retried, or dead. No
+//! I/O here, only the layout; `ops::structures` reads it.
+//!
+//! **Sidekiq** (6.x, `lib/sidekiq/client.rb` and `job_retry.rb`): a job with
+//! `at` goes to the sorted set `schedule` (score: when), a failed job to
+//! `retry` (score: the next attempt, the job carrying `retry_count`), a job
+//! out of retries to `dead`. The three sets are shared by every queue; each
+//! member is the job's JSON with its `queue`, so a route owns the members
+//! naming its queue. With a `redis-namespace` prefix (`ns:queue:default`)
+//! the sets carry the same prefix (`ns:schedule`).
+//!
+//! The other formats' structures (Celery's `unacked` hash, RQ's
+//! `rq:scheduled:<queue>` and registries, resque-scheduler's
+//! `delayed_queue_schedule`) are not read yet: the runbook says so
+//! (`cutover/frameworks.md`).
+
+use std::fmt;
+
+use super::formats::Format;
+
+/// What the jobs of a structure are waiting for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Holding {
+    /// To run at a time (Sidekiq `perform_in`/`perform_at`).
+    Scheduled,
+    /// Their next attempt after a failure.
+    Retrying,
+    /// Nothing: out of attempts, kept for an operator.
+    Dead,
+}
+
+impl fmt::Display for Holding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Holding::Scheduled => "scheduled",
+            Holding::Retrying => "retrying",
+            Holding::Dead => "dead",
+        })
+    }
+}
+
+/// A sorted set scored by time whose members are JSON jobs naming their
+/// queue in `queue_field`; the route owns the members naming `queue`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Structure {
+    pub holding: Holding,
+    /// The Redis key of the sorted set.
+    pub key: String,
+    /// The member field that names the job's queue.
+    pub queue_field: &'static str,
+    /// The queue name this route's jobs carry there.
+    pub queue: String,
+}
+
+impl Structure {
+    /// Whether a member (the job's JSON) belongs to this route's queue.
+    /// A member that is not a JSON object naming a queue belongs to none.
+    pub fn owns(&self, member: &[u8]) -> bool {
+        serde_json::from_slice::<serde_json::Value>(member)
+            .ok()
+            .and_then(|job| {
+                job.get(self.queue_field)
+                    .and_then(|q| q.as_str())
+                    .map(|q| q == self.queue)
+            })
+            .unwrap_or(false)
+    }
+}
+
+/// The structures a route's jobs may wait in besides its list, given its
+/// format and list key. Empty for a list key that is not the framework's
+/// own naming (the route is then a plain list).
+pub fn of_route(format: &Format, redis_key: &[u8]) -> Vec<Structure> {
+    match format {
+        Format::Sidekiq => sidekiq(redis_key),
+        _ => Vec::new(),
+    }
+}
+
+/// Sidekiq's sets for the list `[<namespace>:]queue:<name>`.
+fn sidekiq(redis_key: &[u8]) -> Vec<Structure> {
+    let Ok(key) = std::str::from_utf8(redis_key) else {
+        return Vec::new();
+    };
+    let (prefix, queue) = match key.rsplit_once("queue:") {
+        Some((prefix, queue))
+            if !queue.is_empty() && (prefix.is_empty() || prefix.ends_with(':')) =>
+        {
+            (prefix, queue)
+        }
+        _ => return Vec::new(),
+    };
+    [
+        (Holding::Scheduled, "schedule"),
+        (Holding::Retrying, "retry"),
+        (Holding::Dead, "dead"),
+    ]
+    .into_iter()
+    .map(|(holding, set)| Structure {
+        holding,
+        key: format!("{prefix}{set}"),
+        queue_field: "queue",
+        queue: queue.to_string(),
+    })
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sidekiq_queues_own_their_members_of_the_shared_sets() {
+        let sets = of_route(&Format::Sidekiq, b"queue:mailers");
+        let keys: Vec<&str> = sets.iter().map(|s| s.key.as_str()).collect();
+        assert_eq!(keys, ["schedule", "retry", "dead"]);
+        assert!(sets[0].owns(br#"{"class":"Mail","queue":"mailers","jid":"a"}"#));
+        assert!(!sets[0].owns(br#"{"class":"Mail","queue":"default","jid":"b"}"#));
+        assert!(!sets[0].owns(b"not json"));
+    }
+
+    #[test]
+    fn a_namespace_prefixes_the_sets_and_other_keys_have_none() {
+        let sets = of_route(&Format::Sidekiq, b"app:queue:default");
+        assert_eq!(sets[1].key, "app:retry");
+        assert_eq!(sets[1].queue, "default");
+        assert!(of_route(&Format::Sidekiq, b"jobs").is_empty());
+        assert!(of_route(&Format::Sidekiq, b"myqueue:x").is_empty());
+        assert!(of_route(&Format::Raw, b"queue:default").is_empty());
+    }
+}

@@ -1,0 +1,88 @@
+//! What a route's framework structures hold now (`model::structures`):
+//! Sidekiq's `schedule`, `retry` and `dead` sets, counted for the route's
+//! queue. Shown by `qbridge cutover status`; the gate into `decommissioned`
+//! refuses while any holds a job of the route, since decommissioning carries
+//! only the route's lists (issue 14).
+
+use chrono::{DateTime, TimeZone, Utc};
+use redis::aio::ConnectionManager;
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::model::structures::{self, Holding, Structure};
+use crate::routes::Route;
+
+/// Members read per ZSCAN step.
+const PAGE: usize = 1000;
+
+/// One structure's jobs of the route.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Held {
+    pub holding: Holding,
+    /// The sorted set's key.
+    pub key: String,
+    /// The route's jobs in it.
+    pub jobs: u64,
+    /// The earliest score among them (when the next is due).
+    pub next_at: Option<DateTime<Utc>>,
+}
+
+impl Held {
+    /// `schedule: 3 scheduled (next 2026-11-25 16:00:00)`.
+    pub fn describe(&self) -> String {
+        match self.next_at {
+            Some(at) if self.holding != Holding::Dead => format!(
+                "{}: {} {} (next {})",
+                self.key,
+                self.jobs,
+                self.holding,
+                at.format("%Y-%m-%d %H:%M:%S")
+            ),
+            _ => format!("{}: {} {}", self.key, self.jobs, self.holding),
+        }
+    }
+}
+
+/// Reads every structure of `route` (nothing for formats without any).
+pub async fn read(conn: &mut ConnectionManager, route: &Route) -> Result<Vec<Held>> {
+    let mut out = Vec::new();
+    for structure in structures::of_route(&route.format, &route.redis_key) {
+        out.push(count(conn, &structure).await?);
+    }
+    Ok(out)
+}
+
+/// Scans one sorted set, counting the route's members and their earliest
+/// score. ZSCAN, never ZRANGE of the whole set: Sidekiq's dead set keeps
+/// 10,000 jobs by default, shared by every queue.
+async fn count(conn: &mut ConnectionManager, structure: &Structure) -> Result<Held> {
+    let mut held = Held {
+        holding: structure.holding,
+        key: structure.key.clone(),
+        jobs: 0,
+        next_at: None,
+    };
+    let mut earliest: Option<f64> = None;
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, page): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
+            .arg(&structure.key)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(PAGE)
+            .query_async(conn)
+            .await?;
+        for (member, score) in page {
+            if structure.owns(&member) {
+                held.jobs += 1;
+                earliest = Some(earliest.map_or(score, |e: f64| e.min(score)));
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    held.next_at = earliest.and_then(|s| Utc.timestamp_millis_opt((s * 1000.0) as i64).single());
+    Ok(held)
+}
