@@ -82,6 +82,10 @@ pub struct Item<'a> {
     /// same write again finds the key it got (`qbridge.numbered_writes`)
     /// instead of numbering its content hash a second time.
     pub write: Option<String>,
+    /// When Redis took the item, if before this store (a proxy push
+    /// mirrored later): `job_keys.pushed_at`, what loss evidence is judged
+    /// against.
+    pub pushed_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl<'a> Item<'a> {
@@ -94,6 +98,7 @@ impl<'a> Item<'a> {
             via,
             known_key: None,
             write: None,
+            pushed_at: None,
         }
     }
 }
@@ -138,16 +143,17 @@ ON CONFLICT (write_id) DO NOTHING
 "#;
 
 const KEYS_SQL: &str = r#"
-INSERT INTO qbridge.job_keys (queue, key, copy, via, flagged, original)
-SELECT t.queue, t.key, t.copy, t.via, t.flagged,
+INSERT INTO qbridge.job_keys (queue, key, copy, via, flagged, pushed_at, original)
+SELECT t.queue, t.key, t.copy, t.via, t.flagged, t.pushed_at,
        -- No bytes to keep when the Redis side already finished the job.
        CASE WHEN t.original IS NOT NULL AND NOT EXISTS (
                 SELECT 1 FROM qbridge.outcomes o
                  WHERE o.queue = t.queue AND o.key = t.key AND o.side = 'redis'
                    AND o.outcome IN ('ok', 'dead'))
             THEN t.original END
-  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[])
-       AS t(queue, key, copy, via, flagged, original)
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
+              $7::timestamptz[])
+       AS t(queue, key, copy, via, flagged, original, pushed_at)
  ORDER BY t.queue, t.key
 ON CONFLICT (queue, key) DO NOTHING
 RETURNING queue, key
@@ -387,6 +393,7 @@ async fn known_keys(
                 .map(|i| (i.copy == JobCopy::Mirror).then_some(&i.decoded.original[..]))
                 .collect::<Vec<_>>(),
         )
+        .bind(items.iter().map(|i| i.pushed_at).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;
     Ok(rows.into_iter().collect())

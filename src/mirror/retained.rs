@@ -27,6 +27,8 @@ pub(super) struct Kept {
     pub copy: JobCopy,
     pub via: Via,
     pub writes: uuid::Uuid,
+    /// When Redis acknowledged the push.
+    pub acked_at: std::time::Instant,
 }
 
 impl Kept {

@@ -251,7 +251,7 @@ impl Writer {
         }
         let parts: Vec<Part<'_>> = kept
             .iter()
-            .flat_map(|k| Part::all(&k.route, k.copy, k.via, k.writes, &k.items))
+            .flat_map(|k| Part::all(&k.route, k.copy, k.via, k.writes, k.acked_at, &k.items))
             .collect();
         let result = write_batch(
             &self.pool,
@@ -314,7 +314,7 @@ impl Writer {
         }
         let parts: Vec<Part<'_>> = batch
             .iter()
-            .flat_map(|r| Part::all(&r.route, r.copy, r.via, r.writes, &r.items))
+            .flat_map(|r| Part::all(&r.route, r.copy, r.via, r.writes, r.acked_at, &r.items))
             .collect();
         let result = write_batch(
             &self.pool,
@@ -373,6 +373,7 @@ impl Writer {
             copy: request.copy,
             via: request.via,
             writes: request.writes,
+            acked_at: request.acked_at,
         });
         match &mut self.spool {
             Some(conn) => {
@@ -396,6 +397,8 @@ struct Part<'a> {
     copy: JobCopy,
     via: Via,
     writes: uuid::Uuid,
+    /// When Redis acknowledged the push, as wall-clock time.
+    pushed_at: chrono::DateTime<chrono::Utc>,
     index: usize,
     bytes: &'a Bytes,
 }
@@ -407,13 +410,17 @@ impl<'a> Part<'a> {
         copy: JobCopy,
         via: Via,
         writes: uuid::Uuid,
+        acked_at: Instant,
         items: &'a [Bytes],
     ) -> impl Iterator<Item = Part<'a>> + 'a {
+        let ago = chrono::Duration::from_std(acked_at.elapsed()).unwrap_or_default();
+        let pushed_at = chrono::Utc::now() - ago;
         items.iter().enumerate().map(move |(index, bytes)| Part {
             route,
             copy,
             via,
             writes,
+            pushed_at,
             index,
             bytes,
         })
@@ -447,6 +454,9 @@ async fn write_batch(
                 let decoded = decode_bytes(&p.route.format, p.bytes.clone());
                 let hashed = decoded.key.is_content_hash();
                 let mut item = Item::new(p.route, decoded, p.copy, p.via);
+                if p.copy == JobCopy::Mirror {
+                    item.pushed_at = Some(p.pushed_at);
+                }
                 // Only content hashes are numbered; an id is its own key.
                 if hashed {
                     item.write = Some(spool::write_id(p.writes, p.index));

@@ -122,7 +122,7 @@ WITH cur AS (
     SELECT started_at, first_seen FROM qbridge.redis_epochs
      WHERE route = $1 AND run_id = $3 AND marker = $4)
 SELECT k.key,
-       CASE WHEN cur.started_at > k.seen_at
+       CASE WHEN cur.started_at > COALESCE(k.pushed_at, k.seen_at)
             THEN 'Redis restarted after the push (server started ' ||
                  to_char(cur.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ')'
             ELSE 'Redis lost its data after the push (it was seen as another server or '
@@ -134,9 +134,9 @@ SELECT k.key,
   LEFT JOIN LATERAL (
         SELECT max(o.last_seen) AS last_seen FROM qbridge.redis_epochs o
          WHERE o.route = $1 AND (o.run_id, o.marker) <> ($3, $4)
-           AND o.last_seen >= k.seen_at AND o.last_seen < cur.first_seen) prev ON true
+           AND o.last_seen >= COALESCE(k.pushed_at, k.seen_at) AND o.last_seen < cur.first_seen) prev ON true
  WHERE k.queue = $2 AND k.key = ANY($5::text[])
-   AND (cur.started_at > k.seen_at OR prev.last_seen IS NOT NULL)
+   AND (cur.started_at > COALESCE(k.pushed_at, k.seen_at) OR prev.last_seen IS NOT NULL)
 "#;
 
 /// A `field:value` line of an INFO reply.

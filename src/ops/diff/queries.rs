@@ -78,7 +78,7 @@ SELECT t.key FROM unnest($2::text[]) AS t(key)
 ///   the copies called missing are those pushed before it.
 pub(crate) const ONLY_POSTGRES_SQL: &str = r#"
 WITH silent AS (
-    SELECT k.key, k.seen_at,
+    SELECT k.key, k.seen_at, COALESCE(k.pushed_at, k.seen_at) AS pushed,
            substring(k.key from '^sha256:([0-9a-f]+):[0-9]+$') AS hash,
            substring(k.key from '^sha256:[0-9a-f]+:([0-9]+)$')::bigint AS n
       FROM qbridge.job_keys k
@@ -97,7 +97,7 @@ classed AS (
       LEFT JOIN qbridge.key_occurrences p ON p.queue = $1 AND p.side = 'pop' AND p.hash = s.hash),
 ranked AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.hash, c.class
-                                   ORDER BY c.seen_at DESC, c.n DESC) AS newest
+                                   ORDER BY c.pushed DESC, c.n DESC) AS newest
       FROM classed c)
 SELECT r.key FROM ranked r
  WHERE r.seen_at < $3

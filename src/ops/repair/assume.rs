@@ -55,7 +55,7 @@ impl Assumption {
             Some(before) if !unaccounted.is_empty() => {
                 sqlx::query_scalar(
                     "SELECT key FROM qbridge.job_keys \
-                      WHERE queue = $1 AND key = ANY($2::text[]) AND seen_at < $3",
+                      WHERE queue = $1 AND key = ANY($2::text[]) AND COALESCE(pushed_at, seen_at) < $3",
                 )
                 .bind(&route.queue)
                 .bind(&unaccounted)

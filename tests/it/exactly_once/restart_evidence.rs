@@ -261,3 +261,91 @@ async fn the_copies_of_a_text_lost_in_a_restart_are_the_ones_pushed_before_it(po
     assert_eq!(only_postgres, 2, "{verdict}");
     assert_eq!((report.repushed, report.unaccounted), (2, 0), "{report:?}");
 }
+
+/// The evidence is about the push, not the mirror write: a proxy push Redis
+/// took just before it was killed, whose mirror copy was written only after
+/// the new server was observed (the writer was behind, e.g. writing what it
+/// kept through a Postgres outage), was lost by that restart. Compared with
+/// the mirror write's time it looked pushed after the restart: unaccounted,
+/// never pushed back, and the job never ran (found by the oracle under load,
+/// seed 2 in CI).
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_push_mirrored_after_the_restart_is_judged_by_when_redis_took_it(pool: PgPool) {
+    use qbridge::mirror::{Mirror, MirrorOptions};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    let mut server = ThrowawayRedis::start();
+    let toml =
+        "[[routes]]\nname = \"r\"\nredis_key = \"jobs\"\nqueue = \"q\"\nformat = \"json:/id\"\n\
+                phase = \"dual_write\"\nredis_side = \"qbridge\"\ndiff = { settle = \"0s\" }\n";
+    let cfg = Config::from_toml(toml, &Overrides::default()).expect("route config");
+    let routes = Routes::from_config(&cfg.routes);
+    let route = Arc::clone(routes.by_name("r").unwrap());
+    let item = Bytes::from_static(br#"{"id":"late-mirror"}"#);
+    let since = chrono::Utc::now() - chrono::Duration::minutes(5);
+    let mut conn = connect_redis(&server.url()).await.unwrap();
+    // The proxy forwarded the push and Redis acknowledged it...
+    let _: i64 = ::redis::cmd("LPUSH")
+        .arg("jobs")
+        .arg(&item[..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let acked = Instant::now();
+    gates::diff_since(&pool, &mut conn, &route, Phase::DualWrite, since)
+        .await
+        .unwrap();
+    drop(conn);
+    // ...then Redis died without persistence, and the new server was seen...
+    server.kill();
+    server.resume();
+    let mut conn = connect_redis(&server.url()).await.unwrap();
+    gates::diff_since(&pool, &mut conn, &route, Phase::DualWrite, since)
+        .await
+        .unwrap();
+    // ...before the mirror copy was written.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let opts = MirrorOptions {
+        buffer_bytes: 1 << 20,
+        batch_items: 100,
+        writers: 1,
+        payload_limit: 1 << 20,
+    };
+    let (mirror, _writers) = Mirror::start(pool.clone(), None, opts);
+    mirror
+        .mirror(Arc::clone(&route), vec![item], acked)
+        .await
+        .unwrap();
+    let mirrored = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM qbridge.job_keys WHERE key = 'late-mirror'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    while mirrored().await == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (after, held) = gates::diff_since(&pool, &mut conn, &route, Phase::DualWrite, since)
+        .await
+        .unwrap();
+    let report = repair::repair(
+        &pool,
+        &mut conn,
+        &route,
+        Phase::DualWrite,
+        since,
+        &held,
+        1 << 20,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (report.repushed, report.unaccounted),
+        (1, 0),
+        "{report:?} {}",
+        after.verdict
+    );
+}
