@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the integration tests drive besides Postgres and Redis:
-# the real framework clients (Celery with kombu's Redis transport, RQ,
-# redis-py) into a virtual environment at .venv, from PyPI, pinned in
+# Sidekiq 6.4 (Debian's ruby-sidekiq) and the Python framework clients
+# (Celery with kombu's Redis transport, RQ, redis-py) into a virtual
+# environment at .venv, from PyPI, pinned in
 # tests/python/requirements.txt. Tests run them from there
 # (tests/it/support.rs: `python()`), and fail with this script's name when it
 # is missing: a missing client is an install step, never a skipped test.
@@ -27,6 +28,9 @@ command -v python3 >/dev/null || apt_install python3 python3-venv \
   || die "python3 is needed for the framework tests (Debian: apt-get install -y python3 python3-venv)"
 python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv \
   || die "python3's venv module is needed (Debian: apt-get install -y python3-venv)"
+# Sidekiq 6.4 from Debian for the Sidekiq tests (tests/ruby/*.rb).
+ruby -e 'require "sidekiq"' >/dev/null 2>&1 || apt_install ruby-sidekiq \
+  || die "Ruby with Sidekiq is needed for the Sidekiq tests (Debian: apt-get install -y ruby-sidekiq)"
 req=tests/python/requirements.txt
 stamp=.venv/.installed
 if [ ! -x .venv/bin/python ]; then

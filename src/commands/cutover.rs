@@ -90,6 +90,20 @@ async fn status(
                     .join("; ")
             ),
         };
+        // What the route's jobs wait in besides its list (issue 14).
+        let held = match redis.as_deref_mut() {
+            Some(conn) => crate::ops::structures::read(conn, route).await?,
+            None => Vec::new(),
+        };
+        let elsewhere = match held
+            .iter()
+            .filter(|h| h.jobs > 0)
+            .map(|h| h.describe())
+            .collect::<Vec<_>>()
+        {
+            left if left.is_empty() => "-".to_string(),
+            left => left.join("; "),
+        };
         let phase = match (state.phase, state.percent) {
             (crate::model::Phase::PostgresOnly, p) if p < 100 => {
                 format!("postgres_only ({p}% of keys)")
@@ -101,16 +115,27 @@ async fn status(
             phase,
             state.since.format("%Y-%m-%d %H:%M:%S").to_string(),
             state.changed_by.clone(),
+            elsewhere,
             gate_text,
         ]);
-        report.push(serde_json::json!({ "state": state, "gate": gate }));
+        report.push(serde_json::json!({ "state": state, "gate": gate, "structures": held }));
     }
     if as_json {
         output::json(&serde_json::json!({ "routes": report }));
     } else {
         println!(
             "{}",
-            output::table(&["route", "phase", "since", "changed by", "next"], &rows)
+            output::table(
+                &[
+                    "route",
+                    "phase",
+                    "since",
+                    "changed by",
+                    "also waiting in",
+                    "next"
+                ],
+                &rows
+            )
         );
     }
     Ok(())

@@ -4,6 +4,7 @@
 mod decommission;
 mod decommission_gap;
 mod decommission_idle;
+mod framework_structures;
 mod gradual;
 mod planted;
 mod rig;

@@ -225,7 +225,14 @@ async fn status_lists_each_route_with_its_phase_and_next_step(pool: PgPool) {
     let text = stdout(&out);
     let mut lines = text.lines();
     let header = lines.next().unwrap_or_default();
-    for column in ["route", "phase", "since", "changed by", "next"] {
+    for column in [
+        "route",
+        "phase",
+        "since",
+        "changed by",
+        "also waiting in",
+        "next",
+    ] {
         assert!(header.contains(column), "no {column:?} column: {text}");
     }
     let row = lines

@@ -269,6 +269,34 @@ impl RunningPool {
 /// The Python of the test virtual environment, with the real framework
 /// clients (Celery, RQ, redis-py) in it. Panics with the install command when
 /// it is missing: a missing client is an install step, never a skipped test.
+/// Runs `tests/ruby/<script>` with the system's Ruby and Debian's
+/// `ruby-sidekiq`, with `env`; panics with its stderr when it fails, and
+/// with the install step when Ruby or Sidekiq is missing.
+pub fn ruby(script: &str, env: &[(&str, &str)]) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/ruby")
+        .join(script);
+    let has_sidekiq = std::process::Command::new("ruby")
+        .args(["-e", "require 'sidekiq'"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        has_sidekiq,
+        "ruby with Sidekiq is missing: run ./scripts/test-deps.sh (it installs ruby-sidekiq)"
+    );
+    let out = std::process::Command::new("ruby")
+        .arg(&path)
+        .envs(env.iter().copied())
+        .output()
+        .expect("ruby runs");
+    assert!(
+        out.status.success(),
+        "{} failed: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub fn python() -> std::path::PathBuf {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
     assert!(

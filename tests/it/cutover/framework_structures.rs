@@ -1,0 +1,75 @@
+//! Issue 14: a Sidekiq route's jobs also wait in Sidekiq's `schedule`,
+//! `retry` and `dead` sets, shared by every queue. Real Sidekiq 6.4 puts
+//! them there; qbridge counts the route's own, and the gate into
+//! `decommissioned` refuses while any is left (decommissioning carries only
+//! the route's lists, so they would be stranded).
+
+use sqlx::PgPool;
+
+use qbridge::config::{Config, Overrides};
+use qbridge::cutover::store::RouteState;
+use qbridge::model::structures::Holding;
+use qbridge::model::Phase;
+use qbridge::ops::{gates, structures};
+use qbridge::redis::connect::connect_redis;
+use qbridge::routes::Routes;
+
+use crate::servers::ThrowawayRedis;
+use crate::support;
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn sidekiq_jobs_outside_the_list_are_counted_and_hold_decommission(pool: PgPool) {
+    let server = ThrowawayRedis::start();
+    support::ruby("sidekiq_structures.rb", &[("REDIS_URL", &server.url())]);
+    let toml = "[[routes]]\nname = \"mail\"\nredis_key = \"queue:default\"\nqueue = \"mail\"\n\
+                format = \"sidekiq\"\nphase = \"postgres_only\"\n";
+    let cfg = Config::from_toml(toml, &Overrides::default()).expect("route config");
+    let routes = Routes::from_config(&cfg.routes);
+    let route = routes.by_name("mail").unwrap().clone();
+    let mut conn = connect_redis(&server.url()).await.unwrap();
+
+    let held = structures::read(&mut conn, &route).await.unwrap();
+    let counts: Vec<(Holding, &str, u64)> = held
+        .iter()
+        .map(|h| (h.holding, h.key.as_str(), h.jobs))
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            (Holding::Scheduled, "schedule", 3),
+            (Holding::Retrying, "retry", 1),
+            (Holding::Dead, "dead", 1)
+        ],
+        "the job of queue \"other\" is not the route's"
+    );
+    let next = held[0].next_at.expect("scheduled jobs have a time");
+    let ahead = next - chrono::Utc::now();
+    assert!(
+        ahead > chrono::Duration::minutes(59) && ahead < chrono::Duration::minutes(61),
+        "perform_in(3600) is due in an hour: {next}"
+    );
+
+    let state = RouteState {
+        route: "mail".into(),
+        phase: Phase::PostgresOnly,
+        percent: 100,
+        since: chrono::Utc::now() - chrono::Duration::hours(1),
+        changed_by: "test".into(),
+        reason: "test".into(),
+    };
+    let gate = gates::evaluate(&pool, Some(&mut conn), &route, &state)
+        .await
+        .unwrap()
+        .expect("a gate into decommissioned");
+    let check = gate
+        .checks
+        .iter()
+        .find(|c| c.name == "jobs in the framework's other structures")
+        .expect("the check is there");
+    assert!(!check.passed, "{check:?}");
+    assert!(
+        check.value.contains("schedule: 3 scheduled") && check.value.contains("retry: 1"),
+        "{check:?}"
+    );
+    assert!(!gate.passed());
+}
