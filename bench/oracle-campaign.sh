@@ -4,6 +4,7 @@
 # and Redis, so they do not share servers), then one summary line.
 #
 #   bench/oracle-campaign.sh [SEEDS=1000] [PARALLEL=6] [FIRST=100] [STEPS=12]
+#   (env: OUT=<results dir>, PATIENCE=<drain wait, default 90s>)
 #
 # Writes each process's output to bench/results/oracle-<date>/part-<n>.txt (its
 # log to part-<n>.err), a
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 seeds=${1:-1000} parallel=${2:-6} first=${3:-100} steps=${4:-12}
 bin=target/release/qbridge
 [ -x "$bin" ] || bin=target/debug/qbridge
-out=bench/results/oracle-$(date -u +%Y-%m-%d)
+out=${OUT:-bench/results/oracle-$(date -u +%Y-%m-%d)}
 mkdir -p "$out/dumps"
 export QBRIDGE_CHAOS_DUMP_DIR="$PWD/$out/dumps"
 export DATABASE_URL=${DATABASE_URL:-postgres://postgres:postgres@127.0.0.1:5432/postgres}
@@ -25,7 +26,7 @@ for ((p = 0; p < parallel; p++)); do
     n=$(( seeds - p * per < per ? seeds - p * per : per ))
     (( n > 0 )) || break
     "$bin" chaos --scenario cutover-random --seeds "$n" --seed "$start" --steps "$steps" \
-        --rate 40 --patience 90s >"$out/part-$p.txt" 2>"$out/part-$p.err" &
+        --rate 40 --patience "${PATIENCE:-90s}" >"$out/part-$p.txt" 2>"$out/part-$p.err" &
     pids+=($!)
 done
 status=0

@@ -86,6 +86,9 @@ pub struct Item<'a> {
     /// mirrored later): `job_keys.pushed_at`, what loss evidence is judged
     /// against.
     pub pushed_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// When the job is due, if later than now (a job carried from a
+    /// framework's schedule or retry set).
+    pub run_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl<'a> Item<'a> {
@@ -99,6 +102,7 @@ impl<'a> Item<'a> {
             known_key: None,
             write: None,
             pushed_at: None,
+            run_at: None,
         }
     }
 }
@@ -403,6 +407,22 @@ async fn known_keys(
 const OVERSIZED: &str =
     "payload over payload_limit; the item is kept in jobs.original (a mirror copy's in job_keys.original)";
 
+/// Stores `items` in a transaction of their own; returns how many were new
+/// jobs (the rest were duplicates of known keys).
+pub async fn store_counting_new(
+    db: &sqlx::PgPool,
+    items: Vec<Item<'_>>,
+    payload_limit: usize,
+) -> Result<usize> {
+    let mut tx = db.begin().await?;
+    let stored = store(&mut tx, items, payload_limit).await?;
+    tx.commit().await?;
+    Ok(stored
+        .iter()
+        .filter(|s| matches!(s, Stored::New { .. }))
+        .count())
+}
+
 /// The job of one item. A payload over the limit is not refused (Redis has
 /// already taken the item): it is stored flagged, with its bytes kept in
 /// `original`, so nothing is lost and `stats` shows it. A mirror copy keeps
@@ -424,6 +444,7 @@ pub(crate) fn new_job(item: &Item<'_>, key: &str, oversize: bool) -> NewJob {
         );
     job.kind = decoded.kind.clone();
     job.max_attempts = item.route.max_attempts;
+    job.run_at = item.run_at;
     job
 }
 

@@ -225,6 +225,13 @@ fn print_advanced(name: &str, done: &Advanced, as_json: bool) {
                     p.unaccounted
                 );
             }
+            let c = &a.carried;
+            if c.scheduled + c.retrying + c.dead > 0 {
+                println!(
+                    "  carried from the framework's other structures: {} scheduled and {} retrying jobs enqueued due at their times, {} dead into jobs_dead",
+                    c.scheduled, c.retrying, c.dead
+                );
+            }
             if !a.consumers_acknowledged.is_empty() {
                 println!(
                     "  Redis consumers stopped and idle: {}",

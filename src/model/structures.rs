@@ -69,6 +69,15 @@ impl Structure {
     }
 }
 
+/// A sorted-set score (seconds since the epoch, fractional, as Sidekiq
+/// writes them) as a time; `None` when out of range.
+pub fn score_time(score: f64) -> Option<chrono::DateTime<chrono::Utc>> {
+    use chrono::TimeZone;
+    chrono::Utc
+        .timestamp_millis_opt((score * 1000.0) as i64)
+        .single()
+}
+
 /// The structures a route's jobs may wait in besides its list, given its
 /// format and list key. Empty for a list key that is not the framework's
 /// own naming (the route is then a plain list).

@@ -38,8 +38,10 @@ use crate::routes::Route;
 
 mod idle;
 mod parked;
+mod structures;
 
 pub use parked::Parked;
+pub use structures::Carried;
 
 /// What decommissioning archived and deleted.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -54,6 +56,9 @@ pub struct Archived {
     pub keys_deleted: usize,
     /// Items of the gap list: mirror copies of jobs the Redis side owned.
     pub parked: Parked,
+    /// Jobs carried out of the framework's other structures (Sidekiq's
+    /// schedule, retry and dead sets).
+    pub carried: Carried,
     /// Consumers that had acknowledged `decommissioned`, holding nothing.
     pub consumers_acknowledged: Vec<String>,
     /// Consumers whose heartbeat was gone while their processing lists were
@@ -101,6 +106,7 @@ pub async fn archive_and_delete(
             Stored::Duplicate { .. } => report.duplicates += 1,
         }
     }
+    report.carried = structures::carry(db, redis, route, payload_limit).await?;
     for list in scan(redis, &keys.any_archiving_gap()).await? {
         let items = all_items(redis, &list).await?;
         let stored = parked::archive(db, redis, route, &list, items, payload_limit).await?;

@@ -29,7 +29,7 @@ use sqlx::PgPool;
 
 use crate::config::PushEnd;
 use crate::error::Result;
-use crate::ingest::{self, Item, Stored, Via};
+use crate::ingest::{self, Item, Via};
 use crate::model::formats::decode_bytes;
 use crate::model::Phase;
 use crate::ops::diff::{ONLY_POSTGRES_SQL, UNKNOWN_KEYS_SQL};
@@ -328,11 +328,5 @@ async fn mirror_waiting(
             item
         })
         .collect();
-    let mut tx = db.begin().await?;
-    let stored = ingest::store(&mut tx, items, payload_limit).await?;
-    tx.commit().await?;
-    Ok(stored
-        .iter()
-        .filter(|s| matches!(s, Stored::New { .. }))
-        .count())
+    ingest::store_counting_new(db, items, payload_limit).await
 }

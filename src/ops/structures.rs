@@ -4,7 +4,7 @@
 //! refuses while any holds a job of the route, since decommissioning carries
 //! only the route's lists (issue 14).
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
 use serde::Serialize;
 
@@ -52,17 +52,26 @@ pub async fn read(conn: &mut ConnectionManager, route: &Route) -> Result<Vec<Hel
     Ok(out)
 }
 
-/// Scans one sorted set, counting the route's members and their earliest
-/// score. ZSCAN, never ZRANGE of the whole set: Sidekiq's dead set keeps
-/// 10,000 jobs by default, shared by every queue.
+/// Counts the route's members of one sorted set and their earliest score.
 async fn count(conn: &mut ConnectionManager, structure: &Structure) -> Result<Held> {
-    let mut held = Held {
+    let members = members(conn, structure).await?;
+    let earliest = members.iter().map(|(_, s)| *s).reduce(f64::min);
+    Ok(Held {
         holding: structure.holding,
         key: structure.key.clone(),
-        jobs: 0,
-        next_at: None,
-    };
-    let mut earliest: Option<f64> = None;
+        jobs: members.len() as u64,
+        next_at: earliest.and_then(structures::score_time),
+    })
+}
+
+/// The route's members of one sorted set, with their scores. ZSCAN, never
+/// ZRANGE of the whole set: Sidekiq's dead set keeps 10,000 jobs by
+/// default, shared by every queue.
+pub(crate) async fn members(
+    conn: &mut ConnectionManager,
+    structure: &Structure,
+) -> Result<Vec<(Vec<u8>, f64)>> {
+    let mut out = Vec::new();
     let mut cursor: u64 = 0;
     loop {
         let (next, page): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
@@ -72,17 +81,10 @@ async fn count(conn: &mut ConnectionManager, structure: &Structure) -> Result<He
             .arg(PAGE)
             .query_async(conn)
             .await?;
-        for (member, score) in page {
-            if structure.owns(&member) {
-                held.jobs += 1;
-                earliest = Some(earliest.map_or(score, |e: f64| e.min(score)));
-            }
-        }
+        out.extend(page.into_iter().filter(|(m, _)| structure.owns(m)));
         if next == 0 {
-            break;
+            return Ok(out);
         }
         cursor = next;
     }
-    held.next_at = earliest.and_then(|s| Utc.timestamp_millis_opt((s * 1000.0) as i64).single());
-    Ok(held)
 }

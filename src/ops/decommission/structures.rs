@@ -1,0 +1,122 @@
+//! Decommission carries the route's jobs out of its framework's other
+//! structures (`model::structures`: Sidekiq's `schedule`, `retry`, `dead`)
+//! into their Postgres equivalents, then removes them from Redis: scheduled
+//! and retrying jobs become live jobs due when Redis would have run them
+//! (the member's score), dead jobs go to `qbridge.jobs_dead`. The gate
+//! refuses while any is there; this is what a forced advance does with them
+//! (issue 14).
+//!
+//! **Once.** Members are removed (`ZREM`) only after their rows committed,
+//! and storing again is harmless: a Sidekiq job's key is its `jid`, so a
+//! second store is a duplicate, and a dead job is inserted only when its key
+//! is not in `jobs_dead` already. The sets are shared by every queue: only
+//! the route's members are touched.
+
+use redis::aio::ConnectionManager;
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::error::Result;
+use crate::ingest::{self, Item, Via};
+use crate::model::formats::decode_bytes;
+use crate::model::structures::{self, Holding};
+use crate::queue::JobCopy;
+use crate::routes::Route;
+
+/// Members per ZREM.
+const PAGE: usize = 1000;
+
+/// What was carried, per kind of structure.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Carried {
+    /// Scheduled jobs enqueued live, due at their time.
+    pub scheduled: usize,
+    /// Jobs waiting for a retry enqueued live, due at the retry's time.
+    pub retrying: usize,
+    /// Dead jobs moved to `qbridge.jobs_dead`.
+    pub dead: usize,
+}
+
+/// Carries every structure of `route` (nothing for formats without any).
+pub async fn carry(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    payload_limit: usize,
+) -> Result<Carried> {
+    let mut carried = Carried::default();
+    for structure in structures::of_route(&route.format, &route.redis_key) {
+        let members = crate::ops::structures::members(redis, &structure).await?;
+        if members.is_empty() {
+            continue;
+        }
+        let n = match structure.holding {
+            Holding::Dead => to_dead(db, route, &members).await?,
+            Holding::Scheduled | Holding::Retrying => {
+                to_live(db, route, &members, payload_limit).await?
+            }
+        };
+        for chunk in members.chunks(PAGE) {
+            let names: Vec<&[u8]> = chunk.iter().map(|(m, _)| &m[..]).collect();
+            let _: i64 = redis::cmd("ZREM")
+                .arg(&structure.key)
+                .arg(names)
+                .query_async(redis)
+                .await?;
+        }
+        match structure.holding {
+            Holding::Scheduled => carried.scheduled += n,
+            Holding::Retrying => carried.retrying += n,
+            Holding::Dead => carried.dead += n,
+        }
+    }
+    Ok(carried)
+}
+
+/// Stores members as live jobs due at their scores; returns how many were new.
+async fn to_live(
+    db: &PgPool,
+    route: &Route,
+    members: &[(Vec<u8>, f64)],
+    payload_limit: usize,
+) -> Result<usize> {
+    let items: Vec<Item<'_>> = members
+        .iter()
+        .map(|(member, score)| {
+            let decoded = decode_bytes(&route.format, member.clone().into());
+            let mut item = Item::new(route, decoded, JobCopy::Live, Via::Archive);
+            item.run_at = structures::score_time(*score);
+            item
+        })
+        .collect();
+    ingest::store_counting_new(db, items, payload_limit).await
+}
+
+/// Copies members into `qbridge.jobs_dead`, each key once; returns how many
+/// were new.
+async fn to_dead(db: &PgPool, route: &Route, members: &[(Vec<u8>, f64)]) -> Result<usize> {
+    let mut tx = db.begin().await?;
+    let mut added = 0;
+    for (member, _) in members {
+        let decoded = decode_bytes(&route.format, member.clone().into());
+        let done = sqlx::query(
+            "INSERT INTO qbridge.jobs_dead \
+                 (id, queue, kind, key, payload, priority, attempts, max_attempts, last_error, \
+                  created_at, copy, original) \
+             SELECT nextval(pg_get_serial_sequence('qbridge.jobs', 'id')), $1, $2, $3, $4, 0, \
+                    0, 1, 'carried from the framework''s dead set at decommission', now(), \
+                    'live', $5 \
+              WHERE NOT EXISTS (SELECT 1 FROM qbridge.jobs_dead WHERE queue = $1 AND key = $3)",
+        )
+        .bind(&route.queue)
+        .bind(&decoded.kind)
+        .bind(decoded.key.with_occurrence(0))
+        .bind(&decoded.payload)
+        .bind(&member[..])
+        .execute(&mut *tx)
+        .await?;
+        added += done.rows_affected() as usize;
+    }
+    tx.commit().await?;
+    Ok(added)
+}
