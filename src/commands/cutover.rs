@@ -95,12 +95,7 @@ async fn status(
             Some(conn) => crate::ops::structures::read(conn, route).await?,
             None => Vec::new(),
         };
-        let elsewhere = match held
-            .iter()
-            .filter(|h| h.jobs > 0)
-            .map(|h| h.describe())
-            .collect::<Vec<_>>()
-        {
+        let elsewhere = match crate::ops::structures::non_empty(&held) {
             left if left.is_empty() => "-".to_string(),
             left => left.join("; "),
         };

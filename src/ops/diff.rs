@@ -79,6 +79,10 @@ pub struct Diff {
     pub redis_parked: usize,
     /// The Redis lists were longer than the diff reads: counts are lower bounds.
     pub redis_truncated: bool,
+    /// The route's jobs in its framework's other structures (Sidekiq's
+    /// schedule, retry and dead sets): only on Redis until decommission
+    /// carries them.
+    pub redis_elsewhere: Vec<crate::ops::structures::Held>,
     pub redis: SideCounts,
     pub postgres: SideCounts,
     /// Ran on Redis, never mirrored (nothing left to repair).
@@ -240,6 +244,7 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
         redis_waiting: input.held.waiting.len(),
         redis_processing: input.held.processing.len(),
         redis_parked: input.held.parked,
+        redis_elsewhere: input.held.elsewhere.clone(),
         redis_truncated: input.held.truncated,
         redis_reports: redis.jobs > 0,
         redis,

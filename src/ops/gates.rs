@@ -332,7 +332,7 @@ async fn postgres_only_checks(
         "0 (settled by the Redis side's reports, or qbridge diff --repair --assume-lost)".into(),
     ));
     checks.push(never_ran_check(db, route, state, &held).await?);
-    checks.push(structures_check(redis, route).await?);
+    checks.push(structures_check(&held));
     let last: Option<DateTime<Utc>> = sqlx::query_scalar(
         "SELECT max(recorded_at) FROM qbridge.outcomes WHERE queue = $1 AND side = 'redis'",
     )
@@ -395,14 +395,9 @@ async fn never_ran_check(
 /// Jobs of the route in its framework's other structures (Sidekiq's
 /// `schedule`, `retry`, `dead`): decommissioning carries only the route's
 /// lists, so they would be stranded (issue 14).
-async fn structures_check(redis: &mut ConnectionManager, route: &Route) -> Result<Check> {
-    let held = crate::ops::structures::read(redis, route).await?;
-    let left: Vec<String> = held
-        .iter()
-        .filter(|h| h.jobs > 0)
-        .map(|h| h.describe())
-        .collect();
-    Ok(check(
+fn structures_check(held: &redis_view::RedisView) -> Check {
+    let left = crate::ops::structures::non_empty(&held.elsewhere);
+    check(
         "jobs in the framework's other structures",
         left.is_empty(),
         if left.is_empty() {
@@ -410,9 +405,9 @@ async fn structures_check(redis: &mut ConnectionManager, route: &Route) -> Resul
         } else {
             left.join("; ")
         },
-        "none (let the fleet run the scheduled and retrying ones; the archive does not carry them yet)"
+        "none (let the fleet run them; --force carries them into Postgres: cutover/frameworks.md)"
             .into(),
-    ))
+    )
 }
 
 /// Every gate refuses while a job of the window ran live on both sides:

@@ -17,6 +17,7 @@ use sqlx::PgPool;
 use crate::config::PushEnd;
 use crate::error::Result;
 use crate::model::formats::{decode_bytes, KeySource};
+use crate::ops::structures;
 use crate::redis::epoch::{self, Epoch};
 use crate::redis::keys::{inflight_beside, RouteKeys};
 use crate::routes::Route;
@@ -52,6 +53,9 @@ pub struct RedisView {
     /// Which Redis this was read from (observed first): the evidence a
     /// loss needs ([`crate::ops::evidence`]).
     pub epoch: Option<Epoch>,
+    /// The route's jobs in its framework's other structures (Sidekiq's
+    /// schedule, retry and dead sets; [`crate::ops::structures`]).
+    pub elsewhere: Vec<structures::Held>,
 }
 
 impl RedisView {
@@ -108,6 +112,7 @@ async fn read_list(
 pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> Result<RedisView> {
     let mut view = RedisView {
         epoch: Some(epoch::observe(conn, db, route).await?),
+        elsewhere: structures::read(conn, route).await?,
         ..RedisView::default()
     };
     let mut budget = MAX_ITEMS;

@@ -43,6 +43,14 @@ impl Held {
     }
 }
 
+/// The structures that hold any of the route's jobs, one description each.
+pub fn non_empty(held: &[Held]) -> Vec<String> {
+    held.iter()
+        .filter(|h| h.jobs > 0)
+        .map(Held::describe)
+        .collect()
+}
+
 /// Reads every structure of `route` (nothing for formats without any).
 pub async fn read(conn: &mut ConnectionManager, route: &Route) -> Result<Vec<Held>> {
     let mut out = Vec::new();

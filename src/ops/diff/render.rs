@@ -42,6 +42,13 @@ pub(super) fn verdict(d: &Diff) -> String {
     if d.redis_truncated {
         line.push_str("; Redis lists longer than the diff reads: counts are lower bounds");
     }
+    let elsewhere = crate::ops::structures::non_empty(&d.redis_elsewhere);
+    if !elsewhere.is_empty() {
+        line.push_str(&format!(
+            "; also only on Redis, outside the list: {}",
+            elsewhere.join(", ")
+        ));
+    }
     line
 }
 

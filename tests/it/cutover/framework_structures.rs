@@ -82,6 +82,17 @@ async fn sidekiq_jobs_outside_the_list_are_counted_and_hold_decommission(pool: P
         "{check:?}"
     );
     assert!(!gate.passed());
+    // The diff says where they are, too.
+    let since = chrono::Utc::now() - chrono::Duration::minutes(5);
+    let (diff, _) = gates::diff_since(&pool, &mut conn, &route, Phase::PostgresOnly, since)
+        .await
+        .unwrap();
+    assert!(
+        diff.verdict
+            .contains("also only on Redis, outside the list: schedule: 3 scheduled"),
+        "{}",
+        diff.verdict
+    );
 }
 
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
