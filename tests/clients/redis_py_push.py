@@ -3,7 +3,8 @@ Python producer (RQ, Celery, hand-rolled) would: single LPUSHes, a pipelined
 batch, and a MULTI/EXEC transaction.
 
 Usage: redis_py_push.py <port> <key> <id-prefix> <count>
-Prints one line "pushed <n>" and exits 0; exits 3 if redis-py is missing.
+Prints one line "pushed <n>" and exits 0; exits 3 if redis-py is missing
+(the test runs it with .venv's python, where scripts/test-deps.sh installs it).
 """
 
 import json
