@@ -52,7 +52,7 @@ pub const PROXY_POSTGRES_WRITES: &str = "qbridge_proxy_postgres_writes_total";
 
 pub const REDIS_OUTCOMES: &str = "qbridge_redis_consumer_outcomes_total";
 pub const REDIS_RECOVERED: &str = "qbridge_redis_consumer_recovered_total";
-pub const REDIS_SKIPPED: &str = "qbridge_redis_consumer_skipped_total";
+pub const REDIS_DROPPED_UNRUN: &str = "qbridge_redis_consumer_dropped_unrun_total";
 pub const OUTCOMES_DROPPED: &str = "qbridge_outcomes_dropped_total";
 
 pub const SHADOW_CALLS: &str = "qbridge_shadow_calls_total";
@@ -110,7 +110,7 @@ pub const ALL: &[&str] = &[
     PROXY_POSTGRES_WRITES,
     REDIS_OUTCOMES,
     REDIS_RECOVERED,
-    REDIS_SKIPPED,
+    REDIS_DROPPED_UNRUN,
     OUTCOMES_DROPPED,
     SHADOW_CALLS,
     ROUTE_PHASE,
@@ -279,7 +279,7 @@ fn describe_redis_side() {
         "Items moved back from an orphaned processing list at start-up"
     );
     describe_counter!(
-        REDIS_SKIPPED,
+        REDIS_DROPPED_UNRUN,
         "Items the Redis consumer dropped unrun, per route and reason (live_in_postgres: a re-push of a key Postgres runs live)"
     );
     describe_counter!(

@@ -126,7 +126,7 @@ pub struct ConsumerReport {
     pub redis_errors: u64,
     /// Items dropped unrun: re-pushes of a key Postgres holds live (it ran
     /// or runs that job; see `live_in_postgres`).
-    pub skipped_live_in_postgres: u64,
+    pub dropped_live_in_postgres: u64,
     /// Whether it ever opened its slots' connections (false: the route was
     /// decommissioned the whole time).
     pub connected: bool,
@@ -139,7 +139,7 @@ impl ConsumerReport {
         self.dead += other.dead;
         self.recovered += other.recovered;
         self.redis_errors += other.redis_errors;
-        self.skipped_live_in_postgres += other.skipped_live_in_postgres;
+        self.dropped_live_in_postgres += other.dropped_live_in_postgres;
     }
 }
 

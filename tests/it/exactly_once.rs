@@ -118,3 +118,22 @@ pub async fn delete_keys(patterns: &[&str]) {
         }
     }
 }
+
+/// `qbridge diff --repair` on `route` in `dual_write` over the window from
+/// `since`: the diff before the repair and what the repair did.
+pub async fn diff_and_repair(
+    pool: &PgPool,
+    conn: &mut ::redis::aio::ConnectionManager,
+    route: &qbridge::routes::Route,
+    since: chrono::DateTime<chrono::Utc>,
+) -> (qbridge::ops::diff::Diff, qbridge::ops::repair::RepairReport) {
+    use qbridge::model::Phase;
+    use qbridge::ops::{gates, repair};
+    let (diff, held) = gates::diff_since(pool, conn, route, Phase::DualWrite, since)
+        .await
+        .unwrap();
+    let report = repair::repair(pool, conn, route, Phase::DualWrite, since, &held, 1 << 20)
+        .await
+        .unwrap();
+    (diff, report)
+}

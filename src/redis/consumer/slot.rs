@@ -225,8 +225,8 @@ impl Slot {
             Owner::Postgres => {
                 self.drop_unrun(conn, &processing, &inflight, &decoded)
                     .await?;
-                self.report.skipped_live_in_postgres += 1;
-                metrics::counter!(m::REDIS_SKIPPED, "route" => ctx.route.name.clone(),
+                self.report.dropped_live_in_postgres += 1;
+                metrics::counter!(m::REDIS_DROPPED_UNRUN, "route" => ctx.route.name.clone(),
                     "reason" => "live_in_postgres")
                 .increment(1);
                 tracing::info!(route = %ctx.route.name, key = %key_hash(&key),

@@ -11,8 +11,6 @@ use tokio::process::Child;
 
 use sqlx::PgPool;
 
-use qbridge::model::Phase;
-use qbridge::ops::{gates, repair};
 use qbridge::redis::connect::connect_redis;
 
 use super::{delete_keys, ProxySide, REDIS};
@@ -133,20 +131,7 @@ async fn silence_from_an_outside_fleet_is_never_taken_for_a_loss(pool: PgPool) {
     let routes = side.side_routes();
     let route_ref = routes.by_name(&route).unwrap().clone();
     let since = chrono::Utc::now() - chrono::Duration::minutes(10);
-    let (diff, held) = gates::diff_since(&pool, &mut redis, &route_ref, Phase::DualWrite, since)
-        .await
-        .unwrap();
-    let report = repair::repair(
-        &pool,
-        &mut redis,
-        &route_ref,
-        Phase::DualWrite,
-        since,
-        &held,
-        1 << 20,
-    )
-    .await
-    .unwrap();
+    let (diff, report) = super::diff_and_repair(&pool, &mut redis, &route_ref, since).await;
     assert_eq!(
         report.repushed, 0,
         "jobs the fleet ran were pushed back: {report:?}; diff: {}",

@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use qbridge::model::Phase;
-use qbridge::ops::{gates, repair};
 use qbridge::redis::connect::connect_redis;
 
 use super::{delete_keys, ProxySide, REDIS};
@@ -62,20 +60,7 @@ async fn jobs_the_consumer_ran_are_never_pushed_back_when_their_reports_are_lost
     let routes = side.side_routes();
     let route_ref = routes.by_name(&route).unwrap().clone();
     let since = chrono::Utc::now() - chrono::Duration::minutes(10);
-    let (diff, held) = gates::diff_since(&pool, &mut redis, &route_ref, Phase::DualWrite, since)
-        .await
-        .unwrap();
-    let report = repair::repair(
-        &pool,
-        &mut redis,
-        &route_ref,
-        Phase::DualWrite,
-        since,
-        &held,
-        1 << 20,
-    )
-    .await
-    .unwrap();
+    let (diff, report) = super::diff_and_repair(&pool, &mut redis, &route_ref, since).await;
     assert_eq!(
         report.repushed, 0,
         "jobs the consumer ran were pushed back: {report:?}; diff: {}",

@@ -136,21 +136,7 @@ impl Walk<'_> {
             .unwrap();
             assert_eq!(pushed + paid as usize, after);
         }
-        let (after_restart, held) =
-            gates::diff_since(pool, &mut conn, &route, Phase::DualWrite, since)
-                .await
-                .unwrap();
-        let report = repair::repair(
-            pool,
-            &mut conn,
-            &route,
-            Phase::DualWrite,
-            since,
-            &held,
-            1 << 20,
-        )
-        .await
-        .unwrap();
+        let (after_restart, report) = super::diff_and_repair(pool, &mut conn, &route, since).await;
         let left: i64 = ::redis::cmd("LLEN")
             .arg("jobs")
             .query_async(&mut conn)
@@ -210,7 +196,7 @@ async fn a_push_the_outbox_still_owes_is_never_pushed_back(pool: PgPool) {
 /// Redis has it, and a pop in between runs another copy under that number.
 /// When Redis then loses the popped copy, its key is owed by the outbox in
 /// name only — the outbox's copy will be popped under a later number. Before
-/// the fix repair skipped the popped key (owed) and pushed back the unpopped
+/// the fix repair left the popped key alone (owed) and pushed back the unpopped
 /// one the outbox pays: one job ran twice and one never (found by the oracle
 /// campaign, seed 550). Repair of a content hash counts instead: a number a
 /// pop took is lost whatever the outbox owes; of the numbers no pop took, as
@@ -328,20 +314,7 @@ async fn a_push_mirrored_after_the_restart_is_judged_by_when_redis_took_it(pool:
     while mirrored().await == 0 {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let (after, held) = gates::diff_since(&pool, &mut conn, &route, Phase::DualWrite, since)
-        .await
-        .unwrap();
-    let report = repair::repair(
-        &pool,
-        &mut conn,
-        &route,
-        Phase::DualWrite,
-        since,
-        &held,
-        1 << 20,
-    )
-    .await
-    .unwrap();
+    let (after, report) = super::diff_and_repair(&pool, &mut conn, &route, since).await;
     assert_eq!(
         (report.repushed, report.unaccounted),
         (1, 0),

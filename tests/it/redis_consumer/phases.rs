@@ -258,7 +258,7 @@ async fn a_repush_of_a_key_postgres_ran_live_is_not_run_again(pool: PgPool) {
     let ran: Vec<String> = outcomes(&pool).await.into_iter().map(|o| o.0).collect();
     assert_eq!(ran, vec!["k-fresh".to_string()]);
     assert_eq!(report.ok, 1);
-    assert_eq!(report.skipped_live_in_postgres, 1);
+    assert_eq!(report.dropped_live_in_postgres, 1);
     // Not left behind either: the duplicate left the processing list.
     assert_eq!(fx.leftovers().await, vec![fx.ran()]);
     fx.cleanup().await;
