@@ -60,26 +60,42 @@ pub async fn read(conn: &mut ConnectionManager, route: &Route) -> Result<Vec<Hel
     Ok(out)
 }
 
-/// Counts the route's members of one sorted set and their earliest score.
+/// Counts the route's members of one sorted set and their earliest score,
+/// page by page: a count keeps no member (this runs with every diff,
+/// including the periodic gauges).
 async fn count(conn: &mut ConnectionManager, structure: &Structure) -> Result<Held> {
-    let members = members(conn, structure).await?;
-    let earliest = members.iter().map(|(_, s)| *s).reduce(f64::min);
+    let (mut jobs, mut earliest) = (0u64, None::<f64>);
+    scan_owned(conn, structure, |_, score| {
+        jobs += 1;
+        earliest = Some(earliest.map_or(score, |e| e.min(score)));
+    })
+    .await?;
     Ok(Held {
         holding: structure.holding,
         key: structure.key.clone(),
-        jobs: members.len() as u64,
+        jobs,
         next_at: earliest.and_then(structures::score_time),
     })
 }
 
-/// The route's members of one sorted set, with their scores. ZSCAN, never
-/// ZRANGE of the whole set: Sidekiq's dead set keeps 10,000 jobs by
-/// default, shared by every queue.
+/// The route's members of one sorted set, with their scores.
 pub(crate) async fn members(
     conn: &mut ConnectionManager,
     structure: &Structure,
 ) -> Result<Vec<(Vec<u8>, f64)>> {
     let mut out = Vec::new();
+    scan_owned(conn, structure, |member, score| out.push((member, score))).await?;
+    Ok(out)
+}
+
+/// Hands each of the route's members of one sorted set to `each`. ZSCAN,
+/// never ZRANGE of the whole set: Sidekiq's dead set keeps 10,000 jobs by
+/// default, shared by every queue.
+async fn scan_owned(
+    conn: &mut ConnectionManager,
+    structure: &Structure,
+    mut each: impl FnMut(Vec<u8>, f64),
+) -> Result<()> {
     let mut cursor: u64 = 0;
     loop {
         let (next, page): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
@@ -89,9 +105,13 @@ pub(crate) async fn members(
             .arg(PAGE)
             .query_async(conn)
             .await?;
-        out.extend(page.into_iter().filter(|(m, _)| structure.owns(m)));
+        for (member, score) in page {
+            if structure.owns(&member) {
+                each(member, score);
+            }
+        }
         if next == 0 {
-            return Ok(out);
+            return Ok(());
         }
         cursor = next;
     }
