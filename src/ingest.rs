@@ -141,8 +141,8 @@ const WRITTEN_SQL: &str =
 
 /// Remembers the key each write got.
 const RECORD_WRITES_SQL: &str = r#"
-INSERT INTO qbridge.numbered_writes (write_id, queue, key)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
+INSERT INTO qbridge.numbered_writes (write_id, queue, key, side)
+SELECT t.*, 'push' FROM unnest($1::text[], $2::text[], $3::text[]) AS t
 ON CONFLICT (write_id) DO NOTHING
 "#;
 

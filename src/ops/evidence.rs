@@ -62,10 +62,23 @@ pub async fn classify(
             reason: Some(FLEET_REASON.into()),
         });
     }
-    let found = match epoch {
-        Some(epoch) => epoch::loss_evidence(db, route, epoch, &keys).await?,
-        None => Vec::new(),
+    let Some(epoch) = epoch else {
+        return Ok(Accounting {
+            repairable: Vec::new(),
+            unaccounted: keys,
+            reason: Some(NO_EVIDENCE_REASON.into()),
+        });
     };
+    // Content hashes no pop took yet are judged per text, the rest per key.
+    let by_text = epoch::text_loss_evidence(db, route, epoch, &keys).await?;
+    let judged: std::collections::HashSet<&str> = by_text.iter().map(|(k, _)| k.as_str()).collect();
+    let per_key: Vec<String> = keys
+        .iter()
+        .filter(|k| !judged.contains(k.as_str()))
+        .cloned()
+        .collect();
+    let mut found = epoch::loss_evidence(db, route, epoch, &per_key).await?;
+    found.extend(by_text.into_iter().filter_map(|(k, line)| Some((k, line?))));
     let proven: std::collections::HashSet<&str> = found.iter().map(|(k, _)| k.as_str()).collect();
     let unaccounted: Vec<String> = keys
         .iter()

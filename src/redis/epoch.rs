@@ -139,6 +139,81 @@ SELECT k.key,
    AND (cur.started_at > COALESCE(k.pushed_at, k.seen_at) OR prev.last_seen IS NOT NULL)
 "#;
 
+/// What Redis lost of some content-hash keys, judged per text: for each of
+/// `keys` that no pop has taken yet (a *fresh* number, not a hole), whether
+/// it is proven lost, with the evidence line (`None`: not proven). Keys of
+/// popped numbers and holes are not returned; they are judged per key by
+/// [`loss_evidence`].
+///
+/// Identical copies are interchangeable and pops number them by count, so
+/// after a restart the pops take the lost copies' numbers and the numbers
+/// left without a pop are the newest, pushed after it. The evidence is the
+/// text's: the copies pushed before the restart that no pop had taken by
+/// then — those the restart can have lost. That many of the text's missing
+/// copies (the earliest pushed first) are proven lost; the rest are not.
+pub async fn text_loss_evidence(
+    db: &PgPool,
+    route: &Route,
+    epoch: &Epoch,
+    keys: &[String],
+) -> Result<Vec<(String, Option<String>)>> {
+    Ok(sqlx::query_as(TEXT_LOSS_EVIDENCE_SQL)
+        .bind(&route.name)
+        .bind(&route.queue)
+        .bind(&epoch.run_id)
+        .bind(&epoch.marker)
+        .bind(keys)
+        .fetch_all(db)
+        .await?)
+}
+
+/// `bound`: the latest time Redis certainly still was an earlier server
+/// (the current one's start at the earliest, or the last sight of another
+/// one before it). `texts`: per text, the copies pushed before it less the
+/// pops numbered before it (a pop is numbered after it left Redis).
+const TEXT_LOSS_EVIDENCE_SQL: &str = r#"
+WITH cur AS (
+    SELECT started_at, first_seen FROM qbridge.redis_epochs
+     WHERE route = $1 AND run_id = $3 AND marker = $4),
+bound AS (
+    SELECT greatest(cur.started_at,
+                    (SELECT max(o.last_seen) FROM qbridge.redis_epochs o
+                      WHERE o.route = $1 AND (o.run_id, o.marker) <> ($3, $4)
+                        AND o.last_seen < cur.first_seen)) AS at
+      FROM cur),
+asked AS (
+    SELECT t.key, k.pushed,
+           substring(t.key from '^sha256:([0-9a-f]+):[0-9]+$') AS hash,
+           substring(t.key from '^sha256:[0-9a-f]+:([0-9]+)$')::bigint AS n
+      FROM unnest($5::text[]) AS t(key)
+      LEFT JOIN LATERAL (SELECT COALESCE(j.pushed_at, j.seen_at) AS pushed FROM qbridge.job_keys j
+                          WHERE j.queue = $2 AND j.key = t.key) k ON true),
+fresh AS (
+    SELECT a.*, row_number() OVER (PARTITION BY a.hash ORDER BY a.pushed, a.n) AS rank
+      FROM asked a
+     WHERE a.hash IS NOT NULL
+       AND a.n > COALESCE((SELECT p.n FROM qbridge.key_occurrences p
+                            WHERE p.queue = $2 AND p.side = 'pop' AND p.hash = a.hash), 0)
+       AND NOT EXISTS (SELECT 1 FROM qbridge.pop_holes h
+                        WHERE h.queue = $2 AND h.hash = a.hash AND h.n = a.n)),
+texts AS (
+    SELECT h.hash,
+           (SELECT count(*) FROM qbridge.job_keys k
+             WHERE k.queue = $2 AND k.key LIKE 'sha256:' || h.hash || ':%'
+               AND k.key ~ ':[0-9]+$' AND COALESCE(k.pushed_at, k.seen_at) < b.at)
+         - (SELECT count(DISTINCT w.key) FROM qbridge.numbered_writes w
+             WHERE w.queue = $2 AND w.side = 'pop' AND w.key LIKE 'sha256:' || h.hash || ':%'
+               AND w.key ~ ':[0-9]+$' AND w.at < b.at) AS waiting
+      FROM (SELECT DISTINCT hash FROM fresh) h CROSS JOIN bound b)
+SELECT f.key,
+       CASE WHEN f.rank <= t.waiting
+            THEN 'Redis restarted or lost its data (it was another server until ' ||
+                 to_char(b.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') ||
+                 ') while identical copies pushed before then waited unpopped'
+       END
+  FROM fresh f JOIN texts t USING (hash) CROSS JOIN bound b
+"#;
+
 /// A `field:value` line of an INFO reply.
 fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     info.lines()

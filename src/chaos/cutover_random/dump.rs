@@ -25,7 +25,13 @@ const QUERIES: &[(&str, &str)] = &[
 
 /// Writes the dump of `seed` when `QBRIDGE_CHAOS_DUMP_DIR` is set and a
 /// violation names a text; errors are reported in the file, never raised.
-pub(super) async fn write(db: &PgPool, seed: u64, violations: &[String], steps: &[String]) {
+pub(super) async fn write(
+    db: &PgPool,
+    redis_url: &str,
+    seed: u64,
+    violations: &[String],
+    steps: &[String],
+) {
     let Ok(dir) = std::env::var("QBRIDGE_CHAOS_DUMP_DIR") else {
         return;
     };
@@ -59,6 +65,15 @@ pub(super) async fn write(db: &PgPool, seed: u64, violations: &[String], steps: 
                 }
             }
         }
+        let _ = writeln!(out, "-- redis");
+        match held_in_redis(redis_url, &hash).await {
+            Ok(rows) => rows.iter().for_each(|r| {
+                let _ = writeln!(out, "{r}");
+            }),
+            Err(e) => {
+                let _ = writeln!(out, "(failed: {e})");
+            }
+        }
     }
     let path = std::path::Path::new(&dir).join(format!("seed-{seed}.txt"));
     let _ = std::fs::create_dir_all(&dir);
@@ -83,4 +98,46 @@ pub(super) fn keep_logs(rig_dir: &std::path::Path, seed: u64) {
             let _ = std::fs::copy(entry.path(), to);
         }
     }
+}
+
+/// How many copies of the text (`sha256:<hex>`) each Redis list holds at the
+/// end of the walk (the route's list, processing lists, gap lists): a copy
+/// acknowledged but never run is either still here or gone.
+async fn held_in_redis(url: &str, hash: &str) -> crate::error::Result<Vec<String>> {
+    use sha2::{Digest, Sha256};
+    let mut conn = crate::redis::connect::connect_redis(url).await?;
+    let keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query_async(&mut conn).await?;
+    let want = hash.trim_start_matches("sha256:");
+    let mut rows = Vec::new();
+    for key in keys {
+        let kind: String = ::redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await?;
+        if kind != "list" {
+            rows.push(format!("{key} ({kind})"));
+            continue;
+        }
+        let items: Vec<Vec<u8>> = ::redis::cmd("LRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await?;
+        let copies = items
+            .iter()
+            .filter(|i| {
+                Sha256::digest(i)
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+                    == want
+            })
+            .count();
+        rows.push(format!(
+            "{key}: {} items, {copies} copies of the text",
+            items.len()
+        ));
+    }
+    Ok(rows)
 }

@@ -56,7 +56,7 @@ RETURNING p.n
 "#;
 
 const RECORD_SQL: &str =
-    "INSERT INTO qbridge.numbered_writes (write_id, queue, key) VALUES ($1, $2, $3)";
+    "INSERT INTO qbridge.numbered_writes (write_id, queue, key, side) VALUES ($1, $2, $3, 'pop')";
 
 /// How long numbering a pop may wait for Postgres before the slot retries
 /// later (the item waits in its processing list meanwhile).
