@@ -141,3 +141,50 @@ async fn held_in_redis(url: &str, hash: &str) -> crate::error::Result<Vec<String
     }
     Ok(rows)
 }
+
+/// Writes what every Redis list holds, per text (`<list>: <hash prefix> ×
+/// <copies>`), to `$QBRIDGE_CHAOS_DUMP_DIR/seed-<n>-redis-<when>.txt` when
+/// the variable is set: the walk calls it when a drain fails, before the
+/// decommission archives the lists.
+pub(super) async fn redis_lists(url: &str, seed: u64, when: &str) {
+    use sha2::{Digest, Sha256};
+    let Ok(dir) = std::env::var("QBRIDGE_CHAOS_DUMP_DIR") else {
+        return;
+    };
+    let mut out = String::new();
+    let read = async {
+        let mut conn = crate::redis::connect::connect_redis(url).await?;
+        let keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query_async(&mut conn).await?;
+        for key in keys {
+            let kind: String = ::redis::cmd("TYPE")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await?;
+            if kind != "list" {
+                continue;
+            }
+            let items: Vec<Vec<u8>> = ::redis::cmd("LRANGE")
+                .arg(&key)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await?;
+            let mut texts: std::collections::BTreeMap<String, usize> = Default::default();
+            for item in &items {
+                let hex: String = Sha256::digest(item)
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                *texts.entry(hex[..12].to_string()).or_default() += 1;
+            }
+            let _ = writeln!(out, "{key}: {} items {texts:?}", items.len());
+        }
+        Ok::<(), crate::error::Error>(())
+    };
+    if let Err(e) = read.await {
+        let _ = writeln!(out, "(failed: {e})");
+    }
+    let path = std::path::Path::new(&dir).join(format!("seed-{seed}-redis-{when}.txt"));
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(path, out);
+}
