@@ -5,6 +5,7 @@
 //! while the previous one commits, so the commit rate, not the push rate,
 //! sets the number of transactions.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,8 +21,9 @@ use super::spool;
 use crate::error::Error;
 use crate::ingest::{self, Item, Stored, Via};
 use crate::metrics as m;
-use crate::model::formats::decode_bytes;
+use crate::model::formats::{self, decode_bytes, Format, KeySource};
 use crate::queue::JobCopy;
+use crate::redis::rq_jobs::{self, JobHash};
 use crate::routes::Route;
 
 /// Tuning of the writers; see `[proxy]` in the config.
@@ -253,9 +255,11 @@ impl Writer {
             .iter()
             .flat_map(|k| Part::all(&k.route, k.copy, k.via, k.writes, k.acked_at, &k.items))
             .collect();
+        let jobs = rq_jobs_of(&mut self.spool, &parts).await;
         let result = write_batch(
             &self.pool,
             parts,
+            &jobs,
             self.opts.payload_limit,
             self.opts.batch_items,
         )
@@ -316,9 +320,11 @@ impl Writer {
             .iter()
             .flat_map(|r| Part::all(&r.route, r.copy, r.via, r.writes, r.acked_at, &r.items))
             .collect();
+        let jobs = rq_jobs_of(&mut self.spool, &parts).await;
         let result = write_batch(
             &self.pool,
             parts,
+            &jobs,
             self.opts.payload_limit,
             self.opts.batch_items,
         )
@@ -427,6 +433,38 @@ impl<'a> Part<'a> {
     }
 }
 
+/// The job hashes of the RQ ids among `parts` (`redis::rq_jobs`), read on
+/// the writer's Redis connection. Without one, or when the read fails, the
+/// copies keep the id alone (as every RQ copy did before): logged, since
+/// such a copy cannot run on Postgres without Redis.
+async fn rq_jobs_of(
+    conn: &mut Option<ConnectionManager>,
+    parts: &[Part<'_>],
+) -> HashMap<String, JobHash> {
+    let ids: Vec<&str> = parts
+        .iter()
+        .filter(|p| p.route.format == Format::Rq)
+        .filter_map(|p| std::str::from_utf8(p.bytes).ok())
+        .collect();
+    if ids.is_empty() {
+        return HashMap::new();
+    }
+    let Some(conn) = conn else {
+        tracing::warn!(
+            items = ids.len(),
+            "RQ jobs mirrored without their job hashes: the mirror has no Redis connection"
+        );
+        return HashMap::new();
+    };
+    match rq_jobs::read(conn, &ids).await {
+        Ok(jobs) => jobs,
+        Err(e) => {
+            tracing::warn!(items = ids.len(), error = %e, "cannot read RQ job hashes; their copies keep the job id alone");
+            HashMap::new()
+        }
+    }
+}
+
 /// Decodes and stores every item of `batch` in one transaction; results in
 /// request order, items in order. Items are decoded and stored `chunk` at a
 /// time: one push may carry a million items, and decoding them all at once
@@ -436,6 +474,7 @@ impl<'a> Part<'a> {
 async fn write_batch(
     pool: &PgPool,
     all: Vec<Part<'_>>,
+    rq_jobs: &HashMap<String, JobHash>,
     payload_limit: usize,
     chunk: usize,
 ) -> Result<Vec<Stored>, Error> {
@@ -451,7 +490,12 @@ async fn write_batch(
         let items: Vec<Item<'_>> = part
             .iter()
             .map(|p| {
-                let decoded = decode_bytes(&p.route.format, p.bytes.clone());
+                let mut decoded = decode_bytes(&p.route.format, p.bytes.clone());
+                if let KeySource::Id(id) = &decoded.key {
+                    if let Some(job) = rq_jobs.get(id).filter(|_| p.route.format == Format::Rq) {
+                        formats::rq::with_job(&mut decoded.payload, job);
+                    }
+                }
                 let hashed = decoded.key.is_content_hash();
                 let mut item = Item::new(p.route, decoded, p.copy, p.via);
                 if p.copy == JobCopy::Mirror {

@@ -34,7 +34,7 @@ mod celery;
 mod json;
 mod raw;
 mod resque;
-mod rq;
+pub mod rq;
 mod sidekiq;
 
 #[cfg(test)]

@@ -34,6 +34,7 @@ use crate::ops::redis_view::scan;
 use crate::queue::JobCopy;
 use crate::redis::consumer::numbering::{pop_key, PopKey};
 use crate::redis::keys::RouteKeys;
+use crate::redis::rq_jobs;
 use crate::routes::Route;
 
 mod idle;
@@ -179,6 +180,12 @@ async fn archive_live(
         batch.push(item);
     }
     ran_already(redis, route, &mut batch).await?;
+    rq_jobs::attach(
+        redis,
+        &route.format,
+        batch.iter_mut().map(|i| &mut i.decoded),
+    )
+    .await;
     let stored = ingest::store(&mut tx, batch, payload_limit).await?;
     tx.commit().await?;
     Ok(stored)

@@ -38,6 +38,7 @@ use crate::ops::redis_view::{self, RedisView};
 use crate::queue::JobCopy;
 use crate::redis::consumer::numbering;
 use crate::redis::keys::RouteKeys;
+use crate::redis::rq_jobs;
 use crate::routes::Route;
 
 /// How long a re-push marker lives: longer than any sane Redis backlog, so
@@ -136,7 +137,7 @@ pub async fn repair_with(
         assume.check()?;
     }
     let mut report = RepairReport {
-        mirrored: mirror_waiting(db, route, held, payload_limit).await?,
+        mirrored: mirror_waiting(db, redis, route, held, payload_limit).await?,
         ..RepairReport::default()
     };
     if !matches!(
@@ -287,6 +288,7 @@ async fn owed(
 /// with an id only; see the filter below).
 async fn mirror_waiting(
     db: &PgPool,
+    redis: &mut ConnectionManager,
     route: &Route,
     held: &RedisView,
     payload_limit: usize,
@@ -310,7 +312,7 @@ async fn mirror_waiting(
         return Ok(0);
     }
     let unknown: std::collections::HashSet<String> = unknown.into_iter().collect();
-    let items: Vec<Item<'_>> = keys
+    let mut items: Vec<Item<'_>> = keys
         .iter()
         .zip(originals)
         .filter(|(k, _)| unknown.contains(*k))
@@ -328,5 +330,11 @@ async fn mirror_waiting(
             item
         })
         .collect();
+    rq_jobs::attach(
+        redis,
+        &route.format,
+        items.iter_mut().map(|i| &mut i.decoded),
+    )
+    .await;
     ingest::store_counting_new(db, items, payload_limit).await
 }

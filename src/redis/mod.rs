@@ -1,6 +1,6 @@
 //! The Redis side of a migration: every Redis key qbridge reads or writes
 //! ([`keys`]), connecting to Redis ([`connect`]), the producer API with its
-//! outbox, the Redis consumer, the gap list's entries ([`gap_entry`]), which Redis a route talks to ([`epoch`]:
+//! outbox, the Redis consumer, the gap list's entries ([`gap_entry`]), RQ's job hashes ([`rq_jobs`]), which Redis a route talks to ([`epoch`]:
 //! the evidence that Redis lost data), and per-route Redis numbers for `qbridge
 //! stats`.
 
@@ -12,3 +12,4 @@ pub mod keys;
 pub mod outbox;
 pub mod producer;
 pub mod route_stats;
+pub mod rq_jobs;

@@ -9,4 +9,5 @@ mod gradual;
 mod planted;
 mod rig;
 mod rollback;
+mod rq_jobs;
 mod watch;

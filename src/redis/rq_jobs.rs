@@ -1,0 +1,80 @@
+//! RQ keeps a job in the hash `rq:job:<id>` and pushes only the id onto
+//! `rq:queue:<name>` (issue 14): a mirror copy of the push alone could never
+//! run without Redis. The mirror reads the hashes of a batch's RQ ids in one
+//! pipeline before it stores them, and each copy's payload carries its job
+//! ([`crate::model::formats::rq::with_job`]).
+//!
+//! RQ writes the hash and the push in one MULTI (`Queue.enqueue_job` saves
+//! the job through the pipeline it pushes with), and the proxy mirrors a
+//! push inside MULTI only after EXEC succeeded: by the time the mirror reads,
+//! the hash is there. It is gone only when RQ deleted it (its result or
+//! failure TTL ran out, or the job was cancelled and deleted) — then the copy
+//! keeps the id alone, as before.
+
+use std::collections::HashMap;
+
+use redis::aio::ConnectionManager;
+
+use crate::error::Result;
+use crate::model::formats::{self, Decoded, Format, KeySource};
+
+/// RQ's job key prefix (`Job.redis_job_namespace_prefix`).
+pub const JOB_PREFIX: &str = "rq:job:";
+
+/// A job hash's fields and values, as stored.
+pub type JobHash = Vec<(String, Vec<u8>)>;
+
+/// The job hashes of `ids`, one pipelined `HGETALL` each; ids whose hash
+/// is missing or empty are left out.
+pub async fn read(conn: &mut ConnectionManager, ids: &[&str]) -> Result<HashMap<String, JobHash>> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let mut pipe = redis::pipe();
+    for id in ids {
+        pipe.cmd("HGETALL").arg(format!("{JOB_PREFIX}{id}"));
+    }
+    let hashes: Vec<Vec<(String, Vec<u8>)>> = pipe.query_async(conn).await?;
+    Ok(ids
+        .iter()
+        .zip(hashes)
+        .filter(|(_, h)| !h.is_empty())
+        .map(|(id, h)| (id.to_string(), h))
+        .collect())
+}
+
+/// Puts each RQ item's job hash into its payload (`formats::rq::with_job`)
+/// for items of an RQ route (`format`); others are left as they are. A
+/// failed read leaves the items as they are, logged: their copies keep the
+/// id alone.
+pub async fn attach<'a>(
+    conn: &mut ConnectionManager,
+    format: &Format,
+    items: impl IntoIterator<Item = &'a mut Decoded>,
+) {
+    if *format != Format::Rq {
+        return;
+    }
+    let mut items: Vec<&mut Decoded> = items.into_iter().collect();
+    let ids: Vec<&str> = items
+        .iter()
+        .filter_map(|d| match &d.key {
+            KeySource::Id(id) => Some(id.as_str()),
+            KeySource::ContentHash(_) => None,
+        })
+        .collect();
+    let jobs = match read(conn, &ids).await {
+        Ok(jobs) => jobs,
+        Err(e) => {
+            tracing::warn!(items = ids.len(), error = %e, "cannot read RQ job hashes; their copies keep the job id alone");
+            return;
+        }
+    };
+    for decoded in items.iter_mut() {
+        if let KeySource::Id(id) = &decoded.key {
+            if let Some(job) = jobs.get(id) {
+                formats::rq::with_job(&mut decoded.payload, job);
+            }
+        }
+    }
+}
