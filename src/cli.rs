@@ -111,6 +111,16 @@ pub enum Command {
     )]
     Diff(DiffArgs),
 
+    /// Copy what already waits in Redis for a route into Postgres as mirror copies.
+    #[command(
+        after_help = "Examples:\n  qbridge import --route mail --dry-run\n  qbridge import --route mail\n\n\
+        Run it once a route is in dual_write: the backlog in its list and, for Sidekiq, the\n\
+        route's jobs in the schedule and retry sets become mirror copies (due at their time),\n\
+        its dead jobs are copied to the dead-letter table. The jobs stay in Redis. Idempotent\n\
+        by job key: run it again until it reports nothing new."
+    )]
+    Import(ImportArgs),
+
     /// The migration drill: one route through every phase on real Postgres and Redis.
     #[command(after_help = "Examples:\n  qbridge demo\n  qbridge demo --json\n  \
         qbridge demo --database-url postgres://me@db/app --redis-url redis://cache:6379\n\n\
@@ -283,6 +293,17 @@ pub struct DemoArgs {
     /// How long each phase holds (also the gate window).
     #[arg(long, default_value = "5s", value_parser = crate::config::parse_duration)]
     pub step: std::time::Duration,
+}
+
+/// `qbridge import`
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// Route name.
+    #[arg(long)]
+    pub route: String,
+    /// Count what would be copied; store nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `qbridge diff`

@@ -49,6 +49,9 @@ pub enum Via {
     /// Decommission: the Redis original itself, taken out of Redis, so the
     /// Redis side no longer holds it (the evidence a re-push needs).
     Archive,
+    /// `qbridge import`: a copy of what already waited in Redis before the
+    /// route was mirrored (it stays in Redis).
+    Import,
 }
 
 impl Via {
@@ -60,6 +63,7 @@ impl Via {
             Via::Http => "http",
             Via::Repair => "repair",
             Via::Archive => "archive",
+            Via::Import => "import",
         }
     }
 }

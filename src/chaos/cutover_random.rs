@@ -201,6 +201,15 @@ SELECT count(DISTINCT r.key) FROM chaos.ledger r
                 WHERE p.key = r.key AND p.mode = 'live' AND p.ok AND p.job_id <> 0)
 "#;
 
+/// A few of those keys, for the dump.
+const LEDGER_BOTH_SIDES_KEYS_SQL: &str = r#"
+SELECT DISTINCT r.key FROM chaos.ledger r
+ WHERE r.mode = 'live' AND r.ok AND r.job_id = 0
+   AND EXISTS (SELECT 1 FROM chaos.ledger p
+                WHERE p.key = r.key AND p.mode = 'live' AND p.ok AND p.job_id <> 0)
+ ORDER BY r.key LIMIT 3
+"#;
+
 /// The diff over the whole walk must show every double run across the
 /// sides the ledger saw, and a loss when there is one.
 async fn visible_in_the_diff(
@@ -218,9 +227,17 @@ async fn visible_in_the_diff(
     let (diff, _) =
         crate::ops::gates::diff_since(&rig.db, &mut redis, &h.route, state.phase, since).await?;
     if both > diff.ran_both_sides {
+        let sample: Vec<String> = sqlx::query_scalar(LEDGER_BOTH_SIDES_KEYS_SQL)
+            .fetch_all(&rig.db)
+            .await?;
         found.push(format!(
-            "{both} jobs ran live on both sides, the diff shows {}",
-            diff.ran_both_sides
+            "{both} jobs ran live on both sides, the diff shows {} (ledger: {})",
+            diff.ran_both_sides,
+            sample
+                .iter()
+                .map(|k| format!("key {k}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
     }
     if verdict.lost > 0 && diff.one_sided() + diff.held_repushes == 0 {

@@ -6,6 +6,7 @@ mod cutover;
 mod diff;
 mod dlq;
 mod enqueue;
+mod import;
 mod proxy;
 mod stats;
 
@@ -62,6 +63,7 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
         Command::Dlq(cmd) => dlq::run(&config, cmd, cli.json).await,
         Command::Cutover(cmd) => cutover::run(&config, cmd, cli.json).await,
         Command::Diff(args) => diff::run(&config, &args, cli.json).await,
+        Command::Import(args) => import::run(&config, &args, cli.json).await,
         Command::Bench(args) => crate::bench::run(&config, args, cli.json).await,
         Command::Demo(_) => unreachable!("handled above"),
         Command::Chaos(args) => chaos::run(&args, cli.json).await,

@@ -39,7 +39,7 @@ use crate::routes::Route;
 
 mod idle;
 mod parked;
-mod structures;
+pub(crate) mod structures;
 
 pub use parked::Parked;
 pub use structures::Carried;

@@ -18,6 +18,7 @@ pub mod diff;
 pub mod diff_metrics;
 pub mod evidence;
 pub mod gates;
+pub mod import;
 pub mod operate;
 pub mod redis_view;
 pub mod repair;

@@ -13,14 +13,14 @@ use sqlx::PgPool;
 const QUERIES: &[(&str, &str)] = &[
     ("counts", "SELECT side, n FROM qbridge.key_occurrences WHERE 'sha256:' || hash = $1 ORDER BY side"),
     ("holes", "SELECT n FROM qbridge.pop_holes WHERE 'sha256:' || hash = $1 ORDER BY n"),
-    ("writes", "SELECT write_id, key, at FROM qbridge.numbered_writes WHERE key LIKE $1 || ':%' ORDER BY at"),
-    ("job_keys", "SELECT key, copy, via, seen_at, original IS NOT NULL AS has_bytes FROM qbridge.job_keys WHERE key LIKE $1 || ':%' ORDER BY seen_at"),
-    ("jobs", "SELECT id, key, copy, state, attempts FROM qbridge.jobs WHERE key LIKE $1 || ':%' ORDER BY id"),
-    ("outcomes", "SELECT key, side, mode, outcome, recorded_at FROM qbridge.outcomes WHERE key LIKE $1 || ':%' ORDER BY recorded_at"),
-    ("held", "SELECT key FROM qbridge.held_repushes WHERE key LIKE $1 || ':%'"),
-    ("ledger", "SELECT key, job_id, attempt, mode, ok, at FROM chaos.ledger WHERE key LIKE $1 || ':%' ORDER BY at"),
+    ("writes", "SELECT write_id, key, at FROM qbridge.numbered_writes WHERE (key = $1 OR key LIKE $1 || ':%') ORDER BY at"),
+    ("job_keys", "SELECT key, copy, via, seen_at, original IS NOT NULL AS has_bytes FROM qbridge.job_keys WHERE (key = $1 OR key LIKE $1 || ':%') ORDER BY seen_at"),
+    ("jobs", "SELECT id, key, copy, state, attempts FROM qbridge.jobs WHERE (key = $1 OR key LIKE $1 || ':%') ORDER BY id"),
+    ("outcomes", "SELECT key, side, mode, outcome, recorded_at FROM qbridge.outcomes WHERE (key = $1 OR key LIKE $1 || ':%') ORDER BY recorded_at"),
+    ("held", "SELECT key FROM qbridge.held_repushes WHERE (key = $1 OR key LIKE $1 || ':%')"),
+    ("ledger", "SELECT key, job_id, attempt, mode, ok, at FROM chaos.ledger WHERE (key = $1 OR key LIKE $1 || ':%') ORDER BY at"),
     ("pushes", "SELECT via, count(*) FROM chaos.pushes WHERE hash = $1 GROUP BY via"),
-    ("outbox", "SELECT key, original IS NOT NULL AS has_bytes FROM qbridge.redis_outbox WHERE key LIKE $1 || ':%'"),
+    ("outbox", "SELECT key, original IS NOT NULL AS has_bytes FROM qbridge.redis_outbox WHERE (key = $1 OR key LIKE $1 || ':%')"),
 ];
 
 /// Writes the dump of `seed` when `QBRIDGE_CHAOS_DUMP_DIR` is set and a
@@ -40,6 +40,15 @@ pub(super) async fn write(
         .flat_map(|v| v.match_indices("sha256:").map(move |(i, _)| &v[i..]))
         .filter_map(|s| s.get(..71).map(str::to_string))
         .collect();
+    // Id keys a violation names (`key <id>`), dumped by exact key.
+    hashes.extend(violations.iter().flat_map(|v| {
+        v.split("key ")
+            .skip(1)
+            .filter_map(|rest| rest.split([',', ')', ' ']).next())
+            .filter(|k| !k.is_empty() && !k.starts_with("sha256:"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    }));
     hashes.sort();
     hashes.dedup();
     let mut out = format!("seed {seed}\nviolations:\n");

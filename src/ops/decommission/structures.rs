@@ -51,9 +51,10 @@ pub async fn carry(
             continue;
         }
         let n = match structure.holding {
-            Holding::Dead => to_dead(db, route, &members).await?,
+            Holding::Dead => to_dead(db, route, &members, CARRIED).await?,
             Holding::Scheduled | Holding::Retrying => {
-                to_live(db, route, &members, payload_limit).await?
+                let copy = (JobCopy::Live, Via::Archive);
+                store_due(db, route, &members, copy, payload_limit).await?
             }
         };
         for chunk in members.chunks(PAGE) {
@@ -73,18 +74,23 @@ pub async fn carry(
     Ok(carried)
 }
 
-/// Stores members as live jobs due at their scores; returns how many were new.
-async fn to_live(
+/// The last error of a dead job carried at decommission.
+const CARRIED: &str = "carried from the framework's dead set at decommission";
+
+/// Stores members as jobs (`copy`: live at decommission, mirror copies when
+/// imported) due at their scores; returns how many were new.
+pub(crate) async fn store_due(
     db: &PgPool,
     route: &Route,
     members: &[(Vec<u8>, f64)],
+    (copy, via): (JobCopy, Via),
     payload_limit: usize,
 ) -> Result<usize> {
     let items: Vec<Item<'_>> = members
         .iter()
         .map(|(member, score)| {
             let decoded = decode_bytes(&route.format, member.clone().into());
-            let mut item = Item::new(route, decoded, JobCopy::Live, Via::Archive);
+            let mut item = Item::new(route, decoded, copy, via);
             item.run_at = structures::score_time(*score);
             item
         })
@@ -92,9 +98,14 @@ async fn to_live(
     ingest::store_counting_new(db, items, payload_limit).await
 }
 
-/// Copies members into `qbridge.jobs_dead`, each key once; returns how many
-/// were new.
-async fn to_dead(db: &PgPool, route: &Route, members: &[(Vec<u8>, f64)]) -> Result<usize> {
+/// Copies members into `qbridge.jobs_dead` with `why` as their last error,
+/// each key once; returns how many were new.
+pub(crate) async fn to_dead(
+    db: &PgPool,
+    route: &Route,
+    members: &[(Vec<u8>, f64)],
+    why: &str,
+) -> Result<usize> {
     let mut tx = db.begin().await?;
     let mut added = 0;
     for (member, _) in members {
@@ -104,8 +115,7 @@ async fn to_dead(db: &PgPool, route: &Route, members: &[(Vec<u8>, f64)]) -> Resu
                  (id, queue, kind, key, payload, priority, attempts, max_attempts, last_error, \
                   created_at, copy, original) \
              SELECT nextval(pg_get_serial_sequence('qbridge.jobs', 'id')), $1, $2, $3, $4, 0, \
-                    0, 1, 'carried from the framework''s dead set at decommission', now(), \
-                    'live', $5 \
+                    0, 1, $6, now(), 'live', $5 \
               WHERE NOT EXISTS (SELECT 1 FROM qbridge.jobs_dead WHERE queue = $1 AND key = $3)",
         )
         .bind(&route.queue)
@@ -113,6 +123,7 @@ async fn to_dead(db: &PgPool, route: &Route, members: &[(Vec<u8>, f64)]) -> Resu
         .bind(decoded.key.with_occurrence(0))
         .bind(&decoded.payload)
         .bind(&member[..])
+        .bind(why)
         .execute(&mut *tx)
         .await?;
         added += done.rows_affected() as usize;

@@ -150,3 +150,134 @@ async fn a_forced_decommission_carries_them_into_postgres_due_at_their_times(poo
         assert_eq!(n, left, "{set}");
     }
 }
+
+/// The importer copies what Sidekiq already held before the route was
+/// mirrored — the list's backlog, the route's scheduled and retrying jobs
+/// (mirror copies due at their times) and its dead job — leaves Redis as it
+/// was, stores nothing twice when run again, and a later forced
+/// decommission leaves one live job per jid.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn import_copies_the_backlog_and_the_sets_once(pool: PgPool) {
+    use qbridge::ops::import;
+    use qbridge::ops::operate::{self, Request};
+
+    let (server, route) = sidekiq_jobs_everywhere();
+    let mut conn = connect_redis(&server.url()).await.unwrap();
+    let importer = conn.clone();
+    let run = |dry_run: bool| {
+        let (pool, route, mut conn) = (pool.clone(), Arc::clone(&route), importer.clone());
+        async move {
+            import::import(
+                &pool,
+                &mut conn,
+                &route,
+                Phase::DualWrite,
+                dry_run,
+                1 << 20,
+                |_, _| {},
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let summary = |r: &import::ImportReport| -> Vec<(String, usize, usize, usize)> {
+        r.structures
+            .iter()
+            .map(|s| (s.key.clone(), s.found, s.new, s.known))
+            .collect()
+    };
+    let expected_new = vec![
+        ("queue:default".to_string(), 2, 2, 0),
+        ("schedule".to_string(), 3, 3, 0),
+        ("retry".to_string(), 1, 1, 0),
+        ("dead".to_string(), 1, 1, 0),
+    ];
+
+    let dry = run(true).await;
+    assert_eq!(summary(&dry), expected_new);
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM qbridge.job_keys")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 0, "a dry run stores nothing");
+
+    assert_eq!(summary(&run(false).await), expected_new);
+    let copies: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT key, run_at > now() + interval '10 seconds' FROM qbridge.jobs \
+          WHERE queue = 'mail' AND copy = 'mirror' ORDER BY run_at, key",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        copies.len(),
+        6,
+        "2 waiting, 3 scheduled, 1 retrying: {copies:?}"
+    );
+    assert_eq!(
+        copies.iter().filter(|(_, later)| *later).count(),
+        4,
+        "the scheduled and retrying copies are due at their times: {copies:?}"
+    );
+    let dead: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM qbridge.jobs_dead WHERE queue = 'mail' AND key = 'dead-jid'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(dead, 1);
+    for (key, left) in [("schedule", 4), ("retry", 1), ("dead", 1)] {
+        let n: i64 = ::redis::cmd("ZCARD")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(n, left, "{key} is left as it was");
+    }
+    let waiting: i64 = ::redis::cmd("LLEN")
+        .arg("queue:default")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(waiting, 2);
+
+    let again = run(false).await;
+    assert!(
+        again
+            .structures
+            .iter()
+            .all(|s| s.new == 0 && s.known == s.found),
+        "{again:?}"
+    );
+
+    // Decommission carries the sets into the copies already there: one
+    // live job per jid, the dead job once.
+    qbridge::cutover::store::register(&pool, "mail", Phase::PostgresOnly, "test")
+        .await
+        .unwrap();
+    let req = Request {
+        by: "test@ops",
+        reason: Some("carry Sidekiq's sets after an import"),
+        force: true,
+        percent: None,
+    };
+    operate::advance(&pool, Some(&mut conn), &route, &req, 1 << 20)
+        .await
+        .map_err(|_| "refused")
+        .unwrap();
+    let per_key: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT key, count(*) FROM qbridge.jobs WHERE queue = 'mail' AND copy = 'live' \
+          GROUP BY key ORDER BY key",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(per_key.len(), 6, "every job once, live: {per_key:?}");
+    assert!(per_key.iter().all(|(_, n)| *n == 1), "{per_key:?}");
+    let dead: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM qbridge.jobs_dead WHERE queue = 'mail'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(dead, 1);
+}

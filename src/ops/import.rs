@@ -1,0 +1,204 @@
+//! `qbridge import --route R [--dry-run]`: copies into Postgres what already
+//! waited in Redis before the route was mirrored — the backlog in its list
+//! and, for frameworks that keep jobs elsewhere (`model::structures`:
+//! Sidekiq's `schedule`, `retry` and `dead` sets), those too (issue 14).
+//!
+//! The jobs stay in Redis and the Redis side still runs them: the list's
+//! items and the scheduled and retrying jobs become **mirror copies** (the
+//! latter due at their scores), exactly what the proxy would have stored had
+//! they been pushed through it; dead jobs go to `qbridge.jobs_dead`, which a
+//! later decommission finds already there. So the diff compares them, a
+//! percent flip or the flip to `postgres_only` finds them, and
+//! decommission carries nothing twice.
+//!
+//! **Idempotent by key.** A key Postgres knows is counted as already there,
+//! never stored twice: run it again at will, e.g. after a run that reported
+//! new copies while producers pushed (the list is read page by page, and a
+//! push or a pop between two pages shifts what a page holds).
+//!
+//! Content-hash items (formats without an id) are not imported: the Redis
+//! consumer numbers them as it pops them, and a copy numbered here would
+//! take the number of the next push of the same bytes (`cutover/README.md`,
+//! "Identical items").
+
+use redis::aio::ConnectionManager;
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::error::{Error, Result};
+use crate::ingest::{self, Item, Via};
+use crate::model::formats::decode_bytes;
+use crate::model::structures::{self, Holding};
+use crate::model::Phase;
+use crate::ops::decommission::structures::{store_due, to_dead};
+use crate::queue::JobCopy;
+use crate::redis::rq_jobs;
+use crate::routes::Route;
+
+/// Items read per LRANGE page.
+const PAGE: isize = 1000;
+
+/// The last error of a dead job the importer copied.
+const IMPORTED_DEAD: &str = "copied from the framework's dead set by qbridge import";
+
+/// What one structure held of the route, and what became of it.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct StructureImport {
+    /// The Redis key (`queue:mail`, `schedule`, …).
+    pub key: String,
+    /// What it holds: `waiting`, `scheduled`, `retrying`, `dead`.
+    pub holding: String,
+    /// The route's jobs found in it.
+    pub found: usize,
+    /// Stored now (in a dry run: would be stored, at most).
+    pub new: usize,
+    /// Already in Postgres (nothing stored).
+    pub known: usize,
+    /// Not imported, with the reason (content-hash items).
+    pub skipped: usize,
+}
+
+/// The import of one route, per structure.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct ImportReport {
+    pub route: String,
+    pub dry_run: bool,
+    pub structures: Vec<StructureImport>,
+}
+
+/// Why content-hash items are skipped, for the summary.
+pub const SKIPPED_REASON: &str = "items without an id are numbered by the Redis side as it pops \
+     them; they are not imported (see cutover/README.md, \"Identical items\")";
+
+/// Imports what `route` holds in Redis. `progress` is told each page:
+/// (structure key, items read so far).
+pub async fn import(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    phase: Phase,
+    dry_run: bool,
+    payload_limit: usize,
+    mut progress: impl FnMut(&str, usize),
+) -> Result<ImportReport> {
+    if matches!(phase, Phase::RedisOnly | Phase::Decommissioned) {
+        return Err(Error::Refused(format!(
+            "route {:?} is in {phase}: import copies Redis's jobs as mirror copies, which only \
+             dual_write, shadow and postgres_only keep; advance to dual_write first",
+            route.name
+        )));
+    }
+    let mut report = ImportReport {
+        route: route.name.clone(),
+        dry_run,
+        structures: Vec::new(),
+    };
+    report
+        .structures
+        .push(import_list(db, redis, route, dry_run, payload_limit, &mut progress).await?);
+    for structure in structures::of_route(&route.format, &route.redis_key) {
+        let members = crate::ops::structures::members(redis, &structure).await?;
+        progress(&structure.key, members.len());
+        let mut line = StructureImport {
+            key: structure.key.clone(),
+            holding: structure.holding.to_string(),
+            found: members.len(),
+            ..StructureImport::default()
+        };
+        let new = if dry_run {
+            unknown_keys(db, route, members.iter().map(|(m, _)| &m[..])).await?
+        } else if structure.holding == Holding::Dead {
+            to_dead(db, route, &members, IMPORTED_DEAD).await?
+        } else {
+            let copy = (JobCopy::Mirror, Via::Import);
+            store_due(db, route, &members, copy, payload_limit).await?
+        };
+        line.new = new;
+        line.known = line.found - new;
+        report.structures.push(line);
+    }
+    Ok(report)
+}
+
+/// The route's list, page by page from the oldest item.
+async fn import_list(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    dry_run: bool,
+    payload_limit: usize,
+    progress: &mut impl FnMut(&str, usize),
+) -> Result<StructureImport> {
+    let list = String::from_utf8_lossy(&route.redis_key).into_owned();
+    let mut line = StructureImport {
+        key: list.clone(),
+        holding: "waiting".into(),
+        ..StructureImport::default()
+    };
+    let mut end: isize = -1;
+    loop {
+        let page: Vec<Vec<u8>> = redis::cmd("LRANGE")
+            .arg(&route.redis_key[..])
+            .arg(end - PAGE + 1)
+            .arg(end)
+            .query_async(redis)
+            .await?;
+        if page.is_empty() {
+            break;
+        }
+        let read = page.len();
+        line.found += read;
+        let mut items: Vec<Item<'_>> = Vec::with_capacity(read);
+        for bytes in page {
+            let decoded = decode_bytes(&route.format, bytes.into());
+            if decoded.key.is_content_hash() {
+                line.skipped += 1;
+                continue;
+            }
+            items.push(Item::new(route, decoded, JobCopy::Mirror, Via::Import));
+        }
+        let considered = items.len();
+        let new = if dry_run {
+            let originals: Vec<&[u8]> = items.iter().map(|i| &i.decoded.original[..]).collect();
+            unknown_keys(db, route, originals.into_iter()).await?
+        } else {
+            rq_jobs::attach(
+                redis,
+                &route.format,
+                items.iter_mut().map(|i| &mut i.decoded),
+            )
+            .await;
+            ingest::store_counting_new(db, items, payload_limit).await?
+        };
+        line.new += new;
+        line.known += considered - new;
+        progress(&list, line.found);
+        if (read as isize) < PAGE {
+            break;
+        }
+        end -= PAGE;
+    }
+    Ok(line)
+}
+
+/// How many of `items` (id-keyed originals) Postgres does not know.
+async fn unknown_keys<'a>(
+    db: &PgPool,
+    route: &Route,
+    items: impl Iterator<Item = &'a [u8]>,
+) -> Result<usize> {
+    let keys: Vec<String> = items
+        .map(|bytes| decode_bytes(&route.format, bytes.to_vec().into()))
+        .filter(|d| !d.key.is_content_hash())
+        .map(|d| d.key.with_occurrence(0))
+        .collect();
+    let unknown: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT t.key) FROM unnest($2::text[]) AS t(key) \
+          WHERE NOT EXISTS (SELECT 1 FROM qbridge.job_keys k WHERE k.queue = $1 AND k.key = t.key)",
+    )
+    .bind(&route.queue)
+    .bind(&keys)
+    .fetch_one(db)
+    .await?;
+    Ok(unknown as usize)
+}
