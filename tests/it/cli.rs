@@ -142,3 +142,82 @@ async fn an_unreachable_redis_is_a_one_line_startup_error(pool: PgPool) {
         assert!(!stderr.contains("hunter2"), "{command}: {stderr}");
     }
 }
+
+/// `qbridge import`: what waited in the list before mirroring becomes mirror
+/// copies once (a second run finds nothing new), as one JSON object; a
+/// route in `redis_only` and an unknown route are one-line refusals.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn import_copies_the_backlog_once_and_refuses_on_one_line(pool: PgPool) {
+    let list = format!("qbt:import:{}", uuid::Uuid::new_v4().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("routes.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[routes]]\nname = \"mail\"\nredis_key = \"{list}\"\nqueue = \"mail\"\n\
+             format = \"json:/id\"\nphase = \"dual_write\"\n\
+             [[routes]]\nname = \"later\"\nredis_key = \"{list}:later\"\nqueue = \"later\"\n\
+             format = \"json:/id\"\nphase = \"redis_only\"\n"
+        ),
+    )
+    .unwrap();
+    let mut redis = qbridge::redis::connect::connect_redis(crate::exactly_once::REDIS)
+        .await
+        .unwrap();
+    for n in 0..3 {
+        let _: i64 = ::redis::cmd("LPUSH")
+            .arg(&list)
+            .arg(format!(r#"{{"id":"backlog-{n}"}}"#))
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+    let url = support::db_url(&pool);
+    let config = config.to_string_lossy().to_string();
+    let base = [
+        "--config",
+        config.as_str(),
+        "--database-url",
+        url.as_str(),
+        "--redis-url",
+        crate::exactly_once::REDIS,
+    ];
+    let import = |route: &'static str| {
+        let mut args = vec!["--json"];
+        args.extend(base);
+        args.extend(["import", "--route", route]);
+        args.iter().map(|a| a.to_string()).collect::<Vec<_>>()
+    };
+    let run = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        qbridge(&args).await
+    };
+    for expected_new in [3, 0] {
+        let out = run(import("mail")).await;
+        assert!(out.status.success(), "{out:?}");
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["structures"][0]["found"], 3, "{report}");
+        assert_eq!(report["structures"][0]["new"], expected_new, "{report}");
+    }
+    let copies: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM qbridge.jobs WHERE queue = 'mail' AND copy = 'mirror'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(copies, 3);
+    for (route, says) in [
+        ("later", "advance to dual_write first"),
+        ("nope", "no route named"),
+    ] {
+        let out = run(import(route)).await;
+        assert!(!out.status.success(), "{route}: {out:?}");
+        let line = support::last_stderr_line(&out);
+        assert!(line.contains(says), "{route}: {line}");
+    }
+    let _: i64 = ::redis::cmd("DEL")
+        .arg(&list)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+}
