@@ -239,6 +239,14 @@ fn print_advanced(name: &str, done: &Advanced, as_json: bool) {
                     a.consumers_gone.join(", ")
                 );
             }
+            if a.interrupted > 0 {
+                println!(
+                    "  {} of their jobs had begun an attempt on Redis that no outcome finished: \
+                     recorded as interrupted; when they run in Postgres the diff counts them \
+                     as run on both sides (they may have done their work twice)",
+                    a.interrupted
+                );
+            }
         }
     }
 }

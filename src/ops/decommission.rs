@@ -38,6 +38,7 @@ use crate::redis::rq_jobs;
 use crate::routes::Route;
 
 mod idle;
+mod interrupted;
 mod parked;
 pub(crate) mod structures;
 
@@ -65,6 +66,9 @@ pub struct Archived {
     /// Consumers whose heartbeat was gone while their processing lists were
     /// still there (their lists were archived with the rest).
     pub consumers_gone: Vec<String>,
+    /// Of their items, those whose Redis attempt had begun: recorded as
+    /// interrupted Redis-side attempts (`decommission/interrupted.rs`).
+    pub interrupted: usize,
 }
 
 /// Waits for the route's Redis consumers to be idle (refusing after
@@ -85,6 +89,7 @@ pub async fn archive_and_delete(
         consumers_gone: consumers.gone,
         ..Archived::default()
     };
+    report.interrupted = interrupted::record(db, redis, route, &keys).await?;
     rename_all(redis, route, &keys).await?;
     // The runnable lists first (also what an interrupted earlier run left
     // renamed), so that a parked copy of an item still waiting in them finds

@@ -260,3 +260,73 @@ async fn a_dead_consumers_list_is_archived_once_after_its_heartbeat_expired(pool
     assert!(left.is_empty(), "decommission left {left:?}");
     rig.finish().await;
 }
+
+/// A consumer that died inside its handler may have done the job's work.
+/// When decommission archives its item into a live Postgres job, the Redis
+/// side's interrupted attempt is recorded (a failed live attempt,
+/// `interrupted`), so once Postgres runs the job the diff counts it as run
+/// live on both sides: at least once under a crash, and visible. Before,
+/// nothing recorded the Redis attempt (its outcome died with the process)
+/// and the diff showed no double run — the class of the randomized
+/// oracle's seed 3293 ("1 jobs ran live on both sides, the diff shows 0").
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn an_archived_item_whose_redis_run_was_interrupted_counts_on_both_sides(pool: PgPool) {
+    let rig = Rig::new(
+        &pool,
+        Options {
+            phase: Phase::PostgresOnly,
+            handler_delay: Duration::from_secs(60),
+            ..Options::default()
+        },
+    )
+    .await;
+    let since = chrono::Utc::now() - chrono::Duration::minutes(1);
+    let consumer = tokio::spawn(consumer_of(&rig).await.run(CancellationToken::new()));
+    rig.push_behind_qbridge(r#"{"id":"interrupted"}"#).await;
+    wait_for(
+        "the Redis handler has the job",
+        Duration::from_secs(10),
+        || {
+            let calls = rig.calls.clone();
+            async move { calls.live("interrupted") == 1 }
+        },
+    )
+    .await;
+    consumer.abort();
+    let _ = consumer.await;
+    rig.advance(true).await.map_err(|_| "advance").unwrap();
+
+    let redis_side: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT mode, outcome, error_class FROM qbridge.outcomes \
+          WHERE key = 'interrupted' AND side = 'redis'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        redis_side,
+        [("live".into(), "failed".into(), Some("interrupted".into()))],
+        "the Redis side's attempt is on record"
+    );
+    // Postgres runs the archived job live.
+    sqlx::query(
+        "INSERT INTO qbridge.outcomes (queue, key, side, mode, outcome) \
+         VALUES ($1, 'interrupted', 'postgres', 'live', 'ok')",
+    )
+    .bind(&rig.name)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut conn = rig.redis().await;
+    let (diff, _) = qbridge::ops::gates::diff_since(
+        &pool,
+        &mut conn,
+        &rig.route(),
+        Phase::Decommissioned,
+        since,
+    )
+    .await
+    .unwrap();
+    assert_eq!(diff.ran_both_sides, 1, "{}", diff.verdict);
+    rig.finish().await;
+}
