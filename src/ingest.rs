@@ -447,6 +447,7 @@ pub(crate) fn new_job(item: &Item<'_>, key: &str, oversize: bool) -> NewJob {
             (item.copy == JobCopy::Live).then(|| decoded.original.clone()),
         );
     job.kind = decoded.kind.clone();
+    job.priority = crate::model::formats::job_priority(&item.route.format, &decoded.payload);
     job.max_attempts = item.route.max_attempts;
     job.run_at = item.run_at;
     job

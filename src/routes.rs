@@ -35,6 +35,21 @@ pub struct Route {
     pub config: RouteConfig,
 }
 
+impl Route {
+    /// Every list the route's ready jobs wait in: `redis_key`, then the
+    /// framework's priority lists (Celery's `<queue>\x06\x16<step>`,
+    /// `model::structures::priority_lists`).
+    pub fn lists(&self) -> Vec<Bytes> {
+        let mut lists = vec![self.redis_key.clone()];
+        lists.extend(
+            crate::model::structures::priority_lists(&self.format, &self.redis_key)
+                .into_iter()
+                .map(Bytes::from),
+        );
+        lists
+    }
+}
+
 /// All routes of a process and their phases. Cheap to clone.
 #[derive(Debug, Clone, Default)]
 pub struct Routes {
@@ -65,10 +80,10 @@ impl Routes {
             .collect();
         let mut by_key: HashMap<Bytes, Vec<Arc<Route>>> = HashMap::new();
         for route in &list {
-            by_key
-                .entry(route.redis_key.clone())
-                .or_default()
-                .push(Arc::clone(route));
+            // A push onto one of the route's priority lists is the route's.
+            for key in route.lists() {
+                by_key.entry(key).or_default().push(Arc::clone(route));
+            }
         }
         Routes {
             list: Arc::new(list),

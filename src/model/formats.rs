@@ -278,6 +278,16 @@ pub fn decode(format: &Format, item: &[u8]) -> Decoded {
 
 /// [`decode`] for an item already held as [`Bytes`] (e.g. a RESP frame's
 /// bulk string), which becomes `original` without a copy.
+/// The job priority an item's own message asks for (larger runs first):
+/// Celery's message priority, negated (kombu runs a lower number first); 0
+/// for every other format.
+pub fn job_priority(format: &Format, payload: &Value) -> i32 {
+    match format {
+        Format::Celery => celery::job_priority(payload),
+        _ => 0,
+    }
+}
+
 pub fn decode_bytes(format: &Format, item: Bytes) -> Decoded {
     let parsed = match format {
         Format::Json { key_pointer } => json::decode(&item, key_pointer),

@@ -10,6 +10,13 @@
 //! naming its queue. With a `redis-namespace` prefix (`ns:queue:default`)
 //! the sets carry the same prefix (`ns:schedule`).
 //!
+//! **Celery** with kombu's Redis transport (`kombu/transport/redis.py`,
+//! `_q_for_pri`): a task sent with a priority goes to a list of its own,
+//! `<queue>\x06\x16<step>`, the priority rounded down to a step of
+//! `priority_steps` (`[0, 3, 6, 9]` by default; step 0 is the queue's own
+//! list). Workers read the lists in that order: a lower number runs first.
+//! Those lists are the route's too ([`priority_lists`]).
+//!
 //! The other formats' structures (Celery's `unacked` hash, RQ's
 //! `rq:scheduled:<queue>` and registries, resque-scheduler's
 //! `delayed_queue_schedule`) are not read yet: the runbook says so
@@ -18,6 +25,24 @@
 use std::fmt;
 
 use super::formats::Format;
+
+/// kombu's separator between a queue's name and its priority step.
+pub const CELERY_PRIORITY_SEP: &[u8] = b"\x06\x16";
+
+/// kombu's default `priority_steps` above 0 (0 is the queue's own list).
+pub const CELERY_PRIORITY_STEPS: [u8; 3] = [3, 6, 9];
+
+/// The other lists a route's ready jobs wait in besides `redis_key`: for
+/// Celery the priority lists (`<queue>\x06\x16<step>`), none otherwise.
+pub fn priority_lists(format: &Format, redis_key: &[u8]) -> Vec<Vec<u8>> {
+    if *format != Format::Celery {
+        return Vec::new();
+    }
+    CELERY_PRIORITY_STEPS
+        .iter()
+        .map(|step| [redis_key, CELERY_PRIORITY_SEP, step.to_string().as_bytes()].concat())
+        .collect()
+}
 
 /// What the jobs of a structure are waiting for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -141,8 +141,11 @@ pub async fn archive_and_delete(
 /// unread; `qbridge cutover status` counts it and running `qbridge cutover
 /// advance` on the decommissioned route archives it.
 async fn rename_all(redis: &mut ConnectionManager, route: &Route, keys: &RouteKeys) -> Result<()> {
-    let main = String::from_utf8_lossy(&route.redis_key).into_owned();
-    let mut runnable = vec![main];
+    let mut runnable: Vec<String> = route
+        .lists()
+        .iter()
+        .map(|list| String::from_utf8_lossy(list).into_owned())
+        .collect();
     runnable.extend(scan(redis, &keys.any_processing()).await?);
     for list in &runnable {
         rename_away(redis, list, &keys.new_archiving()).await?;

@@ -93,9 +93,18 @@ pub async fn import(
         dry_run,
         structures: Vec::new(),
     };
-    report
-        .structures
-        .push(import_list(db, redis, route, dry_run, payload_limit, &mut progress).await?);
+    for list in route.lists() {
+        let found = import_list(
+            db,
+            redis,
+            route,
+            &list,
+            dry_run,
+            payload_limit,
+            &mut progress,
+        );
+        report.structures.push(found.await?);
+    }
     for structure in structures::of_route(&route.format, &route.redis_key) {
         let members = crate::ops::structures::members(redis, &structure).await?;
         progress(&structure.key, members.len());
@@ -120,16 +129,18 @@ pub async fn import(
     Ok(report)
 }
 
-/// The route's list, page by page from the oldest item.
+/// One of the route's lists (`Route::lists`: its own, Celery's priority
+/// lists), page by page from the oldest item.
 async fn import_list(
     db: &PgPool,
     redis: &mut ConnectionManager,
     route: &Route,
+    key: &[u8],
     dry_run: bool,
     payload_limit: usize,
     progress: &mut impl FnMut(&str, usize),
 ) -> Result<StructureImport> {
-    let list = String::from_utf8_lossy(&route.redis_key).into_owned();
+    let list = String::from_utf8_lossy(key).escape_debug().to_string();
     let mut line = StructureImport {
         key: list.clone(),
         holding: "waiting".into(),
@@ -138,7 +149,7 @@ async fn import_list(
     let mut end: isize = -1;
     loop {
         let page: Vec<Vec<u8>> = redis::cmd("LRANGE")
-            .arg(&route.redis_key[..])
+            .arg(key)
             .arg(end - PAGE + 1)
             .arg(end)
             .query_async(redis)

@@ -116,11 +116,16 @@ pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> R
         ..RedisView::default()
     };
     let mut budget = MAX_ITEMS;
-    let key = String::from_utf8_lossy(&route.redis_key).into_owned();
-    let mut items = read_list(conn, &key, &mut budget, &mut view.truncated).await?;
-    // Consumers pop the end opposite to the producers' push end.
-    if route.push == PushEnd::Lpush {
-        items.reverse();
+    // The route's list, then its priority lists (Celery), each oldest first:
+    // consumers pop the end opposite to the producers' push end.
+    let mut items = Vec::new();
+    for list in route.lists() {
+        let key = String::from_utf8_lossy(&list).into_owned();
+        let mut part = read_list(conn, &key, &mut budget, &mut view.truncated).await?;
+        if route.push == PushEnd::Lpush {
+            part.reverse();
+        }
+        items.extend(part);
     }
     let keys = RouteKeys::of(route);
     let lists: Vec<String> = scan(conn, &keys.any_processing()).await?;

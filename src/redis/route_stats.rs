@@ -56,7 +56,13 @@ pub async fn collect(
     for (route, (_, keys, flagged, mirror, live, owed)) in routes.iter().zip(rows) {
         let (mut redis_list, mut gap_list) = (None, None);
         if let Some(conn) = redis.as_mut() {
-            redis_list = conn.llen(route.redis_key.as_ref()).await.ok();
+            // The route's list and its priority lists (Celery), together.
+            let mut total = Some(0i64);
+            for list in route.lists() {
+                let n: Option<i64> = conn.llen(list.as_ref()).await.ok();
+                total = total.zip(n).map(|(a, b)| a + b);
+            }
+            redis_list = total;
             gap_list = conn.llen(RouteKeys::of(route).gap()).await.ok();
         }
         out.push(RouteStats {

@@ -1,6 +1,7 @@
 //! The cutover end to end: planted discrepancies in the diff and the gates,
 //! rollback with jobs in flight, decommissioning, and the phase watch.
 
+mod celery_priority;
 mod decommission;
 mod decommission_gap;
 mod decommission_idle;

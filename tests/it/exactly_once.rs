@@ -5,7 +5,7 @@
 //! ran live on both sides. Each test failed before its fix.
 
 mod both_sides;
-mod fleet;
+pub(crate) mod fleet;
 mod key_drift;
 mod lost_report;
 mod promotion;

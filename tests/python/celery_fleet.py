@@ -1,5 +1,5 @@
 """A Celery application for the integration tests: producers call
-`python celery_fleet.py produce N` (through qbridge's proxy) and a real
+`python celery_fleet.py produce N [PRIORITY]` (through qbridge's proxy) and a real
 Celery worker runs `celery -A celery_fleet worker` against Redis itself.
 
 Every task run appends "<task id> <args>" to the Redis list named by
@@ -32,12 +32,16 @@ def add(self, a, b):
     return a + b
 
 
-def produce(n):
-    """Sends n tasks and prints their ids, one per line."""
+def produce(n, priority=None):
+    """Sends n tasks (with a priority when given) and prints their ids, one
+    per line."""
     for i in range(n):
-        result = add.delay(i, i)
+        if priority is None:
+            result = add.delay(i, i)
+        else:
+            result = add.apply_async((i, i), priority=priority)
         print(result.id, flush=True)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["produce"]:
-    produce(int(sys.argv[2]))
+    produce(int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)

@@ -72,6 +72,16 @@ pub(super) fn decode(item: &[u8]) -> Result<Parts, Flag> {
     })
 }
 
+/// The job priority of a decoded Celery payload: kombu's Redis transport
+/// runs a lower `properties.priority` first (0 before 9), qbridge a larger
+/// priority first, so it is the negated message priority (0 when absent).
+pub(super) fn job_priority(payload: &Value) -> i32 {
+    payload
+        .pointer("/envelope/properties/priority")
+        .and_then(Value::as_i64)
+        .map_or(0, |p| -(p.clamp(0, 255) as i32))
+}
+
 /// The member as an object; a missing or null member as `empty` (kombu
 /// always writes both, but hand-rolled producers may not); `None` if it is
 /// something else.
@@ -97,6 +107,22 @@ fn is_json(content_type: Option<&Value>) -> bool {
             .next()
             .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json")),
         Some(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod priority_tests {
+    use serde_json::json;
+
+    #[test]
+    fn a_lower_celery_priority_runs_first() {
+        let at = |p: serde_json::Value| {
+            super::job_priority(&json!({"envelope": {"properties": {"priority": p}}}))
+        };
+        assert!(at(json!(0)) > at(json!(3)));
+        assert_eq!(at(json!(9)), -9);
+        assert_eq!(at(json!(null)), 0);
+        assert_eq!(super::job_priority(&json!({"body": null})), 0);
     }
 }
 

@@ -26,12 +26,22 @@ fn fleet_env(cmd: &mut tokio::process::Command, broker: &str, queue: &str, ledge
         .env("QBT_LEDGER_URL", REDIS);
 }
 
-/// Sends `n` tasks through `broker` and returns their task ids. Async: the
-/// proxy runs on this test's own (single-threaded) runtime, so a blocking
-/// wait here would stall the proxy the producer talks to.
-async fn produce(broker: &str, queue: &str, ledger: &str, n: usize) -> Vec<String> {
+/// Sends `n` tasks through `broker` (with a Celery priority when given) and
+/// returns their task ids. Async: the proxy runs on this test's own
+/// (single-threaded) runtime, so a blocking wait here would stall the proxy
+/// the producer talks to.
+pub(crate) async fn produce(
+    broker: &str,
+    queue: &str,
+    ledger: &str,
+    n: usize,
+    priority: Option<u8>,
+) -> Vec<String> {
     let mut cmd = tokio::process::Command::new(support::python());
     cmd.args(["celery_fleet.py", "produce", &n.to_string()]);
+    if let Some(priority) = priority {
+        cmd.arg(priority.to_string());
+    }
     fleet_env(&mut cmd, broker, queue, ledger);
     let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
         .await
@@ -97,7 +107,7 @@ async fn silence_from_an_outside_fleet_is_never_taken_for_a_loss(pool: PgPool) {
          format = \"celery\"\nphase = \"dual_write\"\ndiff = {{ settle = \"0s\" }}\n"
     );
     let side = ProxySide::start(&pool, &toml).await;
-    let ids = produce(&side.url(), &queue, &ledger_key, 20).await;
+    let ids = produce(&side.url(), &queue, &ledger_key, 20, None).await;
     support::wait_for_count(
         &pool,
         "every task mirrored",

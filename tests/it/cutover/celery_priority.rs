@@ -1,0 +1,125 @@
+//! Issue 14: kombu's Redis transport puts a task sent with a priority into a
+//! list of its own, `<queue>\x06\x16<step>`. Real Celery sends through the
+//! proxy in `dual_write`: the tasks in those lists are the route's — mirrored
+//! with their priority (a lower Celery priority runs first, so the job's is
+//! the negated one), seen by the diff as waiting in Redis, found known by the
+//! importer, and archived by decommission.
+
+use sqlx::PgPool;
+
+use qbridge::model::Phase;
+use qbridge::ops::{gates, import};
+use qbridge::redis::connect::connect_redis;
+
+use crate::exactly_once::fleet::produce;
+use crate::exactly_once::{ProxySide, REDIS};
+use crate::support;
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn tasks_in_celerys_priority_lists_are_the_routes(pool: PgPool) {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (route_name, queue) = (format!("cp{}", &id[..12]), format!("qbt_celery_{id}"));
+    let ledger = format!("qbt:{id}:ledger");
+    let toml = format!(
+        "[[routes]]\nname = \"{route_name}\"\nredis_key = \"{queue}\"\nqueue = \"{route_name}\"\n\
+         format = \"celery\"\nphase = \"dual_write\"\ndiff = {{ settle = \"0s\" }}\n"
+    );
+    let side = ProxySide::start(&pool, &toml).await;
+    let urgent = produce(&side.url(), &queue, &ledger, 2, None).await;
+    let later = produce(&side.url(), &queue, &ledger, 3, Some(7)).await;
+    support::wait_for_count(
+        &pool,
+        "every task mirrored",
+        &format!("SELECT count(*) FROM qbridge.job_keys WHERE queue = '{route_name}'"),
+        5,
+    )
+    .await;
+
+    let mut redis = connect_redis(REDIS).await.unwrap();
+    let sub_list = format!("{queue}\x06\x166");
+    let waiting: i64 = ::redis::cmd("LLEN")
+        .arg(&sub_list)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(waiting, 3, "kombu put priority 7 in the list of step 6");
+    for (ids, priority) in [(&urgent, 0), (&later, -7)] {
+        for task in ids {
+            let got: i32 = sqlx::query_scalar(
+                "SELECT priority FROM qbridge.jobs WHERE queue = $1 AND key = $2",
+            )
+            .bind(&route_name)
+            .bind(task)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(got, priority, "task {task}");
+        }
+    }
+
+    let routes = side.side_routes();
+    let route = routes.by_name(&route_name).unwrap().clone();
+    let since = chrono::Utc::now() - chrono::Duration::minutes(5);
+    let (diff, held) = gates::diff_since(&pool, &mut redis, &route, Phase::DualWrite, since)
+        .await
+        .unwrap();
+    assert_eq!(held.waiting.len(), 5, "{}", diff.verdict);
+    assert_eq!(diff.only_postgres, 0, "{}", diff.verdict);
+
+    let imported = import::import(
+        &pool,
+        &mut redis,
+        &route,
+        Phase::DualWrite,
+        true,
+        1 << 20,
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    let found: Vec<(usize, usize)> = imported
+        .structures
+        .iter()
+        .map(|s| (s.found, s.known))
+        .collect();
+    assert_eq!(found, [(2, 2), (0, 0), (3, 3), (0, 0)], "{imported:?}");
+
+    // Decommission archives the priority list with the rest: every task
+    // runs in Postgres, none is stranded in Redis.
+    let req = qbridge::ops::operate::Request {
+        by: "test@ops",
+        reason: Some("archive the priority lists"),
+        force: true,
+        percent: None,
+    };
+    for to in [Phase::Shadow, Phase::PostgresOnly, Phase::Decommissioned] {
+        let done = qbridge::ops::operate::advance(&pool, Some(&mut redis), &route, &req, 1 << 20)
+            .await
+            .map_err(|_| "refused")
+            .unwrap();
+        assert_eq!(done.gate.to, to);
+    }
+    let left: i64 = ::redis::cmd("EXISTS")
+        .arg(&queue)
+        .arg(&sub_list)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "decommission left a list behind");
+    let live: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT key) FROM qbridge.jobs WHERE queue = $1 AND copy = 'live'",
+    )
+    .bind(&route_name)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(live, 5);
+
+    let _: i64 = ::redis::cmd("DEL")
+        .arg(&queue)
+        .arg(&sub_list)
+        .arg(&ledger)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+}
