@@ -17,8 +17,10 @@
 //! list). Workers read the lists in that order: a lower number runs first.
 //! Those lists are the route's too ([`priority_lists`]).
 //!
-//! The other formats' structures (Celery's `unacked` hash, RQ's
-//! `rq:scheduled:<queue>` and registries, resque-scheduler's
+//! **RQ** (`rq/registry.py`): `rq:scheduled:<queue>` and `rq:failed:<queue>`,
+//! sets of job ids of the queue's own ([`of_route`]).
+//!
+//! The other formats' structures (Celery's `unacked` hash, resque-scheduler's
 //! `delayed_queue_schedule`) are not read yet: the runbook says so
 //! (`cutover/frameworks.md`).
 
@@ -66,27 +68,34 @@ impl fmt::Display for Holding {
     }
 }
 
-/// A sorted set scored by time whose members are JSON jobs naming their
-/// queue in `queue_field`; the route owns the members naming `queue`.
+/// A sorted set scored by time. A set shared by every queue (Sidekiq's)
+/// holds JSON jobs naming their queue in `queue_field`, and the route owns
+/// the members naming `queue`; a set of the queue's own (RQ's registries,
+/// `queue_field` `None`) is the route's whole.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Structure {
     pub holding: Holding,
     /// The Redis key of the sorted set.
     pub key: String,
-    /// The member field that names the job's queue.
-    pub queue_field: &'static str,
+    /// The member field that names the job's queue (`None`: the set is the
+    /// queue's own).
+    pub queue_field: Option<&'static str>,
     /// The queue name this route's jobs carry there.
     pub queue: String,
 }
 
 impl Structure {
-    /// Whether a member (the job's JSON) belongs to this route's queue.
-    /// A member that is not a JSON object naming a queue belongs to none.
+    /// Whether a member belongs to this route's queue: every member of a
+    /// set of the queue's own; in a shared set, a JSON job naming the queue
+    /// (anything else belongs to none).
     pub fn owns(&self, member: &[u8]) -> bool {
+        let Some(queue_field) = self.queue_field else {
+            return true;
+        };
         serde_json::from_slice::<serde_json::Value>(member)
             .ok()
             .and_then(|job| {
-                job.get(self.queue_field)
+                job.get(queue_field)
                     .and_then(|q| q.as_str())
                     .map(|q| q == self.queue)
             })
@@ -109,8 +118,35 @@ pub fn score_time(score: f64) -> Option<chrono::DateTime<chrono::Utc>> {
 pub fn of_route(format: &Format, redis_key: &[u8]) -> Vec<Structure> {
     match format {
         Format::Sidekiq => sidekiq(redis_key),
+        Format::Rq => rq(redis_key),
         _ => Vec::new(),
     }
+}
+
+/// RQ's registries of the queue `rq:queue:<name>` that hold jobs not in
+/// the list (`rq/registry.py`): `rq:scheduled:<name>` (`enqueue_in`/
+/// `enqueue_at`, score: when) and `rq:failed:<name>` (jobs that failed;
+/// score: when RQ forgets them). Members are job ids; the jobs are the
+/// hashes `rq:job:<id>`. The started, finished, deferred and canceled
+/// registries hold nothing to carry: running, done, waiting on another job,
+/// or cancelled.
+fn rq(redis_key: &[u8]) -> Vec<Structure> {
+    let Some(queue) = std::str::from_utf8(redis_key)
+        .ok()
+        .and_then(|key| key.strip_prefix("rq:queue:"))
+        .filter(|queue| !queue.is_empty())
+    else {
+        return Vec::new();
+    };
+    [(Holding::Scheduled, "scheduled"), (Holding::Dead, "failed")]
+        .into_iter()
+        .map(|(holding, registry)| Structure {
+            holding,
+            key: format!("rq:{registry}:{queue}"),
+            queue_field: None,
+            queue: queue.to_string(),
+        })
+        .collect()
 }
 
 /// Sidekiq's sets for the list `[<namespace>:]queue:<name>`.
@@ -135,7 +171,7 @@ fn sidekiq(redis_key: &[u8]) -> Vec<Structure> {
     .map(|(holding, set)| Structure {
         holding,
         key: format!("{prefix}{set}"),
-        queue_field: "queue",
+        queue_field: Some("queue"),
         queue: queue.to_string(),
     })
     .collect()
@@ -163,5 +199,14 @@ mod tests {
         assert!(of_route(&Format::Sidekiq, b"jobs").is_empty());
         assert!(of_route(&Format::Sidekiq, b"myqueue:x").is_empty());
         assert!(of_route(&Format::Raw, b"queue:default").is_empty());
+    }
+
+    #[test]
+    fn rq_queues_have_their_own_scheduled_and_failed_registries() {
+        let sets = of_route(&Format::Rq, b"rq:queue:reports");
+        let keys: Vec<&str> = sets.iter().map(|s| s.key.as_str()).collect();
+        assert_eq!(keys, ["rq:scheduled:reports", "rq:failed:reports"]);
+        assert!(sets[0].owns(b"any-job-id"));
+        assert!(of_route(&Format::Rq, b"reports").is_empty());
     }
 }

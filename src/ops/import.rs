@@ -117,10 +117,10 @@ pub async fn import(
         let new = if dry_run {
             unknown_keys(db, route, members.iter().map(|(m, _)| &m[..])).await?
         } else if structure.holding == Holding::Dead {
-            to_dead(db, route, &members, IMPORTED_DEAD).await?
+            to_dead(db, redis, route, &members, IMPORTED_DEAD).await?
         } else {
             let copy = (JobCopy::Mirror, Via::Import);
-            store_due(db, route, &members, copy, payload_limit).await?
+            store_due(db, redis, route, &members, copy, payload_limit).await?
         };
         line.new = new;
         line.known = line.found - new;

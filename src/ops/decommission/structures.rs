@@ -21,6 +21,7 @@ use crate::ingest::{self, Item, Via};
 use crate::model::formats::decode_bytes;
 use crate::model::structures::{self, Holding};
 use crate::queue::JobCopy;
+use crate::redis::rq_jobs;
 use crate::routes::Route;
 
 /// Members per ZREM.
@@ -51,10 +52,10 @@ pub async fn carry(
             continue;
         }
         let n = match structure.holding {
-            Holding::Dead => to_dead(db, route, &members, CARRIED).await?,
+            Holding::Dead => to_dead(db, redis, route, &members, CARRIED).await?,
             Holding::Scheduled | Holding::Retrying => {
                 let copy = (JobCopy::Live, Via::Archive);
-                store_due(db, route, &members, copy, payload_limit).await?
+                store_due(db, redis, route, &members, copy, payload_limit).await?
             }
         };
         for chunk in members.chunks(PAGE) {
@@ -81,12 +82,13 @@ const CARRIED: &str = "carried from the framework's dead set at decommission";
 /// imported) due at their scores; returns how many were new.
 pub(crate) async fn store_due(
     db: &PgPool,
+    redis: &mut ConnectionManager,
     route: &Route,
     members: &[(Vec<u8>, f64)],
     (copy, via): (JobCopy, Via),
     payload_limit: usize,
 ) -> Result<usize> {
-    let items: Vec<Item<'_>> = members
+    let mut items: Vec<Item<'_>> = members
         .iter()
         .map(|(member, score)| {
             let decoded = decode_bytes(&route.format, member.clone().into());
@@ -95,6 +97,12 @@ pub(crate) async fn store_due(
             item
         })
         .collect();
+    rq_jobs::attach(
+        redis,
+        &route.format,
+        items.iter_mut().map(|i| &mut i.decoded),
+    )
+    .await;
     ingest::store_counting_new(db, items, payload_limit).await
 }
 
@@ -102,14 +110,19 @@ pub(crate) async fn store_due(
 /// each key once; returns how many were new.
 pub(crate) async fn to_dead(
     db: &PgPool,
+    redis: &mut ConnectionManager,
     route: &Route,
     members: &[(Vec<u8>, f64)],
     why: &str,
 ) -> Result<usize> {
+    let mut decoded: Vec<_> = members
+        .iter()
+        .map(|(member, _)| decode_bytes(&route.format, member.clone().into()))
+        .collect();
+    rq_jobs::attach(redis, &route.format, decoded.iter_mut()).await;
     let mut tx = db.begin().await?;
     let mut added = 0;
-    for (member, _) in members {
-        let decoded = decode_bytes(&route.format, member.clone().into());
+    for ((member, _), decoded) in members.iter().zip(decoded) {
         let done = sqlx::query(
             "INSERT INTO qbridge.jobs_dead \
                  (id, queue, kind, key, payload, priority, attempts, max_attempts, last_error, \

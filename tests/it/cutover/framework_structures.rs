@@ -281,3 +281,120 @@ async fn import_copies_the_backlog_and_the_sets_once(pool: PgPool) {
             .unwrap();
     assert_eq!(dead, 1);
 }
+
+/// RQ keeps jobs in registries of the queue's own: real RQ 3.0 puts one
+/// failed job in `rq:failed:<q>` (a SimpleWorker burst), two `enqueue_in`
+/// jobs in `rq:scheduled:<q>` and leaves one waiting. qbridge counts them,
+/// the importer copies them with their job hashes (the scheduled ones due
+/// in an hour), and a forced decommission carries them: one live job per
+/// id, the failed one in `jobs_dead`, the registries emptied.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn rq_registries_are_counted_imported_and_carried(pool: PgPool) {
+    use qbridge::ops::import;
+    use qbridge::ops::operate::{self, Request};
+
+    let server = ThrowawayRedis::start();
+    let out = std::process::Command::new(support::python())
+        .args(["rq_app.py", "structures"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python"))
+        .env("QBT_BROKER", server.url())
+        .env("QBT_QUEUE", "reports")
+        .output()
+        .expect("rq_app.py runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    let (failed, scheduled, waiting) = (&ids[0], &ids[1..3], &ids[3]);
+    let toml =
+        "[[routes]]\nname = \"reports\"\nredis_key = \"rq:queue:reports\"\nqueue = \"reports\"\n\
+                format = \"rq\"\nphase = \"dual_write\"\n";
+    let cfg = Config::from_toml(toml, &Overrides::default()).expect("route config");
+    let routes = Routes::from_config(&cfg.routes);
+    let route = Arc::clone(routes.by_name("reports").unwrap());
+    let mut conn = connect_redis(&server.url()).await.unwrap();
+
+    let held = structures::read(&mut conn, &route).await.unwrap();
+    let counts: Vec<(Holding, &str, u64)> = held
+        .iter()
+        .map(|h| (h.holding, h.key.as_str(), h.jobs))
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            (Holding::Scheduled, "rq:scheduled:reports", 2),
+            (Holding::Dead, "rq:failed:reports", 1)
+        ]
+    );
+
+    let report = import::import(
+        &pool,
+        &mut conn,
+        &route,
+        Phase::DualWrite,
+        false,
+        1 << 20,
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    let news: Vec<usize> = report.structures.iter().map(|s| s.new).collect();
+    assert_eq!(news, [1, 2, 1], "{report:?}");
+    for id in scheduled {
+        let (payload, later): (serde_json::Value, bool) = sqlx::query_as(
+            "SELECT payload, run_at > now() + interval '59 minutes' FROM qbridge.jobs \
+              WHERE queue = 'reports' AND key = $1 AND copy = 'mirror'",
+        )
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert!(later, "enqueue_in(1h) is due in an hour");
+        assert_eq!(payload["rq_job"]["status"], "scheduled", "{payload}");
+    }
+
+    qbridge::cutover::store::register(&pool, "reports", Phase::PostgresOnly, "test")
+        .await
+        .unwrap();
+    let req = Request {
+        by: "test@ops",
+        reason: Some("carry RQ's registries"),
+        force: true,
+        percent: None,
+    };
+    operate::advance(&pool, Some(&mut conn), &route, &req, 1 << 20)
+        .await
+        .map_err(|_| "refused")
+        .unwrap();
+    let live: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT key FROM qbridge.jobs WHERE queue = 'reports' AND copy = 'live' ORDER BY key",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut expected = vec![scheduled[0].clone(), scheduled[1].clone(), waiting.clone()];
+    expected.sort();
+    assert_eq!(live, expected);
+    let dead: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM qbridge.jobs_dead WHERE queue = 'reports' AND key = $1",
+    )
+    .bind(failed)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(dead, 1);
+    for set in ["rq:scheduled:reports", "rq:failed:reports"] {
+        let n: i64 = ::redis::cmd("ZCARD")
+            .arg(set)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(n, 0, "{set}");
+    }
+}
