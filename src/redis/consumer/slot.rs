@@ -239,8 +239,13 @@ impl Slot {
                     "redis consumer: cannot ask Postgres whether it runs this job live; running it");
             }
         }
+        // A content hash's first 12 hex digits say which identical texts a
+        // pop belongs to (nothing about the payload beyond equality), so a
+        // campaign's failed seed can be followed pop by pop.
+        let (text, occurrence) =
+            numbered(&key).map_or(("", 0), |(hash, n)| (&hash[..12.min(hash.len())], n));
         tracing::debug!(route = %ctx.route.name, slot = list, fresh, key = %key_hash(&key),
-            occurrence = numbered(&key).map_or(0, |(_, n)| n), "redis consumer: running an item");
+            text, occurrence, "redis consumer: running an item");
         let max = i64::from(ctx.config.max_attempts);
         loop {
             // Counted before the run: a crash mid-run used up an attempt,
