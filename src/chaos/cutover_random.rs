@@ -83,6 +83,25 @@ pub async fn campaign(
     Ok(reports)
 }
 
+/// Starts a walk's servers and processes. A start that fails is tried
+/// again, twice: with walks in parallel another one can take a port between
+/// this one choosing it and binding it (a campaign process ended on "Address
+/// already in use" after 26 of its 142 seeds). The walk has not begun, so
+/// nothing is judged twice.
+async fn start_rig(c: &Campaign, items: Items) -> Result<Rig> {
+    let mut tries = 0;
+    loop {
+        match Rig::start_with(&c.bin, Phase::DualWrite, "", items).await {
+            Ok(rig) => return Ok(rig),
+            Err(e) if tries < 2 => {
+                tries += 1;
+                tracing::warn!(error = %e, "the walk's servers did not start; trying again");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// One seed's walk, end and judgement.
 pub async fn run_seed(c: &Campaign, seed: u64) -> Result<SeedReport> {
     let started = Instant::now();
@@ -93,7 +112,7 @@ pub async fn run_seed(c: &Campaign, seed: u64) -> Result<SeedReport> {
         1 => Items::Ids,
         _ => Items::Repeating,
     };
-    let mut rig = Rig::start_with(&c.bin, Phase::DualWrite, "", items).await?;
+    let mut rig = start_rig(c, items).await?;
     let h = Harness::attach(&rig).await?;
     let window_start = chrono::Utc::now() - chrono::Duration::seconds(1);
     let load = Load::start_with(c.rate, rig.proxy_port, h.producer.clone(), items);
