@@ -29,17 +29,16 @@ for ((p = 0; p < parallel; p++)); do
         --rate 40 --patience "${PATIENCE:-90s}" >"$out/part-$p.txt" 2>"$out/part-$p.err" &
     pids+=($!)
 done
-status=0 ended=()
-for p in "${!pids[@]}"; do
-    # A process that ends with an error (not a failed seed: its servers would
-    # not start) leaves its remaining seeds unrun; the summary says so.
-    wait "${pids[$p]}" || { status=1; ended+=("$p"); }
-done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 {
     echo "campaign: $seeds seeds from $first, $steps steps each, $parallel processes, $bin"
     grep -h '^seed ' "$out"/part-*.txt | awk '{n++; if ($NF != "ok") f++} END {print n " seeds run, " f+0 " failed"}'
-    for p in "${ended[@]}"; do
-        echo "process $p ended early: $(tail -n 1 "$out/part-$p.err")"
+    # A process without its closing line ended on an error (not a failed
+    # seed: e.g. its servers would not start): its remaining seeds did not run.
+    for ((p = 0; p < ${#pids[@]}; p++)); do
+        grep -q 'acknowledged jobs' "$out/part-$p.txt" ||
+            echo "process $p ended early: $(tail -n 1 "$out/part-$p.err")"
     done
     grep -h '^seed ' "$out"/part-*.txt | grep -v ': ok$' || true
     grep -h 'acknowledged jobs' "$out"/part-*.txt
