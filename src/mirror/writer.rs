@@ -434,9 +434,8 @@ impl<'a> Part<'a> {
 }
 
 /// The job hashes of the RQ ids among `parts` (`redis::rq_jobs`), read on
-/// the writer's Redis connection. Without one, or when the read fails, the
-/// copies keep the id alone (as every RQ copy did before): logged, since
-/// such a copy cannot run on Postgres without Redis.
+/// the writer's Redis connection (none, or a failed read: the copies keep
+/// the id alone, logged).
 async fn rq_jobs_of(
     conn: &mut Option<ConnectionManager>,
     parts: &[Part<'_>],
@@ -446,23 +445,7 @@ async fn rq_jobs_of(
         .filter(|p| p.route.format == Format::Rq)
         .filter_map(|p| std::str::from_utf8(p.bytes).ok())
         .collect();
-    if ids.is_empty() {
-        return HashMap::new();
-    }
-    let Some(conn) = conn else {
-        tracing::warn!(
-            items = ids.len(),
-            "RQ jobs mirrored without their job hashes: the mirror has no Redis connection"
-        );
-        return HashMap::new();
-    };
-    match rq_jobs::read(conn, &ids).await {
-        Ok(jobs) => jobs,
-        Err(e) => {
-            tracing::warn!(items = ids.len(), error = %e, "cannot read RQ job hashes; their copies keep the job id alone");
-            HashMap::new()
-        }
-    }
+    rq_jobs::read_or_none(conn.as_mut(), &ids).await
 }
 
 /// Decodes and stores every item of `batch` in one transaction; results in

@@ -43,6 +43,32 @@ pub async fn read(conn: &mut ConnectionManager, ids: &[&str]) -> Result<HashMap<
         .collect())
 }
 
+/// [`read`], or no hashes at all — without a connection or when the read
+/// fails — logged, since such copies keep the id alone and cannot run on
+/// Postgres without Redis.
+pub async fn read_or_none(
+    conn: Option<&mut ConnectionManager>,
+    ids: &[&str],
+) -> HashMap<String, JobHash> {
+    if ids.is_empty() {
+        return HashMap::new();
+    }
+    let Some(conn) = conn else {
+        tracing::warn!(
+            items = ids.len(),
+            "RQ jobs stored without their job hashes: no Redis connection"
+        );
+        return HashMap::new();
+    };
+    match read(conn, ids).await {
+        Ok(jobs) => jobs,
+        Err(e) => {
+            tracing::warn!(items = ids.len(), error = %e, "cannot read RQ job hashes; their copies keep the job id alone");
+            HashMap::new()
+        }
+    }
+}
+
 /// Puts each RQ item's job hash into its payload (`formats::rq::with_job`)
 /// for items of an RQ route (`format`); others are left as they are. A
 /// failed read leaves the items as they are, logged: their copies keep the
@@ -63,13 +89,7 @@ pub async fn attach<'a>(
             KeySource::ContentHash(_) => None,
         })
         .collect();
-    let jobs = match read(conn, &ids).await {
-        Ok(jobs) => jobs,
-        Err(e) => {
-            tracing::warn!(items = ids.len(), error = %e, "cannot read RQ job hashes; their copies keep the job id alone");
-            return;
-        }
-    };
+    let jobs = read_or_none(Some(conn), &ids).await;
     for decoded in items.iter_mut() {
         if let KeySource::Id(id) = &decoded.key {
             if let Some(job) = jobs.get(id) {
