@@ -135,7 +135,7 @@ pub async fn run_seed(c: &Campaign, seed: u64) -> Result<SeedReport> {
     violations.extend(visible_in_the_diff(&rig, &h, window_start, &verdict).await?);
     verdict.violations.extend(violations);
     if !verdict.violations.is_empty() {
-        dump::write(&rig.db, &rig.redis.url(), seed, &verdict.violations, &done).await;
+        dump::write(&rig.db, seed, &verdict.violations, &done).await;
         dump::keep_logs(rig.dir.path(), seed);
     }
     rig.stop();

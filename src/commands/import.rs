@@ -7,7 +7,7 @@ use std::io::Write as _;
 use crate::cli::ImportArgs;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::ops::import::{self, ImportReport, SKIPPED_REASON};
+use crate::ops::import::{self, ImportReport, NOT_COPIED_REASON};
 use crate::output;
 use crate::redis::connect::connect_redis_with;
 
@@ -57,16 +57,16 @@ fn table(r: &ImportReport) -> String {
         "FOUND",
         if r.dry_run { "WOULD" } else { "NEW" },
         "KNOWN",
-        "SKIPPED"
+        "NOT COPIED"
     );
     for s in &r.structures {
         out.push_str(&format!(
             "{:<24} {:<10} {:>8} {:>8} {:>8} {:>8}\n",
-            s.key, s.holding, s.found, s.new, s.known, s.skipped
+            s.key, s.holding, s.found, s.new, s.known, s.not_copied
         ));
     }
     let new: usize = r.structures.iter().map(|s| s.new).sum();
-    let skipped: usize = r.structures.iter().map(|s| s.skipped).sum();
+    let not_copied: usize = r.structures.iter().map(|s| s.not_copied).sum();
     out.push_str(&match (r.dry_run, new) {
         (true, n) => format!(
             "{}: dry run, {n} jobs would be copied; nothing stored\n",
@@ -81,8 +81,8 @@ fn table(r: &ImportReport) -> String {
             r.route
         ),
     });
-    if skipped > 0 {
-        out.push_str(&format!("{skipped} skipped: {SKIPPED_REASON}\n"));
+    if not_copied > 0 {
+        out.push_str(&format!("{not_copied} not copied: {NOT_COPIED_REASON}\n"));
     }
     out
 }

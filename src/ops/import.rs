@@ -54,8 +54,8 @@ pub struct StructureImport {
     pub new: usize,
     /// Already in Postgres (nothing stored).
     pub known: usize,
-    /// Not imported, with the reason (content-hash items).
-    pub skipped: usize,
+    /// Left in Redis uncopied, with the reason (content-hash items).
+    pub not_copied: usize,
 }
 
 /// The import of one route, per structure.
@@ -66,8 +66,9 @@ pub struct ImportReport {
     pub structures: Vec<StructureImport>,
 }
 
-/// Why content-hash items are skipped, for the summary.
-pub const SKIPPED_REASON: &str = "items without an id are numbered by the Redis side as it pops \
+/// Why content-hash items are not copied, for the summary.
+pub const NOT_COPIED_REASON: &str =
+    "items without an id are numbered by the Redis side as it pops \
      them; they are not imported (see cutover/README.md, \"Identical items\")";
 
 /// Imports what `route` holds in Redis. `progress` is told each page:
@@ -163,7 +164,7 @@ async fn import_list(
         for bytes in page {
             let decoded = decode_bytes(&route.format, bytes.into());
             if decoded.key.is_content_hash() {
-                line.skipped += 1;
+                line.not_copied += 1;
                 continue;
             }
             items.push(Item::new(route, decoded, JobCopy::Mirror, Via::Import));

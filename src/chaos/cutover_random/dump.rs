@@ -23,34 +23,13 @@ const QUERIES: &[(&str, &str)] = &[
     ("outbox", "SELECT key, original IS NOT NULL AS has_bytes FROM qbridge.redis_outbox WHERE (key = $1 OR key LIKE $1 || ':%')"),
 ];
 
-/// Writes the dump of `seed` when `QBRIDGE_CHAOS_DUMP_DIR` is set and a
-/// violation names a text; errors are reported in the file, never raised.
-pub(super) async fn write(
-    db: &PgPool,
-    redis_url: &str,
-    seed: u64,
-    violations: &[String],
-    steps: &[String],
-) {
+/// Writes the dump of `seed` when `QBRIDGE_CHAOS_DUMP_DIR` is set, for each
+/// text or key a violation names; errors are reported in the file, never raised.
+pub(super) async fn write(db: &PgPool, seed: u64, violations: &[String], steps: &[String]) {
     let Ok(dir) = std::env::var("QBRIDGE_CHAOS_DUMP_DIR") else {
         return;
     };
-    let mut hashes: Vec<String> = violations
-        .iter()
-        .flat_map(|v| v.match_indices("sha256:").map(move |(i, _)| &v[i..]))
-        .filter_map(|s| s.get(..71).map(str::to_string))
-        .collect();
-    // Id keys a violation names (`key <id>`), dumped by exact key.
-    hashes.extend(violations.iter().flat_map(|v| {
-        v.split("key ")
-            .skip(1)
-            .filter_map(|rest| rest.split([',', ')', ' ']).next())
-            .filter(|k| !k.is_empty() && !k.starts_with("sha256:"))
-            .map(str::to_string)
-            .collect::<Vec<_>>()
-    }));
-    hashes.sort();
-    hashes.dedup();
+    let hashes = named(violations);
     let mut out = format!("seed {seed}\nviolations:\n");
     for v in violations {
         let _ = writeln!(out, "  {v}");
@@ -72,15 +51,6 @@ pub(super) async fn write(
                 Err(e) => {
                     let _ = writeln!(out, "(failed: {e})");
                 }
-            }
-        }
-        let _ = writeln!(out, "-- redis");
-        match held_in_redis(redis_url, &hash).await {
-            Ok(rows) => rows.iter().for_each(|r| {
-                let _ = writeln!(out, "{r}");
-            }),
-            Err(e) => {
-                let _ = writeln!(out, "(failed: {e})");
             }
         }
     }
@@ -109,46 +79,24 @@ pub(super) fn keep_logs(rig_dir: &std::path::Path, seed: u64) {
     }
 }
 
-/// How many copies of the text (`sha256:<hex>`) each Redis list holds at the
-/// end of the walk (the route's list, processing lists, gap lists): a copy
-/// acknowledged but never run is either still here or gone.
-async fn held_in_redis(url: &str, hash: &str) -> crate::error::Result<Vec<String>> {
-    use sha2::{Digest, Sha256};
-    let mut conn = crate::redis::connect::connect_redis(url).await?;
-    let keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query_async(&mut conn).await?;
-    let want = hash.trim_start_matches("sha256:");
-    let mut rows = Vec::new();
-    for key in keys {
-        let kind: String = ::redis::cmd("TYPE")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await?;
-        if kind != "list" {
-            rows.push(format!("{key} ({kind})"));
-            continue;
-        }
-        let items: Vec<Vec<u8>> = ::redis::cmd("LRANGE")
-            .arg(&key)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await?;
-        let copies = items
-            .iter()
-            .filter(|i| {
-                Sha256::digest(i)
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
-                    == want
-            })
-            .count();
-        rows.push(format!(
-            "{key}: {} items, {copies} copies of the text",
-            items.len()
-        ));
-    }
-    Ok(rows)
+/// What the violations name: texts (`sha256:<hex>`) and id keys (`key <id>`).
+fn named(violations: &[String]) -> Vec<String> {
+    let mut names: Vec<String> = violations
+        .iter()
+        .flat_map(|v| {
+            let texts = v
+                .match_indices("sha256:")
+                .filter_map(|(i, _)| v.get(i..i + 71));
+            let ids = v
+                .match_indices("key ")
+                .filter_map(|(i, _)| v[i + 4..].split([',', ')', ' ']).next())
+                .filter(|k| !k.is_empty() && !k.starts_with("sha256:"));
+            texts.chain(ids).map(str::to_string).collect::<Vec<_>>()
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// Writes what every Redis list holds, per text (`<list>: <hash prefix> ×
@@ -196,4 +144,20 @@ pub(super) async fn redis_lists(url: &str, seed: u64, when: &str) {
     let path = std::path::Path::new(&dir).join(format!("seed-{seed}-redis-{when}.txt"));
     let _ = std::fs::create_dir_all(&dir);
     let _ = std::fs::write(path, out);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn violations_name_texts_and_id_keys() {
+        let hex = "a".repeat(64);
+        let violations = [
+            format!("1 acknowledged jobs lost, e.g. sha256:{hex} (3 pushed, 2 ran)"),
+            "2 jobs ran live on both sides, the diff shows 0 (ledger: key a-9, key p-1)".into(),
+        ];
+        assert_eq!(
+            super::named(&violations),
+            ["a-9", "p-1", &format!("sha256:{hex}")]
+        );
+    }
 }
