@@ -116,7 +116,15 @@ pub async fn import(
             ..StructureImport::default()
         };
         let new = if dry_run {
-            unknown_keys(db, route, members.iter().map(|(m, _)| &m[..])).await?
+            let keys: Vec<String> = members
+                .iter()
+                .map(|(m, _)| {
+                    decode_bytes(&route.format, m.clone().into())
+                        .key
+                        .with_occurrence(0)
+                })
+                .collect();
+            unknown_keys(db, route, &keys, structure.holding == Holding::Dead).await?
         } else if structure.holding == Holding::Dead {
             to_dead(db, redis, route, &members, IMPORTED_DEAD).await?
         } else {
@@ -171,8 +179,11 @@ async fn import_list(
         }
         let considered = items.len();
         let new = if dry_run {
-            let originals: Vec<&[u8]> = items.iter().map(|i| &i.decoded.original[..]).collect();
-            unknown_keys(db, route, originals.into_iter()).await?
+            let keys: Vec<String> = items
+                .iter()
+                .map(|i| i.decoded.key.with_occurrence(0))
+                .collect();
+            unknown_keys(db, route, &keys, false).await?
         } else {
             rq_jobs::attach(
                 redis,
@@ -193,24 +204,25 @@ async fn import_list(
     Ok(line)
 }
 
-/// How many of `items` (id-keyed originals) Postgres does not know.
-async fn unknown_keys<'a>(
-    db: &PgPool,
-    route: &Route,
-    items: impl Iterator<Item = &'a [u8]>,
-) -> Result<usize> {
-    let keys: Vec<String> = items
-        .map(|bytes| decode_bytes(&route.format, bytes.to_vec().into()))
-        .filter(|d| !d.key.is_content_hash())
-        .map(|d| d.key.with_occurrence(0))
-        .collect();
-    let unknown: i64 = sqlx::query_scalar(
-        "SELECT count(DISTINCT t.key) FROM unnest($2::text[]) AS t(key) \
-          WHERE NOT EXISTS (SELECT 1 FROM qbridge.job_keys k WHERE k.queue = $1 AND k.key = t.key)",
-    )
-    .bind(&route.queue)
-    .bind(&keys)
-    .fetch_one(db)
-    .await?;
+/// How many of `keys` Postgres does not know where the import would store
+/// them: `job_keys` for copies, `jobs_dead` for dead jobs.
+async fn unknown_keys(db: &PgPool, route: &Route, keys: &[String], dead: bool) -> Result<usize> {
+    let sql = match dead {
+        false => {
+            "SELECT count(DISTINCT t.key) FROM unnest($2::text[]) AS t(key) \
+                   WHERE NOT EXISTS (SELECT 1 FROM qbridge.job_keys k \
+                                      WHERE k.queue = $1 AND k.key = t.key)"
+        }
+        true => {
+            "SELECT count(DISTINCT t.key) FROM unnest($2::text[]) AS t(key) \
+                  WHERE NOT EXISTS (SELECT 1 FROM qbridge.jobs_dead d \
+                                     WHERE d.queue = $1 AND d.key = t.key)"
+        }
+    };
+    let unknown: i64 = sqlx::query_scalar(sql)
+        .bind(&route.queue)
+        .bind(keys)
+        .fetch_one(db)
+        .await?;
     Ok(unknown as usize)
 }
