@@ -251,7 +251,8 @@ fn print_advanced(name: &str, done: &Advanced, as_json: bool) {
     }
 }
 
-fn find(
+/// The route named `name`, or a one-line error naming it.
+pub(super) fn find(
     routes: &crate::routes::Routes,
     name: &str,
 ) -> Result<std::sync::Arc<crate::routes::Route>> {

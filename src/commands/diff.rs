@@ -3,7 +3,7 @@
 
 use crate::cli::DiffArgs;
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::{diff, repair};
 use crate::output;
 use crate::redis::connect::connect_redis_with;
@@ -20,12 +20,7 @@ pub async fn run(config: &Config, args: &DiffArgs, as_json: bool) -> Result<()> 
     let db = crate::db::connect(&config.database_url, 2).await?;
     crate::db::check_schema(&db).await?;
     let routes = stored_routes(&db, config).await?;
-    let route = routes
-        .by_name(&args.route)
-        .ok_or_else(|| {
-            Error::InvalidInput(format!("no route named {:?} in the config", args.route))
-        })?
-        .clone();
+    let route = super::cutover::find(&routes, &args.route)?;
     let since = match &args.since {
         Some(text) => crate::ops::window::parse_since(text)?,
         None => crate::ops::gates::default_since(&db, &route).await?,

@@ -6,7 +6,7 @@ use std::io::Write as _;
 
 use crate::cli::ImportArgs;
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::import::{self, ImportReport, NOT_COPIED_REASON};
 use crate::output;
 use crate::redis::connect::connect_redis_with;
@@ -15,12 +15,7 @@ pub async fn run(config: &Config, args: &ImportArgs, as_json: bool) -> Result<()
     let db = crate::db::connect(&config.database_url, 2).await?;
     crate::db::check_schema(&db).await?;
     let routes = super::diff::stored_routes(&db, config).await?;
-    let route = routes
-        .by_name(&args.route)
-        .ok_or_else(|| {
-            Error::InvalidInput(format!("no route named {:?} in the config", args.route))
-        })?
-        .clone();
+    let route = super::cutover::find(&routes, &args.route)?;
     let mut redis = connect_redis_with(&config.redis_url, &config.redis_tls).await?;
     let phase = routes.phase(&route);
     let progress = |key: &str, read: usize| {

@@ -106,7 +106,22 @@ pub async fn loss_evidence(
     epoch: &Epoch,
     keys: &[String],
 ) -> Result<Vec<(String, String)>> {
-    Ok(sqlx::query_as(LOSS_EVIDENCE_SQL)
+    evidence_rows(db, LOSS_EVIDENCE_SQL, route, epoch, keys).await
+}
+
+/// Runs one of the evidence queries: `$1` route, `$2` queue, `$3`/`$4` the
+/// current epoch, `$5` the keys.
+async fn evidence_rows<T>(
+    db: &PgPool,
+    sql: &'static str,
+    route: &Route,
+    epoch: &Epoch,
+    keys: &[String],
+) -> Result<Vec<T>>
+where
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+{
+    Ok(sqlx::query_as(sql)
         .bind(&route.name)
         .bind(&route.queue)
         .bind(&epoch.run_id)
@@ -157,14 +172,7 @@ pub async fn text_loss_evidence(
     epoch: &Epoch,
     keys: &[String],
 ) -> Result<Vec<(String, Option<String>)>> {
-    Ok(sqlx::query_as(TEXT_LOSS_EVIDENCE_SQL)
-        .bind(&route.name)
-        .bind(&route.queue)
-        .bind(&epoch.run_id)
-        .bind(&epoch.marker)
-        .bind(keys)
-        .fetch_all(db)
-        .await?)
+    evidence_rows(db, TEXT_LOSS_EVIDENCE_SQL, route, epoch, keys).await
 }
 
 /// `bound`: the latest time Redis certainly still was an earlier server
