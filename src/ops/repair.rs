@@ -18,7 +18,7 @@
 //! Items that ran on Redis without ever being mirrored are not touched: they
 //! ran live once, which is the promise; the diff only counts them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -152,8 +152,8 @@ pub async fn repair_with(
     let settled = Utc::now()
         - chrono::Duration::from_std(route.config.cutover.diff.settle).unwrap_or_default();
     let first = owed(db, route, since, settled, held).await?;
-    let keys = if first.is_empty() {
-        Vec::new()
+    let (keys, popped) = if first.is_empty() {
+        (Vec::new(), HashSet::new())
     } else {
         // Redis is read list by list, and the consumer records an outcome
         // a moment after it acts: an item moving between lists, or just
@@ -163,9 +163,19 @@ pub async fn repair_with(
         tokio::time::sleep(RECHECK_AFTER).await;
         let again = redis_view::read(redis, db, route).await?;
         let second = owed(db, route, since, settled, &again).await?;
-        let mut keys: Vec<String> = first.into_iter().filter(|k| second.contains(k)).collect();
+        let mut keys: Vec<String> = first
+            .into_keys()
+            .filter(|k| second.contains_key(k))
+            .collect();
         keys.sort();
-        keys
+        // Whether each copy's number was a pop's is this reading's answer:
+        // pops go on while repair pushes back (see `push_back`).
+        let popped: HashSet<String> = second
+            .into_iter()
+            .filter(|(_, popped)| *popped)
+            .map(|(k, _)| k)
+            .collect();
+        (keys, popped)
     };
     let accounting = evidence::classify(db, route, held.epoch.as_ref(), keys).await?;
     let mut push: Vec<(String, String)> = accounting.repairable;
@@ -174,7 +184,7 @@ pub async fn repair_with(
         // A named key with a held re-push runs once: in Postgres when Redis
         // does not hold its original (then it is not pushed back either),
         // else on Redis (the held re-push resolves when Redis reports it).
-        let in_redis: std::collections::HashSet<String> = held.keys().into_iter().collect();
+        let in_redis: HashSet<String> = held.keys().into_iter().collect();
         let named: Vec<String> = assume
             .keys
             .iter()
@@ -199,7 +209,7 @@ pub async fn repair_with(
     if report.unaccounted > 0 {
         report.unaccounted_reason = accounting.reason;
     }
-    push_back(db, redis, route, &push, &mut report).await?;
+    push_back(db, redis, route, &push, &popped, &mut report).await?;
     if let Some(assume) = assume {
         assume.audit(db, route, &report).await?;
     }
@@ -208,22 +218,33 @@ pub async fn repair_with(
 
 /// Pushes back the original bytes of `push` (job key, why), each at most
 /// once (the marker), counting the evidence of those pushed.
+///
+/// A content-hash copy in `popped` (a pop had taken its number when repair
+/// read, and the copy was lost after) is popped again under that number: it
+/// becomes a hole first. Any other copy is popped under the next number.
+/// Comparing the number with the pop count at push time instead was wrong:
+/// the consumer pops on meanwhile — copies waiting in Redis, copies pushed
+/// back a moment before — and counts past numbers no pop had taken, which
+/// then became holes as well, so two pops shared a number and one number
+/// never ran (oracle seeds 3000, 3220, 3458, 3496). Pushing back in number
+/// order keeps the pops' numbers close to the copies'.
 async fn push_back(
     db: &PgPool,
     redis: &mut ConnectionManager,
     route: &Route,
     push: &[(String, String)],
+    popped: &HashSet<String>,
     report: &mut RepairReport,
 ) -> Result<()> {
     if push.is_empty() {
         return Ok(());
     }
-    let why: std::collections::HashMap<&str, &str> =
-        push.iter().map(|(k, w)| (k.as_str(), w.as_str())).collect();
+    let why: HashMap<&str, &str> = push.iter().map(|(k, w)| (k.as_str(), w.as_str())).collect();
     let keys: Vec<&str> = push.iter().map(|(k, _)| k.as_str()).collect();
     let rows: Vec<(String, Vec<u8>)> = sqlx::query_as(
         "SELECT key, original FROM qbridge.job_keys \
-          WHERE queue = $1 AND key = ANY($2::text[]) AND original IS NOT NULL",
+          WHERE queue = $1 AND key = ANY($2::text[]) AND original IS NOT NULL \
+          ORDER BY substring(key from ':([0-9]+)$')::bigint NULLS FIRST, key",
     )
     .bind(&route.queue)
     .bind(&keys)
@@ -237,8 +258,10 @@ async fn push_back(
     let script = redis::Script::new(REPUSH_LUA);
     let route_keys = RouteKeys::of(route);
     for (key, original) in rows {
-        // A content hash is popped again under its own number, not the next.
-        let hole = numbering::expect_again(db, &route.queue, &key).await?;
+        let hole = match popped.contains(&key) {
+            true => numbering::expect_again(db, &route.queue, &key).await?,
+            false => false,
+        };
         let pushed: Result<i64> = script
             .key(&list)
             .key(route_keys.repushed(&key))
@@ -266,15 +289,16 @@ async fn push_back(
 /// longer than the outcome recorder takes to write what it was handed.
 const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
-/// Mirror copies unaccounted for on the Redis side given one reading.
+/// Mirror copies unaccounted for on the Redis side given one reading, each
+/// with whether a pop had taken its number (`ONLY_POSTGRES_SQL`).
 async fn owed(
     db: &PgPool,
     route: &Route,
     since: DateTime<Utc>,
     settled: DateTime<Utc>,
     held: &RedisView,
-) -> Result<std::collections::HashSet<String>> {
-    let keys: Vec<String> = sqlx::query_scalar(ONLY_POSTGRES_SQL)
+) -> Result<HashMap<String, bool>> {
+    let keys: Vec<(String, bool)> = sqlx::query_as(ONLY_POSTGRES_SQL)
         .bind(&route.queue)
         .bind(since)
         .bind(settled)
@@ -311,7 +335,7 @@ async fn mirror_waiting(
     if unknown.is_empty() {
         return Ok(0);
     }
-    let unknown: std::collections::HashSet<String> = unknown.into_iter().collect();
+    let unknown: HashSet<String> = unknown.into_iter().collect();
     let mut items: Vec<Item<'_>> = keys
         .iter()
         .zip(originals)

@@ -9,6 +9,7 @@ pub(crate) mod fleet;
 mod key_drift;
 mod lost_report;
 mod promotion;
+mod pushback_race;
 mod restart_evidence;
 
 use std::net::SocketAddr;

@@ -76,6 +76,11 @@ SELECT t.key FROM unnest($2::text[]) AS t(key)
 ///   outbox owes are accounted for, the newest first; the older rest are
 ///   unaccounted. Copies pushed after a restart are the ones Redis has, so
 ///   the copies called missing are those pushed before it.
+///
+/// Rows: the key, and whether a pop had taken its number when this reading
+/// was made (*popped* or *hole*): repair pushes such a copy back under its
+/// own number, and any other under the next one. That must be this
+/// reading's answer, not a later one: pops go on while repair pushes back.
 pub(crate) const ONLY_POSTGRES_SQL: &str = r#"
 WITH silent AS (
     SELECT k.key, k.seen_at, COALESCE(k.pushed_at, k.seen_at) AS pushed,
@@ -99,7 +104,7 @@ ranked AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.hash, c.class
                                    ORDER BY c.pushed DESC, c.n DESC) AS newest
       FROM classed c)
-SELECT r.key FROM ranked r
+SELECT r.key, r.class IN ('popped', 'hole') AS popped FROM ranked r
  WHERE r.seen_at < $3
    AND CASE r.class
          WHEN 'id' THEN NOT (r.key = ANY($4::text[]))
@@ -296,13 +301,15 @@ pub(super) async fn one_sided(db: &PgPool, w: &Window<'_>) -> Result<OneSided> {
 
 /// Every mirror copy only on Postgres (to classify: repairable or not).
 pub(super) async fn only_postgres_keys(db: &PgPool, w: &Window<'_>) -> Result<Vec<String>> {
-    Ok(sqlx::query_scalar(ONLY_POSTGRES_SQL)
-        .bind(w.queue)
-        .bind(w.since)
-        .bind(w.settled)
-        .bind(&w.accounted_keys)
-        .fetch_all(db)
-        .await?)
+    Ok(
+        sqlx::query_scalar(&format!("SELECT key FROM ({ONLY_POSTGRES_SQL}) one_sided"))
+            .bind(w.queue)
+            .bind(w.since)
+            .bind(w.settled)
+            .bind(&w.accounted_keys)
+            .fetch_all(db)
+            .await?,
+    )
 }
 
 /// Keys compared across the sides, how many disagree, and a sample of them.
