@@ -201,6 +201,11 @@ pub async fn repair_with(
         unaccounted = rest;
         push.extend(assumed.into_iter().map(|k| (k, assume.evidence_line())));
     }
+    for key in &unaccounted {
+        let (text, occurrence) =
+            numbering::numbered(key).map_or(("", 0), |(hash, n)| (&hash[..12.min(hash.len())], n));
+        tracing::debug!(route = %route.name, text, occurrence, "repair: unaccounted, not pushed back");
+    }
     report.unaccounted = unaccounted.len();
     report.unaccounted_sample = unaccounted
         .into_iter()
@@ -271,6 +276,13 @@ async fn push_back(
             .invoke_async(redis)
             .await
             .map_err(Into::into);
+        // Which copy of which text, by the hash's first 12 hex digits and
+        // the number (equality only, nothing of the payload), so a failed
+        // oracle seed can be followed push-back by push-back.
+        let (text, occurrence) =
+            numbering::numbered(&key).map_or(("", 0), |(hash, n)| (&hash[..12.min(hash.len())], n));
+        tracing::debug!(route = %route.name, text, occurrence, hole, pushed = ?pushed.as_ref().ok(),
+            "repair: pushed back a copy Redis lost (1: pushed; 0: an earlier repair had)");
         if hole && !matches!(pushed, Ok(1)) {
             numbering::unexpect(db, &route.queue, &key).await?;
         }
