@@ -227,6 +227,11 @@ fn print_advanced(name: &str, done: &Advanced, as_json: bool) {
                     c.scheduled, c.retrying, c.dead
                 );
             }
+            for left in &c.left {
+                println!(
+                    "  LEFT IN REDIS (qbridge does not carry these; see cutover/frameworks.md): {left}"
+                );
+            }
             if !a.consumers_acknowledged.is_empty() {
                 println!(
                     "  Redis consumers stopped and idle: {}",

@@ -1,6 +1,6 @@
 //! Where a framework keeps a queue's jobs outside the list qbridge mirrors
-//! (issue 14): jobs scheduled for later, waiting to be retried, or dead. No
-//! I/O here, only the layout; `ops::structures` reads it.
+//! (issue 14): jobs scheduled for later, waiting to be retried, held by a
+//! worker, or dead. No I/O here, only the layout; `ops::structures` reads it.
 //!
 //! **Sidekiq** (6.x, `lib/sidekiq/client.rb` and `job_retry.rb`): a job with
 //! `at` goes to the sorted set `schedule` (score: when), a failed job to
@@ -15,14 +15,26 @@
 //! `<queue>\x06\x16<step>`, the priority rounded down to a step of
 //! `priority_steps` (`[0, 3, 6, 9]` by default; step 0 is the queue's own
 //! list). Workers read the lists in that order: a lower number runs first.
-//! Those lists are the route's too ([`priority_lists`]).
+//! Those lists are the route's too ([`priority_lists`]). A task a worker
+//! took waits in the hash `unacked` (`QoS.append`: delivery tag →
+//! `[message, exchange, routing_key]`, indexed by time in `unacked_index`)
+//! until the worker acks it — an ETA or countdown task for as long as its
+//! ETA is away; kombu puts it back on its list after `visibility_timeout`
+//! if the worker is gone. The route owns the entries routed to its queue.
 //!
 //! **RQ** (`rq/registry.py`): `rq:scheduled:<queue>` and `rq:failed:<queue>`,
 //! sets of job ids of the queue's own ([`of_route`]).
 //!
-//! The other formats' structures (Celery's `unacked` hash, resque-scheduler's
-//! `delayed_queue_schedule`) are not read yet: the runbook says so
-//! (`cutover/frameworks.md`).
+//! **Resque** (`lib/resque/failure/redis.rb`, and resque-scheduler's
+//! `lib/resque/scheduler/delaying_extensions.rb`), under the namespace its
+//! lists carry (`resque:queue:<name>` → `resque:`): a failed job is an entry
+//! `{"failed_at", "payload", "exception", "error", "backtrace", "worker",
+//! "queue"}` appended to the list `failed`, shared by every queue (a
+//! requeued one stays there with `retried_at` set: it is back in its queue);
+//! a delayed job (`enqueue_at`/`enqueue_in`) is `{"class", "args", "queue"}`
+//! appended to the list `delayed:<ts>`, and `<ts>` is a member (and the
+//! score) of the sorted set `delayed_queue_schedule`. No Resque client runs
+//! here: the tests write these structures as those files define them.
 
 use std::fmt;
 
@@ -54,6 +66,9 @@ pub enum Holding {
     Scheduled,
     /// Their next attempt after a failure.
     Retrying,
+    /// Taken by a worker that has not acknowledged them yet (Celery's
+    /// `unacked`: ETA tasks wait there until due). The worker runs them.
+    Held,
     /// Nothing: out of attempts, kept for an operator.
     Dead,
 }
@@ -63,43 +78,90 @@ impl fmt::Display for Holding {
         f.write_str(match self {
             Holding::Scheduled => "scheduled",
             Holding::Retrying => "retrying",
+            Holding::Held => "held by a worker",
             Holding::Dead => "dead",
         })
     }
 }
 
-/// A sorted set scored by time. A set shared by every queue (Sidekiq's)
-/// holds JSON jobs naming their queue in `queue_field`, and the route owns
-/// the members naming `queue`; a set of the queue's own (RQ's registries,
-/// `queue_field` `None`) is the route's whole.
+/// How a structure keeps its jobs in Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shape {
+    /// A sorted set of jobs scored by time (Sidekiq's sets, RQ's registries).
+    SortedSet,
+    /// A list of entries, with no time (Resque's `failed`).
+    List,
+    /// resque-scheduler's index: a sorted set of timestamps (member and
+    /// score), each naming a list `<lists>` + `<ts>` of jobs due then.
+    DelayedIndex { lists: String },
+    /// kombu's hash of taken messages (delivery tag → `[message, exchange,
+    /// routing_key]`) with `index`, the sorted set of the tags by time taken.
+    UnackedHash { index: String },
+}
+
+/// Which members of a structure are the route's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// All of them: the set is the queue's own (RQ's registries).
+    Whole,
+    /// The JSON objects whose field names the queue (Sidekiq's sets,
+    /// resque-scheduler's delayed jobs).
+    Field(&'static str),
+    /// Resque's failed entries naming the queue and not requeued since
+    /// (no `retried_at`: a requeued job is back in its list).
+    Unrequeued,
+    /// kombu's `[message, exchange, routing_key]` routed to the queue.
+    RoutingKey,
+}
+
+/// A structure of a route: where, in what shape, holding what, and which
+/// of its members are the route's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Structure {
     pub holding: Holding,
-    /// The Redis key of the sorted set.
+    /// The Redis key (of the index, for [`Shape::DelayedIndex`] and
+    /// [`Shape::UnackedHash`]: the hash).
     pub key: String,
-    /// The member field that names the job's queue (`None`: the set is the
-    /// queue's own).
-    pub queue_field: Option<&'static str>,
+    pub shape: Shape,
+    pub owner: Owner,
     /// The queue name this route's jobs carry there.
     pub queue: String,
 }
 
 impl Structure {
-    /// Whether a member belongs to this route's queue: every member of a
-    /// set of the queue's own; in a shared set, a JSON job naming the queue
-    /// (anything else belongs to none).
+    /// Whether a member belongs to this route's queue (anything that does
+    /// not read as the framework's shape belongs to none).
     pub fn owns(&self, member: &[u8]) -> bool {
-        let Some(queue_field) = self.queue_field else {
-            return true;
+        let field = |job: &serde_json::Value, name: &str| {
+            job.get(name).and_then(|q| q.as_str()).map(str::to_owned)
         };
-        serde_json::from_slice::<serde_json::Value>(member)
-            .ok()
-            .and_then(|job| {
-                job.get(queue_field)
-                    .and_then(|q| q.as_str())
-                    .map(|q| q == self.queue)
-            })
-            .unwrap_or(false)
+        let parse = || serde_json::from_slice::<serde_json::Value>(member).ok();
+        match self.owner {
+            Owner::Whole => true,
+            Owner::Field(name) => parse()
+                .and_then(|job| field(&job, name))
+                .is_some_and(|q| q == self.queue),
+            Owner::Unrequeued => parse().is_some_and(|entry| {
+                field(&entry, "queue").is_some_and(|q| q == self.queue)
+                    && entry.get("retried_at").is_none_or(|at| at.is_null())
+            }),
+            Owner::RoutingKey => parse()
+                .and_then(|entry| entry.get(2).and_then(|rk| rk.as_str()).map(str::to_owned))
+                .is_some_and(|rk| rk == self.queue),
+        }
+    }
+
+    /// Whether qbridge carries this structure's jobs into Postgres (import,
+    /// a forced decommission), or only counts them and holds the gate.
+    /// Not carried: jobs a live worker holds (Celery's `unacked`: the worker
+    /// runs them; a copy in Postgres would run them twice), and delayed
+    /// jobs without an id (resque-scheduler's: one moved to its queue by the
+    /// scheduler while qbridge carries it could not be told from the copy).
+    pub fn carried(&self) -> bool {
+        !matches!(
+            self.shape,
+            Shape::UnackedHash { .. } | Shape::DelayedIndex { .. }
+        )
     }
 }
 
@@ -119,7 +181,68 @@ pub fn of_route(format: &Format, redis_key: &[u8]) -> Vec<Structure> {
     match format {
         Format::Sidekiq => sidekiq(redis_key),
         Format::Rq => rq(redis_key),
+        Format::Resque => resque(redis_key),
+        Format::Celery => celery(redis_key),
         _ => Vec::new(),
+    }
+}
+
+/// kombu's `unacked` hash, for the queue whose list is `redis_key` (the
+/// queue's name: kombu names a queue's list after it).
+fn celery(redis_key: &[u8]) -> Vec<Structure> {
+    let Some(queue) = std::str::from_utf8(redis_key)
+        .ok()
+        .filter(|q| !q.is_empty())
+    else {
+        return Vec::new();
+    };
+    vec![Structure {
+        holding: Holding::Held,
+        key: "unacked".into(),
+        shape: Shape::UnackedHash {
+            index: "unacked_index".into(),
+        },
+        owner: Owner::RoutingKey,
+        queue: queue.to_string(),
+    }]
+}
+
+/// Resque's `failed` list and resque-scheduler's delayed jobs for the list
+/// `[<namespace>:]queue:<name>` (Resque's default namespace is `resque`).
+fn resque(redis_key: &[u8]) -> Vec<Structure> {
+    let Some((prefix, queue)) = namespaced_queue(redis_key) else {
+        return Vec::new();
+    };
+    vec![
+        Structure {
+            holding: Holding::Scheduled,
+            key: format!("{prefix}delayed_queue_schedule"),
+            shape: Shape::DelayedIndex {
+                lists: format!("{prefix}delayed:"),
+            },
+            owner: Owner::Field("queue"),
+            queue: queue.to_string(),
+        },
+        Structure {
+            holding: Holding::Dead,
+            key: format!("{prefix}failed"),
+            shape: Shape::List,
+            owner: Owner::Unrequeued,
+            queue: queue.to_string(),
+        },
+    ]
+}
+
+/// `(<namespace>:, <name>)` of a list key `[<namespace>:]queue:<name>`.
+fn namespaced_queue(redis_key: &[u8]) -> Option<(&str, &str)> {
+    let key = std::str::from_utf8(redis_key).ok()?;
+    match key.rsplit_once("queue:") {
+        Some((prefix, queue))
+            if !queue.is_empty() && (prefix.is_empty() || prefix.ends_with(':')) =>
+        {
+            Some((prefix, queue))
+        }
+        _ => None,
     }
 }
 
@@ -143,7 +266,8 @@ fn rq(redis_key: &[u8]) -> Vec<Structure> {
         .map(|(holding, registry)| Structure {
             holding,
             key: format!("rq:{registry}:{queue}"),
-            queue_field: None,
+            shape: Shape::SortedSet,
+            owner: Owner::Whole,
             queue: queue.to_string(),
         })
         .collect()
@@ -151,16 +275,8 @@ fn rq(redis_key: &[u8]) -> Vec<Structure> {
 
 /// Sidekiq's sets for the list `[<namespace>:]queue:<name>`.
 fn sidekiq(redis_key: &[u8]) -> Vec<Structure> {
-    let Ok(key) = std::str::from_utf8(redis_key) else {
+    let Some((prefix, queue)) = namespaced_queue(redis_key) else {
         return Vec::new();
-    };
-    let (prefix, queue) = match key.rsplit_once("queue:") {
-        Some((prefix, queue))
-            if !queue.is_empty() && (prefix.is_empty() || prefix.ends_with(':')) =>
-        {
-            (prefix, queue)
-        }
-        _ => return Vec::new(),
     };
     [
         (Holding::Scheduled, "schedule"),
@@ -171,7 +287,8 @@ fn sidekiq(redis_key: &[u8]) -> Vec<Structure> {
     .map(|(holding, set)| Structure {
         holding,
         key: format!("{prefix}{set}"),
-        queue_field: Some("queue"),
+        shape: Shape::SortedSet,
+        owner: Owner::Field("queue"),
         queue: queue.to_string(),
     })
     .collect()
@@ -208,5 +325,41 @@ mod tests {
         assert_eq!(keys, ["rq:scheduled:reports", "rq:failed:reports"]);
         assert!(sets[0].owns(b"any-job-id"));
         assert!(of_route(&Format::Rq, b"reports").is_empty());
+    }
+
+    #[test]
+    fn resque_failed_entries_are_the_queues_until_requeued() {
+        let sets = of_route(&Format::Resque, b"resque:queue:mail");
+        let keys: Vec<&str> = sets.iter().map(|s| s.key.as_str()).collect();
+        assert_eq!(keys, ["resque:delayed_queue_schedule", "resque:failed"]);
+        let failed = &sets[1];
+        assert_eq!(failed.shape, Shape::List);
+        assert!(
+            failed.owns(br#"{"payload":{"class":"M","args":[]},"queue":"mail","failed_at":"x"}"#)
+        );
+        assert!(!failed.owns(
+            br#"{"payload":{"class":"M","args":[]},"queue":"mail","retried_at":"2026/11/26 01:00:00"}"#
+        ));
+        assert!(!failed.owns(br#"{"payload":{},"queue":"other"}"#));
+        assert!(!sets[0].carried() && failed.carried());
+        assert_eq!(
+            sets[0].shape,
+            Shape::DelayedIndex {
+                lists: "resque:delayed:".into()
+            }
+        );
+        assert!(sets[0].owns(br#"{"class":"M","args":[1],"queue":"mail"}"#));
+    }
+
+    #[test]
+    fn celery_entries_taken_by_a_worker_are_owned_by_routing_key() {
+        let sets = of_route(&Format::Celery, b"reports");
+        assert_eq!(sets.len(), 1);
+        let unacked = &sets[0];
+        assert_eq!(unacked.holding, Holding::Held);
+        assert!(unacked.owns(br#"[{"body":"e30="}, "", "reports"]"#));
+        assert!(!unacked.owns(br#"[{"body":"e30="}, "", "celery"]"#));
+        assert!(!unacked.owns(b"not json"));
+        assert!(!unacked.carried());
     }
 }

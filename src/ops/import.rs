@@ -69,7 +69,9 @@ pub struct ImportReport {
 /// Why content-hash items are not copied, for the summary.
 pub const NOT_COPIED_REASON: &str =
     "items without an id are numbered by the Redis side as it pops \
-     them; they are not imported (see cutover/README.md, \"Identical items\")";
+     them; they are not imported (see cutover/README.md, \"Identical items\"); \
+     tasks a Celery worker holds (unacked) and resque-scheduler's delayed jobs \
+     are counted, not copied (see cutover/frameworks.md)";
 
 /// Imports what `route` holds in Redis. `progress` is told each page:
 /// (structure key, items read so far).
@@ -107,7 +109,20 @@ pub async fn import(
         report.structures.push(found.await?);
     }
     for structure in structures::of_route(&route.format, &route.redis_key) {
-        let members = crate::ops::structures::members(redis, &structure).await?;
+        if !structure.carried() {
+            // Counted, never copied (`Structure::carried`): the gate holds
+            // decommission until they are gone from Redis.
+            let held = crate::ops::structures::read_one(redis, &structure).await?;
+            report.structures.push(StructureImport {
+                key: structure.key.clone(),
+                holding: structure.holding.to_string(),
+                found: held.jobs as usize,
+                not_copied: held.jobs as usize,
+                ..StructureImport::default()
+            });
+            continue;
+        }
+        let mut members = crate::ops::structures::members(redis, &structure).await?;
         progress(&structure.key, members.len());
         let mut line = StructureImport {
             key: structure.key.clone(),
@@ -115,6 +130,17 @@ pub async fn import(
             found: members.len(),
             ..StructureImport::default()
         };
+        if structure.holding != Holding::Dead {
+            // A waiting job without an id is numbered by the pops, like the
+            // list's (see NOT_COPIED_REASON); a dead one never runs.
+            let before = members.len();
+            members.retain(|(m, _)| {
+                !decode_bytes(&route.format, m.clone().into())
+                    .key
+                    .is_content_hash()
+            });
+            line.not_copied = before - members.len();
+        }
         let new = if dry_run {
             let keys: Vec<String> = members
                 .iter()
@@ -132,7 +158,7 @@ pub async fn import(
             store_due(db, redis, route, &members, copy, payload_limit).await?
         };
         line.new = new;
-        line.known = line.found - new;
+        line.known = line.found - line.not_copied - new;
         report.structures.push(line);
     }
     Ok(report)

@@ -7,6 +7,7 @@ mod decommission_gap;
 mod decommission_idle;
 mod framework_structures;
 mod gradual;
+mod held_and_delayed;
 mod planted;
 mod rig;
 mod rollback;

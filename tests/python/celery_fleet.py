@@ -1,5 +1,6 @@
 """A Celery application for the integration tests: producers call
-`python celery_fleet.py produce N [PRIORITY]` (through qbridge's proxy) and a real
+`python celery_fleet.py produce N [PRIORITY]` (through qbridge's proxy), or
+`python celery_fleet.py produce_in N SECONDS` (countdown tasks), and a real
 Celery worker runs `celery -A celery_fleet worker` against Redis itself.
 
 Every task run appends "<task id> <args>" to the Redis list named by
@@ -43,5 +44,14 @@ def produce(n, priority=None):
         print(result.id, flush=True)
 
 
+def produce_in(n, seconds):
+    """Sends n tasks due in `seconds` (a countdown: a worker takes them at
+    once and holds them, unacked, until their ETA) and prints their ids."""
+    for i in range(n):
+        print(add.apply_async((i, i), countdown=seconds).id, flush=True)
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["produce"]:
     produce(int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
+elif __name__ == "__main__" and sys.argv[1:2] == ["produce_in"]:
+    produce_in(int(sys.argv[2]), int(sys.argv[3]))

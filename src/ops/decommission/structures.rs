@@ -1,16 +1,22 @@
 //! Decommission carries the route's jobs out of its framework's other
-//! structures (`model::structures`: Sidekiq's `schedule`, `retry`, `dead`)
-//! into their Postgres equivalents, then removes them from Redis: scheduled
-//! and retrying jobs become live jobs due when Redis would have run them
-//! (the member's score), dead jobs go to `qbridge.jobs_dead`. The gate
-//! refuses while any is there; this is what a forced advance does with them
-//! (issue 14).
+//! structures (`model::structures`: Sidekiq's `schedule`, `retry`, `dead`,
+//! RQ's registries, Resque's `failed`) into their Postgres equivalents,
+//! then removes them from Redis: scheduled and retrying jobs become live
+//! jobs due when Redis would have run them (the member's score), dead jobs
+//! go to `qbridge.jobs_dead`. The gate refuses while any is there; this is
+//! what a forced advance does with them (issue 14).
 //!
-//! **Once.** Members are removed (`ZREM`) only after their rows committed,
-//! and storing again is harmless: a Sidekiq job's key is its `jid`, so a
-//! second store is a duplicate, and a dead job is inserted only when its key
-//! is not in `jobs_dead` already. The sets are shared by every queue: only
-//! the route's members are touched.
+//! **Once.** Members are removed (`ZREM`, `LREM`) only after their rows
+//! committed, and storing again is harmless: a Sidekiq job's key is its
+//! `jid`, so a second store is a duplicate, and a dead job is inserted only
+//! when its key is not in `jobs_dead` already. The shared structures are
+//! only touched for the route's members.
+//!
+//! **Not carried** ([`Structure::carried`]), only counted and reported:
+//! Celery's `unacked` tasks (a worker holds them and runs them) and
+//! resque-scheduler's delayed jobs (no id tells a copy from the job the
+//! scheduler moves to the queue meanwhile). `cutover/frameworks.md` says
+//! what to do with them.
 
 use redis::aio::ConnectionManager;
 use serde::Serialize;
@@ -19,13 +25,10 @@ use sqlx::PgPool;
 use crate::error::Result;
 use crate::ingest::{self, Item, Via};
 use crate::model::formats::decode_bytes;
-use crate::model::structures::{self, Holding};
+use crate::model::structures::{self, Holding, Structure};
 use crate::queue::JobCopy;
 use crate::redis::rq_jobs;
 use crate::routes::Route;
-
-/// Members per ZREM.
-const PAGE: usize = 1000;
 
 /// What was carried, per kind of structure.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -36,6 +39,8 @@ pub struct Carried {
     pub retrying: usize,
     /// Dead jobs moved to `qbridge.jobs_dead`.
     pub dead: usize,
+    /// Jobs qbridge does not carry, left where they are (`key: n holding`).
+    pub left: Vec<String>,
 }
 
 /// Carries every structure of `route` (nothing for formats without any).
@@ -47,32 +52,45 @@ pub async fn carry(
 ) -> Result<Carried> {
     let mut carried = Carried::default();
     for structure in structures::of_route(&route.format, &route.redis_key) {
+        if !structure.carried() {
+            let held = crate::ops::structures::read_one(redis, &structure).await?;
+            if held.jobs > 0 {
+                carried.left.push(held.describe());
+            }
+            continue;
+        }
         let members = crate::ops::structures::members(redis, &structure).await?;
         if members.is_empty() {
             continue;
         }
-        let n = match structure.holding {
-            Holding::Dead => to_dead(db, redis, route, &members, CARRIED).await?,
-            Holding::Scheduled | Holding::Retrying => {
-                let copy = (JobCopy::Live, Via::Archive);
-                store_due(db, redis, route, &members, copy, payload_limit).await?
-            }
-        };
-        for chunk in members.chunks(PAGE) {
-            let names: Vec<&[u8]> = chunk.iter().map(|(m, _)| &m[..]).collect();
-            let _: i64 = redis::cmd("ZREM")
-                .arg(&structure.key)
-                .arg(names)
-                .query_async(redis)
-                .await?;
-        }
+        let n = carry_members(db, redis, route, &structure, &members, payload_limit).await?;
+        crate::ops::structures::remove(redis, &structure, &members).await?;
         match structure.holding {
             Holding::Scheduled => carried.scheduled += n,
             Holding::Retrying => carried.retrying += n,
             Holding::Dead => carried.dead += n,
+            Holding::Held => {}
         }
     }
     Ok(carried)
+}
+
+/// Stores one structure's members where Postgres keeps their like.
+async fn carry_members(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    structure: &Structure,
+    members: &[(Vec<u8>, f64)],
+    payload_limit: usize,
+) -> Result<usize> {
+    match structure.holding {
+        Holding::Dead => to_dead(db, redis, route, members, CARRIED).await,
+        Holding::Scheduled | Holding::Retrying | Holding::Held => {
+            let copy = (JobCopy::Live, Via::Archive);
+            store_due(db, redis, route, members, copy, payload_limit).await
+        }
+    }
 }
 
 /// The last error of a dead job carried at decommission.

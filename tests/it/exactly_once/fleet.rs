@@ -27,9 +27,7 @@ fn fleet_env(cmd: &mut tokio::process::Command, broker: &str, queue: &str, ledge
 }
 
 /// Sends `n` tasks through `broker` (with a Celery priority when given) and
-/// returns their task ids. Async: the proxy runs on this test's own
-/// (single-threaded) runtime, so a blocking wait here would stall the proxy
-/// the producer talks to.
+/// returns their task ids.
 pub(crate) async fn produce(
     broker: &str,
     queue: &str,
@@ -37,11 +35,25 @@ pub(crate) async fn produce(
     n: usize,
     priority: Option<u8>,
 ) -> Vec<String> {
+    let mut args = vec!["produce".to_string(), n.to_string()];
+    args.extend(priority.map(|p| p.to_string()));
+    let ids = producer(broker, queue, ledger, &args).await;
+    assert_eq!(ids.len(), n);
+    ids
+}
+
+/// Runs `celery_fleet.py` with `args` as a producer on `broker` and returns
+/// the task ids it printed. Async: the proxy runs on this test's own
+/// (single-threaded) runtime, so a blocking wait here would stall the proxy
+/// the producer talks to.
+pub(crate) async fn producer(
+    broker: &str,
+    queue: &str,
+    ledger: &str,
+    args: &[String],
+) -> Vec<String> {
     let mut cmd = tokio::process::Command::new(support::python());
-    cmd.args(["celery_fleet.py", "produce", &n.to_string()]);
-    if let Some(priority) = priority {
-        cmd.arg(priority.to_string());
-    }
+    cmd.arg("celery_fleet.py").args(args);
     fleet_env(&mut cmd, broker, queue, ledger);
     let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
         .await
@@ -52,16 +64,19 @@ pub(crate) async fn produce(
         "producer failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(str::to_string)
-        .collect();
-    assert_eq!(ids.len(), n);
-    ids
+        .collect()
 }
 
 /// A real Celery worker on Redis itself (not the proxy): the fleet.
 fn worker(queue: &str, ledger: &str) -> Child {
+    worker_on(REDIS, queue, ledger)
+}
+
+/// A real Celery worker on the Redis at `broker`.
+pub(crate) fn worker_on(broker: &str, queue: &str, ledger: &str) -> Child {
     let mut cmd = tokio::process::Command::new(support::python());
     cmd.args([
         "-m",
@@ -79,7 +94,7 @@ fn worker(queue: &str, ledger: &str) -> Child {
         "-l",
         "WARNING",
     ]);
-    fleet_env(&mut cmd, REDIS, queue, ledger);
+    fleet_env(&mut cmd, broker, queue, ledger);
     cmd.stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
