@@ -381,6 +381,7 @@ async fn never_ran_check(
     .bind(window_start(route, state))
     .bind(settled)
     .bind(held.accounted_keys())
+    .bind(&held.owed)
     .fetch_one(db)
     .await?;
     Ok(check(

@@ -56,6 +56,10 @@ pub struct RedisView {
     /// The route's jobs in its framework's other structures (Sidekiq's
     /// schedule, retry and dead sets; [`crate::ops::structures`]).
     pub elsewhere: Vec<structures::Held>,
+    /// Keys of the pushes the producer API's outbox owed Redis, read just
+    /// before Redis: a row paid while Redis is read is then counted in the
+    /// outbox, in Redis or both, never in neither (`ONLY_POSTGRES_SQL`).
+    pub owed: Vec<String>,
 }
 
 impl RedisView {
@@ -110,7 +114,13 @@ async fn read_list(
 
 /// Reads the route's lists. `db` numbers content-hash keys.
 pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> Result<RedisView> {
+    let owed: Vec<String> =
+        sqlx::query_scalar("SELECT key FROM qbridge.redis_outbox WHERE queue = $1")
+            .bind(&route.queue)
+            .fetch_all(db)
+            .await?;
     let mut view = RedisView {
+        owed,
         epoch: Some(epoch::observe(conn, db, route).await?),
         elsewhere: structures::read(conn, route).await?,
         ..RedisView::default()

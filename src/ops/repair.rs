@@ -56,6 +56,7 @@ return 0
 "#;
 
 mod assume;
+mod readings;
 
 pub use assume::Assumption;
 
@@ -155,27 +156,13 @@ pub async fn repair_with(
     let (keys, popped) = if first.is_empty() {
         (Vec::new(), HashSet::new())
     } else {
-        // Redis is read list by list, and the consumer records an outcome
-        // a moment after it acts: an item moving between lists, or just
-        // finished, can look unaccounted for in one reading. Only what a
-        // second reading a moment later still misses is considered (the
-        // demo drill caught a running job pushed back without this).
+        // See `readings`: only what a second reading a moment later still
+        // misses is considered (the demo drill caught a running job pushed
+        // back without this).
         tokio::time::sleep(RECHECK_AFTER).await;
         let again = redis_view::read(redis, db, route).await?;
         let second = owed(db, route, since, settled, &again).await?;
-        let mut keys: Vec<String> = first
-            .into_keys()
-            .filter(|k| second.contains_key(k))
-            .collect();
-        keys.sort();
-        // Whether each copy's number was a pop's is this reading's answer:
-        // pops go on while repair pushes back (see `push_back`).
-        let popped: HashSet<String> = second
-            .into_iter()
-            .filter(|(_, popped)| *popped)
-            .map(|(k, _)| k)
-            .collect();
-        (keys, popped)
+        readings::agreed(&first, &second)
     };
     let accounting = evidence::classify(db, route, held.epoch.as_ref(), keys).await?;
     let mut push: Vec<(String, String)> = accounting.repairable;
@@ -315,6 +302,7 @@ async fn owed(
         .bind(since)
         .bind(settled)
         .bind(held.accounted_keys())
+        .bind(&held.owed)
         .fetch_all(db)
         .await?;
     Ok(keys.into_iter().collect())

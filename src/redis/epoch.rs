@@ -172,54 +172,94 @@ pub async fn text_loss_evidence(
     epoch: &Epoch,
     keys: &[String],
 ) -> Result<Vec<(String, Option<String>)>> {
-    evidence_rows(db, TEXT_LOSS_EVIDENCE_SQL, route, epoch, keys).await
+    let bound: Option<DateTime<Utc>> = sqlx::query_scalar(BOUND_SQL)
+        .bind(&route.name)
+        .bind(&epoch.run_id)
+        .bind(&epoch.marker)
+        .fetch_optional(db)
+        .await?
+        .flatten();
+    let Some(bound) = bound else {
+        // The current epoch was never recorded: nothing is proven, but the
+        // fresh keys are still the text's to judge.
+        let judged = copies_before(db, &route.queue, keys, DateTime::<Utc>::UNIX_EPOCH).await?;
+        return Ok(judged.into_iter().map(|(k, _)| (k, None)).collect());
+    };
+    let line = format!(
+        "Redis restarted or lost its data (it was another server until {}) while identical \
+         copies pushed before then waited unpopped",
+        bound.format("%Y-%m-%dT%H:%M:%SZ")
+    );
+    Ok(copies_before(db, &route.queue, keys, bound)
+        .await?
+        .into_iter()
+        .map(|(key, covered)| (key, covered.then(|| line.clone())))
+        .collect())
 }
 
-/// `bound`: the latest time Redis certainly still was an earlier server
-/// (the current one's start at the earliest, or the last sight of another
-/// one before it). `texts`: per text, the copies pushed before it less the
-/// pops numbered before it (a pop is numbered after it left Redis).
-const TEXT_LOSS_EVIDENCE_SQL: &str = r#"
+/// The latest time Redis certainly still was an earlier server: the
+/// current one's start at the earliest, or the last sight of another one
+/// before it. `$1` route, `$2`/`$3` the current epoch.
+const BOUND_SQL: &str = r#"
 WITH cur AS (
     SELECT started_at, first_seen FROM qbridge.redis_epochs
-     WHERE route = $1 AND run_id = $3 AND marker = $4),
-bound AS (
-    SELECT greatest(cur.started_at,
-                    (SELECT max(o.last_seen) FROM qbridge.redis_epochs o
-                      WHERE o.route = $1 AND (o.run_id, o.marker) <> ($3, $4)
-                        AND o.last_seen < cur.first_seen)) AS at
-      FROM cur),
-asked AS (
+     WHERE route = $1 AND run_id = $2 AND marker = $3)
+SELECT greatest(cur.started_at,
+                (SELECT max(o.last_seen) FROM qbridge.redis_epochs o
+                  WHERE o.route = $1 AND (o.run_id, o.marker) <> ($2, $3)
+                    AND o.last_seen < cur.first_seen))
+  FROM cur
+"#;
+
+/// Of `keys`, the content-hash copies no pop has taken yet (a *fresh*
+/// number, not a hole), each with whether a copy of its text pushed before
+/// `before` and not popped by then accounts for it: per text, that many of
+/// them (the earliest pushed first). Keys of popped numbers, holes and ids
+/// are not returned. Used with Redis's restart as `before` (the evidence,
+/// [`text_loss_evidence`]) and with an operator's `--assume-lost-before`.
+pub async fn copies_before(
+    db: &PgPool,
+    queue: &str,
+    keys: &[String],
+    before: DateTime<Utc>,
+) -> Result<Vec<(String, bool)>> {
+    Ok(sqlx::query_as(COPIES_BEFORE_SQL)
+        .bind(queue)
+        .bind(keys)
+        .bind(before)
+        .fetch_all(db)
+        .await?)
+}
+
+/// `texts`: per text, the copies pushed before `$3` less the pops numbered
+/// before it (a pop is numbered after it left Redis).
+const COPIES_BEFORE_SQL: &str = r#"
+WITH asked AS (
     SELECT t.key, k.pushed,
            substring(t.key from '^sha256:([0-9a-f]+):[0-9]+$') AS hash,
            substring(t.key from '^sha256:[0-9a-f]+:([0-9]+)$')::bigint AS n
-      FROM unnest($5::text[]) AS t(key)
+      FROM unnest($2::text[]) AS t(key)
       LEFT JOIN LATERAL (SELECT COALESCE(j.pushed_at, j.seen_at) AS pushed FROM qbridge.job_keys j
-                          WHERE j.queue = $2 AND j.key = t.key) k ON true),
+                          WHERE j.queue = $1 AND j.key = t.key) k ON true),
 fresh AS (
     SELECT a.*, row_number() OVER (PARTITION BY a.hash ORDER BY a.pushed, a.n) AS rank
       FROM asked a
      WHERE a.hash IS NOT NULL
        AND a.n > COALESCE((SELECT p.n FROM qbridge.key_occurrences p
-                            WHERE p.queue = $2 AND p.side = 'pop' AND p.hash = a.hash), 0)
+                            WHERE p.queue = $1 AND p.side = 'pop' AND p.hash = a.hash), 0)
        AND NOT EXISTS (SELECT 1 FROM qbridge.pop_holes h
-                        WHERE h.queue = $2 AND h.hash = a.hash AND h.n = a.n)),
+                        WHERE h.queue = $1 AND h.hash = a.hash AND h.n = a.n)),
 texts AS (
     SELECT h.hash,
            (SELECT count(*) FROM qbridge.job_keys k
-             WHERE k.queue = $2 AND k.key LIKE 'sha256:' || h.hash || ':%'
-               AND k.key ~ ':[0-9]+$' AND COALESCE(k.pushed_at, k.seen_at) < b.at)
+             WHERE k.queue = $1 AND k.key LIKE 'sha256:' || h.hash || ':%'
+               AND k.key ~ ':[0-9]+$' AND COALESCE(k.pushed_at, k.seen_at) < $3)
          - (SELECT count(DISTINCT w.key) FROM qbridge.numbered_writes w
-             WHERE w.queue = $2 AND w.side = 'pop' AND w.key LIKE 'sha256:' || h.hash || ':%'
-               AND w.key ~ ':[0-9]+$' AND w.at < b.at) AS waiting
-      FROM (SELECT DISTINCT hash FROM fresh) h CROSS JOIN bound b)
-SELECT f.key,
-       CASE WHEN f.rank <= t.waiting
-            THEN 'Redis restarted or lost its data (it was another server until ' ||
-                 to_char(b.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') ||
-                 ') while identical copies pushed before then waited unpopped'
-       END
-  FROM fresh f JOIN texts t USING (hash) CROSS JOIN bound b
+             WHERE w.queue = $1 AND w.side = 'pop' AND w.key LIKE 'sha256:' || h.hash || ':%'
+               AND w.key ~ ':[0-9]+$' AND w.at < $3) AS waiting
+      FROM (SELECT DISTINCT hash FROM fresh) h)
+SELECT f.key, f.rank <= t.waiting
+  FROM fresh f JOIN texts t USING (hash)
 "#;
 
 /// A `field:value` line of an INFO reply.

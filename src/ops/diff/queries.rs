@@ -77,6 +77,19 @@ SELECT t.key FROM unnest($2::text[]) AS t(key)
 ///   unaccounted. Copies pushed after a restart are the ones Redis has, so
 ///   the copies called missing are those pushed before it.
 ///
+/// The settle time (`$3`) waits for a job's outcome to be recorded, so it
+/// applies to ids and popped numbers. A *fresh* key names a count, not a
+/// copy — the oldest numbers no pop took — and under load those are always
+/// the newest: filtered by their own push time, a copy Redis lost was never
+/// judged while producers and the consumer went on (oracle seeds 3208,
+/// 3568). The count itself needs no settling: a push in flight is counted
+/// in Redis before its mirror copy (the proxy) or in the outbox with it (the
+/// producer API), and a pop is counted in Redis until its number is.
+///
+/// `$4`: the keys Redis accounts for (`RedisView::accounted_keys`); `$5`:
+/// the outbox's keys read before Redis was (`RedisView::owed`), so a push
+/// the outbox paid while Redis was read is counted once at least.
+///
 /// Rows: the key, and whether a pop had taken its number when this reading
 /// was made (*popped* or *hole*): repair pushes such a copy back under its
 /// own number, and any other under the next one. That must be this
@@ -105,17 +118,21 @@ ranked AS (
                                    ORDER BY c.pushed DESC, c.n DESC) AS newest
       FROM classed c)
 SELECT r.key, r.class IN ('popped', 'hole') AS popped FROM ranked r
- WHERE r.seen_at < $3
+ WHERE (r.seen_at < $3 OR r.class = 'fresh')
    AND CASE r.class
          WHEN 'id' THEN NOT (r.key = ANY($4::text[]))
+                        AND NOT (r.key = ANY($5::text[]))
                         AND NOT EXISTS (SELECT 1 FROM qbridge.redis_outbox b
                                          WHERE b.queue = $1 AND b.key = r.key)
          WHEN 'fresh' THEN r.newest >
               (SELECT count(*) FROM unnest($4::text[]) AS a(key)
                 WHERE a.key LIKE 'sha256:' || r.hash || ':%'
                   AND substring(a.key from ':([0-9]+)$')::bigint > r.pops)
-            + (SELECT count(*) FROM qbridge.redis_outbox b
-                WHERE b.queue = $1 AND b.key LIKE 'sha256:' || r.hash || ':%')
+            + (SELECT count(*) FROM (SELECT b.key FROM qbridge.redis_outbox b
+                                      WHERE b.queue = $1
+                                     UNION
+                                     SELECT o.key FROM unnest($5::text[]) AS o(key)) owed
+                WHERE owed.key LIKE 'sha256:' || r.hash || ':%')
          ELSE NOT (r.key = ANY($4::text[]))
        END
  ORDER BY r.seen_at, r.key
@@ -187,6 +204,8 @@ pub(super) struct Window<'a> {
     pub held_keys: Vec<String>,
     /// Those plus the keys qbridge's consumer finished (its ran set).
     pub accounted_keys: Vec<String>,
+    /// The outbox's keys, read before Redis was.
+    pub owed_keys: Vec<String>,
     /// Sample keys kept per list.
     pub samples: usize,
 }
@@ -279,12 +298,13 @@ pub(super) async fn one_sided(db: &PgPool, w: &Window<'_>) -> Result<OneSided> {
     );
     let (only_postgres, postgres_sample) = count_and_sample(
         sqlx::query_as(&format!(
-            "SELECT count(*) OVER (), key FROM ({ONLY_POSTGRES_SQL}) one_sided LIMIT $5"
+            "SELECT count(*) OVER (), key FROM ({ONLY_POSTGRES_SQL}) one_sided LIMIT $6"
         ))
         .bind(w.queue)
         .bind(w.since)
         .bind(w.settled)
         .bind(&w.accounted_keys)
+        .bind(&w.owed_keys)
         .bind(w.limit())
         .fetch_all(db)
         .await?,
@@ -307,6 +327,7 @@ pub(super) async fn only_postgres_keys(db: &PgPool, w: &Window<'_>) -> Result<Ve
             .bind(w.since)
             .bind(w.settled)
             .bind(&w.accounted_keys)
+            .bind(&w.owed_keys)
             .fetch_all(db)
             .await?,
     )

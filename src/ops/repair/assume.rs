@@ -13,6 +13,7 @@ use sqlx::PgPool;
 use super::RepairReport;
 use crate::error::{Error, Result};
 use crate::ingest;
+use crate::redis::epoch;
 use crate::routes::Route;
 
 /// Which jobs an operator declares lost, by whom and why.
@@ -45,26 +46,35 @@ impl Assumption {
     }
 
     /// Splits `unaccounted` into those this decision covers and the rest.
+    ///
+    /// `before` covers a job pushed before that time; for identical copies
+    /// (content hashes no pop has taken) it covers, per text, as many as
+    /// copies of it were pushed before that time and not popped by then:
+    /// the missing copies are named by count, so the key named may be one
+    /// pushed later than the copy Redis lost (oracle seeds 3208, 3568).
     pub(super) async fn split(
         &self,
         db: &PgPool,
         route: &Route,
         unaccounted: Vec<String>,
     ) -> Result<(Vec<String>, Vec<String>)> {
-        let before: Vec<String> = match self.before {
-            Some(before) if !unaccounted.is_empty() => {
-                sqlx::query_scalar(
-                    "SELECT key FROM qbridge.job_keys \
-                      WHERE queue = $1 AND key = ANY($2::text[]) AND COALESCE(pushed_at, seen_at) < $3",
-                )
-                .bind(&route.queue)
-                .bind(&unaccounted)
-                .bind(before)
-                .fetch_all(db)
-                .await?
-            }
-            _ => Vec::new(),
-        };
+        let mut before: Vec<String> = Vec::new();
+        if let Some(time) = self.before.filter(|_| !unaccounted.is_empty()) {
+            let by_text = epoch::copies_before(db, &route.queue, &unaccounted, time).await?;
+            let judged: Vec<&String> = by_text.iter().map(|(k, _)| k).collect();
+            let per_key: Vec<&String> =
+                unaccounted.iter().filter(|k| !judged.contains(k)).collect();
+            before = sqlx::query_scalar(
+                "SELECT key FROM qbridge.job_keys \
+                  WHERE queue = $1 AND key = ANY($2::text[]) AND COALESCE(pushed_at, seen_at) < $3",
+            )
+            .bind(&route.queue)
+            .bind(&per_key)
+            .bind(time)
+            .fetch_all(db)
+            .await?;
+            before.extend(by_text.into_iter().filter(|(_, c)| *c).map(|(k, _)| k));
+        }
         Ok(unaccounted
             .into_iter()
             .partition(|k| self.keys.contains(k) || before.contains(k)))

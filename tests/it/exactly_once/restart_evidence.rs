@@ -153,7 +153,7 @@ impl Walk<'_> {
 /// Pops as a consumer does: each item leaves the list and takes its number
 /// (pop ids `pop-<n>` for `n` in `ids`); when it `ran`, its ok outcome is
 /// recorded as the consumer reports it.
-async fn pop_and_number(
+pub(super) async fn pop_and_number(
     pool: &PgPool,
     conn: &mut ::redis::aio::ConnectionManager,
     route: &qbridge::routes::Route,
