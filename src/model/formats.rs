@@ -288,6 +288,26 @@ pub fn job_priority(format: &Format, payload: &Value) -> i32 {
     }
 }
 
+/// Attempts a job already used on the Redis side, as its framework records
+/// them in the job: Sidekiq's `retry_count` counts retries from 0 at the
+/// first failure (so that many plus one attempts failed), Celery's
+/// `retries` header the retries so far. `None` for a job never retried, or
+/// a format that does not say (RQ keeps it in its job hash, Resque nowhere).
+pub fn attempts_so_far(format: &Format, payload: &Value) -> Option<i32> {
+    let count = |pointer: &str| {
+        payload
+            .pointer(pointer)
+            .and_then(Value::as_i64)
+            .filter(|n| *n >= 0)
+            .map(|n| i32::try_from(n).unwrap_or(i32::MAX))
+    };
+    match format {
+        Format::Sidekiq => count("/retry_count").map(|n| n.saturating_add(1)),
+        Format::Celery => count("/envelope/headers/retries").filter(|n| *n > 0),
+        _ => None,
+    }
+}
+
 pub fn decode_bytes(format: &Format, item: Bytes) -> Decoded {
     let parsed = match format {
         Format::Json { key_pointer } => json::decode(&item, key_pointer),

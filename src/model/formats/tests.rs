@@ -294,3 +294,19 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn attempts_so_far_come_from_the_frameworks_retry_counters() {
+    use super::attempts_so_far;
+    let sidekiq: Format = "sidekiq".parse().unwrap();
+    let retried = serde_json::json!({"jid": "a", "retry_count": 2, "class": "Mail"});
+    assert_eq!(attempts_so_far(&sidekiq, &retried), Some(3));
+    let fresh = serde_json::json!({"jid": "a", "class": "Mail"});
+    assert_eq!(attempts_so_far(&sidekiq, &fresh), None);
+    let celery: Format = "celery".parse().unwrap();
+    let twice = serde_json::json!({"envelope": {"headers": {"retries": 2}}});
+    assert_eq!(attempts_so_far(&celery, &twice), Some(2));
+    let first = serde_json::json!({"envelope": {"headers": {"retries": 0}}});
+    assert_eq!(attempts_so_far(&celery, &first), None);
+    assert_eq!(attempts_so_far(&"resque".parse().unwrap(), &retried), None);
+}

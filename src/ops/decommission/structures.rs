@@ -24,7 +24,7 @@ use sqlx::PgPool;
 
 use crate::error::Result;
 use crate::ingest::{self, Item, Via};
-use crate::model::formats::decode_bytes;
+use crate::model::formats::{attempts_so_far, decode_bytes};
 use crate::model::structures::{self, Holding, Structure};
 use crate::queue::JobCopy;
 use crate::redis::rq_jobs;
@@ -121,7 +121,36 @@ pub(crate) async fn store_due(
         items.iter_mut().map(|i| &mut i.decoded),
     )
     .await;
-    ingest::store_counting_new(db, items, payload_limit).await
+    let used: Vec<(String, i32)> = items
+        .iter()
+        .filter_map(|i| {
+            let n = attempts_so_far(&route.format, &i.decoded.payload)?;
+            Some((i.decoded.key.with_occurrence(0), n))
+        })
+        .collect();
+    let new = ingest::store_counting_new(db, items, payload_limit).await?;
+    record_attempts(db, route, &used).await?;
+    Ok(new)
+}
+
+/// A job carried from a retry set has used attempts on the Redis side
+/// (`formats::attempts_so_far`): its waiting row starts from them, so the
+/// route's `max_attempts` bounds the whole job, not the Postgres part.
+async fn record_attempts(db: &PgPool, route: &Route, used: &[(String, i32)]) -> Result<()> {
+    if used.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE qbridge.jobs j SET attempts = t.n \
+           FROM unnest($2::text[], $3::int4[]) AS t(key, n) \
+          WHERE j.queue = $1 AND j.key = t.key AND j.state = 'ready' AND j.attempts < t.n",
+    )
+    .bind(&route.queue)
+    .bind(used.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
+    .bind(used.iter().map(|(_, n)| *n).collect::<Vec<_>>())
+    .execute(db)
+    .await?;
+    Ok(())
 }
 
 /// Copies members into `qbridge.jobs_dead` with `why` as their last error,
@@ -146,7 +175,7 @@ pub(crate) async fn to_dead(
                  (id, queue, kind, key, payload, priority, attempts, max_attempts, last_error, \
                   created_at, copy, original) \
              SELECT nextval(pg_get_serial_sequence('qbridge.jobs', 'id')), $1, $2, $3, $4, 0, \
-                    0, 1, $6, now(), 'live', $5 \
+                    $7, GREATEST($7, 1), $6, now(), 'live', $5 \
               WHERE NOT EXISTS (SELECT 1 FROM qbridge.jobs_dead WHERE queue = $1 AND key = $3)",
         )
         .bind(&route.queue)
@@ -155,6 +184,7 @@ pub(crate) async fn to_dead(
         .bind(&decoded.payload)
         .bind(&member[..])
         .bind(why)
+        .bind(attempts_so_far(&route.format, &decoded.payload).unwrap_or(0))
         .execute(&mut *tx)
         .await?;
         added += done.rows_affected() as usize;

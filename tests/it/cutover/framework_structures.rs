@@ -133,6 +133,14 @@ async fn a_forced_decommission_carries_them_into_postgres_due_at_their_times(poo
         "3 scheduled in an hour and the retry: {due:?}"
     );
     assert_eq!(due[0].0, "retry-jid", "the retry is due first: {due:?}");
+    // Sidekiq's retry handler wrote retry_count 0 after the first failure:
+    // the job used one attempt on Redis, and its row starts from it.
+    let attempts: i32 =
+        sqlx::query_scalar("SELECT attempts FROM qbridge.jobs WHERE key = 'retry-jid'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts, 1);
     let dead: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM qbridge.jobs_dead WHERE queue = 'mail' AND key = 'dead-jid'",
     )
