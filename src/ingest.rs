@@ -453,6 +453,31 @@ pub(crate) fn new_job(item: &Item<'_>, key: &str, oversize: bool) -> NewJob {
     job
 }
 
+/// A job from a framework's retry set has used attempts on the Redis side
+/// (`formats::attempts_so_far`, by job key): its waiting row starts from
+/// them, so the route's `max_attempts` bounds the whole job, not the
+/// Postgres part.
+pub async fn record_attempts(
+    conn: &mut sqlx::PgConnection,
+    queue: &str,
+    used: &[(String, i32)],
+) -> Result<()> {
+    if used.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE qbridge.jobs j SET attempts = t.n \
+           FROM unnest($2::text[], $3::int4[]) AS t(key, n) \
+          WHERE j.queue = $1 AND j.key = t.key AND j.state = 'ready' AND j.attempts < t.n",
+    )
+    .bind(queue)
+    .bind(used.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
+    .bind(used.iter().map(|(_, n)| *n).collect::<Vec<_>>())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// Keys deleted per route and pass, so one pass is a short statement.
 const PRUNE_BATCH: i64 = 10_000;
 

@@ -2,7 +2,9 @@
 //! group-commit transactions, so thousands of concurrent one-item pushes cost
 //! a few transactions, not thousands.
 //!
-//! Two kinds of request share the writers:
+//! Two kinds of request share the writers (a third, [`Mirror::mirror_due`],
+//! writes members of a framework's schedule and retry sets beside them:
+//! `due`):
 //! - [`Mirror::mirror`] — `dual_write`/`shadow`: Redis already took the item,
 //!   the client already has its reply; the item becomes a mirror copy. If
 //!   Postgres is down the items are parked in the route's Redis gap list
@@ -16,17 +18,21 @@
 //! room (the proxy then stops reading from that client) instead of growing
 //! the queue. Nothing here logs an item.
 //!
-//! Layout: [`writer`] (the handle and the group-commit writers), [`breaker`]
+//! Layout: [`writer`] (the handle and the group-commit writers), `options`
+//! (their tuning and errors), `due` (copies due later), [`breaker`]
 //! (writers skip Postgres for a moment after finding it down), [`spool`]
 //! (parking items in the gap list), `retained` (the writers' own copy of
 //! what they parked, written once Postgres is back even if Redis lost the
 //! gap list), [`gap_repair`] (writing the gap list once Postgres is back).
 
 mod breaker;
+mod due;
 mod gap_repair;
+mod options;
 mod retained;
 mod spool;
 mod writer;
 
 pub use gap_repair::{gap_repair_pass, repair_gaps_once};
-pub use writer::{LagProbe, Mirror, MirrorClosed, MirrorOptions, StoreError};
+pub use options::{MirrorClosed, MirrorOptions, StoreError};
+pub use writer::{LagProbe, Mirror};

@@ -9,6 +9,7 @@ use bytes::Bytes;
 
 use crate::config::{PushEnd, RouteConfig};
 use crate::model::formats::{decode_bytes, Decoded, Format, KeySource};
+use crate::model::structures::{self, Structure};
 use crate::model::{Phase, PhaseView};
 use crate::shadow::Digester;
 
@@ -50,12 +51,19 @@ impl Route {
     }
 }
 
+/// A route owning members of a framework's set, and that set as the route
+/// sees it (which members are its own).
+type SetOwner = (Arc<Route>, Structure);
+
 /// All routes of a process and their phases. Cheap to clone.
 #[derive(Debug, Clone, Default)]
 pub struct Routes {
     list: Arc<Vec<Arc<Route>>>,
     /// Routes by key; one per database the key is routed in.
     by_key: Arc<HashMap<Bytes, Vec<Arc<Route>>>>,
+    /// Framework sets whose additions are mirrored, by key, with the routes
+    /// that own members of them.
+    by_set: Arc<HashMap<Bytes, Vec<SetOwner>>>,
     phases: PhaseView,
 }
 
@@ -85,9 +93,20 @@ impl Routes {
                 by_key.entry(key).or_default().push(Arc::clone(route));
             }
         }
+        let mut by_set: HashMap<Bytes, Vec<SetOwner>> = HashMap::new();
+        for route in &list {
+            for set in structures::mirrored_sets(&route.format, &route.redis_key) {
+                let key = Bytes::copy_from_slice(set.key.as_bytes());
+                by_set
+                    .entry(key)
+                    .or_default()
+                    .push((Arc::clone(route), set));
+            }
+        }
         Routes {
             list: Arc::new(list),
             by_key: Arc::new(by_key),
+            by_set: Arc::new(by_set),
             phases,
         }
     }
@@ -107,6 +126,23 @@ impl Routes {
     /// Whether `key` is routed in any database (a cheap first test).
     pub fn is_routed_key(&self, key: &[u8]) -> bool {
         self.by_key.contains_key(key)
+    }
+
+    /// Whether `key` is a framework's set whose additions the proxy mirrors
+    /// for some route (a cheap first test; see `set_route`).
+    pub fn is_mirrored_set(&self, key: &[u8]) -> bool {
+        self.by_set.contains_key(key)
+    }
+
+    /// The route a member added to the set `key` in database `db` belongs
+    /// to (Sidekiq's `schedule` and `retry` are shared by every queue: the
+    /// member's `queue` says whose it is).
+    pub fn set_route(&self, db: i64, key: &[u8], member: &[u8]) -> Option<&Arc<Route>> {
+        self.by_set
+            .get(key)?
+            .iter()
+            .find(|(route, set)| route.db == db && set.owns(member))
+            .map(|(route, _)| route)
     }
 
     /// The route with this name.

@@ -16,6 +16,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use super::breaker::Breaker;
+use super::options::{MirrorClosed, MirrorOptions, StoreError};
 use super::retained::{Kept, Retained};
 use super::spool;
 use crate::error::Error;
@@ -26,31 +27,6 @@ use crate::queue::JobCopy;
 use crate::redis::rq_jobs::{self, JobHash};
 use crate::routes::Route;
 
-/// Tuning of the writers; see `[proxy]` in the config.
-#[derive(Debug, Clone, Copy)]
-pub struct MirrorOptions {
-    /// Bytes of items queued at most.
-    pub buffer_bytes: usize,
-    /// Items per transaction at most.
-    pub batch_items: usize,
-    /// Transactions in flight at once.
-    pub writers: usize,
-    /// The queue's payload limit (larger items are stored flagged).
-    pub payload_limit: usize,
-}
-
-/// Why a live store failed. Its text is one line, safe to send to a Redis
-/// client (the proxy answers `-ERR qbridge: <it>` so the producer retries).
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum StoreError {
-    /// The writers have stopped (shutdown).
-    #[error(transparent)]
-    Closed(#[from] MirrorClosed),
-    /// The transaction failed; the reason is the database error's one line.
-    #[error("Postgres write failed: {0}")]
-    Failed(String),
-}
-
 /// A handle to the writers. Cheap to clone; the writers stop once every
 /// handle is dropped and the queue is drained.
 #[derive(Clone)]
@@ -58,6 +34,9 @@ pub struct Mirror {
     tx: async_channel::Sender<Request>,
     budget: Arc<Semaphore>,
     budget_units: u32,
+    /// Copies due later (members of a framework's schedule or retry set),
+    /// written beside the writers (`super::due`).
+    pub(super) due: super::due::DueWriter,
 }
 
 struct Request {
@@ -78,11 +57,6 @@ struct Request {
 
 /// The budget is counted in KiB so a u32 of permits covers any buffer size.
 const UNIT: usize = 1024;
-
-/// The writers are gone (shutdown): nothing more can be queued.
-#[derive(Debug, Clone, Copy, thiserror::Error)]
-#[error("qbridge is shutting down: the mirror writer has stopped")]
-pub struct MirrorClosed;
 
 impl Mirror {
     /// Starts `opts.writers` writers on `pool`. `spool` is the Redis
@@ -129,6 +103,7 @@ impl Mirror {
             tx,
             budget: Arc::new(Semaphore::new(units as usize)),
             budget_units: units,
+            due: super::due::DueWriter::new(pool, opts),
         };
         (mirror, writers)
     }

@@ -187,6 +187,21 @@ pub fn of_route(format: &Format, redis_key: &[u8]) -> Vec<Structure> {
     }
 }
 
+/// The route's sets whose additions the proxy mirrors as jobs due later:
+/// Sidekiq's `schedule` and `retry` (JSON jobs naming their queue, scored by
+/// when they run). Not RQ's scheduled registry (its members are bare ids,
+/// the job in a hash the mirror would read first), nor the dead sets (a
+/// dead job is carried into `jobs_dead` by the importer or decommission).
+pub fn mirrored_sets(format: &Format, redis_key: &[u8]) -> Vec<Structure> {
+    match format {
+        Format::Sidekiq => sidekiq(redis_key)
+            .into_iter()
+            .filter(|s| matches!(s.holding, Holding::Scheduled | Holding::Retrying))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// kombu's `unacked` hash, for the queue whose list is `redis_key` (the
 /// queue's name: kombu names a queue's list after it).
 fn celery(redis_key: &[u8]) -> Vec<Structure> {

@@ -65,6 +65,33 @@ pub(super) enum ReplyMode {
 pub(super) struct MirrorPush {
     pub route: Arc<Route>,
     pub items: Vec<Bytes>,
+    /// For members added to a framework's schedule or retry set (`ZADD`):
+    /// when each is due (its score). `None` for a list push.
+    pub due: Option<Vec<Option<chrono::DateTime<chrono::Utc>>>>,
+}
+
+/// The `(score, member)` pairs of `ZADD key [NX|XX] [GT|LT] [CH] score
+/// member …` (`args` from the key on). `None` for `INCR` (it adds to a
+/// score, it does not add a job), a score that is not a number, or pairs
+/// that do not pair up: Redis answers those, nothing is mirrored.
+pub(super) fn zadd_members(args: &[Bytes]) -> Option<Vec<(f64, &Bytes)>> {
+    let mut rest = args.get(1..)?;
+    while let Some(flag) = rest.first() {
+        match flag.to_ascii_uppercase().as_slice() {
+            b"NX" | b"XX" | b"GT" | b"LT" | b"CH" => rest = &rest[1..],
+            b"INCR" => return None,
+            _ => break,
+        }
+    }
+    if rest.is_empty() || rest.len() % 2 != 0 {
+        return None;
+    }
+    rest.chunks(2)
+        .map(|pair| {
+            let score: f64 = std::str::from_utf8(&pair[0]).ok()?.parse().ok()?;
+            Some((score, &pair[1]))
+        })
+        .collect()
 }
 
 /// A forwarded command, as far as reply pairing cares.
@@ -291,5 +318,27 @@ mod tests {
             local_reply(&Err("down\r\nreally".into())),
             b"-ERR qbridge: down  really\r\n"
         );
+    }
+
+    #[test]
+    fn zadd_members_pair_scores_with_members_after_the_flags() {
+        let cmd = args(&[
+            "schedule",
+            "NX",
+            "ch",
+            "1700000000.5",
+            "a",
+            "1700000001",
+            "b",
+        ]);
+        let members = zadd_members(&cmd).unwrap();
+        assert_eq!(members.len(), 2);
+        assert_eq!(
+            (members[0].0, members[0].1.as_ref()),
+            (1_700_000_000.5, &b"a"[..])
+        );
+        assert!(zadd_members(&args(&["schedule", "INCR", "1", "a"])).is_none());
+        assert!(zadd_members(&args(&["schedule", "1", "a", "2"])).is_none());
+        assert!(zadd_members(&args(&["schedule", "soon", "a"])).is_none());
     }
 }

@@ -26,10 +26,13 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{encode, Screen, NOAUTH};
-use super::command::{classify, is_push, Cmd, LocalPush, LocalStore, MirrorPush, ReplyMode, Tag};
+use super::command::{
+    classify, is_push, zadd_members, Cmd, LocalPush, LocalStore, MirrorPush, ReplyMode, Tag,
+};
 use super::frame::{command_name, parse_command};
 use super::link::{Link, Selected, Shared};
 use crate::metrics as m;
+use crate::model::structures::score_time;
 use crate::model::Phase;
 
 /// Routed pushes of one connection whose Postgres write runs ahead of their
@@ -274,6 +277,9 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
         batch: &mut Batch,
         read_at: Instant,
     ) -> std::io::Result<Routing> {
+        if name == "ZADD" {
+            return self.route_set_add(args, batch, read_at).await;
+        }
         // `LPUSH key` alone is an arity error: Redis answers it.
         if !is_push(name) || args.len() < 3 {
             return Ok(Routing::NotRouted);
@@ -302,7 +308,12 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
         match phase {
             Phase::RedisOnly => return Ok(Routing::NotRouted),
             Phase::DualWrite | Phase::Shadow => {
-                return Ok(Routing::Forward(MirrorPush { route, items }))
+                let push = MirrorPush {
+                    route,
+                    items,
+                    due: None,
+                };
+                return Ok(Routing::Forward(push));
             }
             Phase::PostgresOnly | Phase::Decommissioned => {}
         }
@@ -337,6 +348,53 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             items: count,
             store,
         })))
+    }
+
+    /// A `ZADD` to a framework's schedule or retry set (Sidekiq's are shared
+    /// by every queue): in `dual_write`/`shadow` the members of one route
+    /// (the first member's) are forwarded and then mirrored as copies due at
+    /// their scores (`mirror::due`); in any other phase, or for members no
+    /// route owns, it goes to Redis as it is.
+    async fn route_set_add(
+        &mut self,
+        args: &[Bytes],
+        batch: &mut Batch,
+        read_at: Instant,
+    ) -> std::io::Result<Routing> {
+        if args.len() < 4 || !self.shared.routes.is_mirrored_set(&args[1]) {
+            return Ok(Routing::NotRouted);
+        }
+        let Some(members) = zadd_members(&args[1..]) else {
+            return Ok(Routing::NotRouted);
+        };
+        let Some(db) = self.selected_db(batch, read_at).await?.db else {
+            return Ok(Routing::NotRouted);
+        };
+        let routes = &self.shared.routes;
+        let Some(route) = members
+            .iter()
+            .find_map(|(_, member)| routes.set_route(db, &args[1], member))
+            .cloned()
+        else {
+            return Ok(Routing::NotRouted);
+        };
+        let phase = routes.phase(&route);
+        if !matches!(phase, Phase::DualWrite | Phase::Shadow) {
+            return Ok(Routing::NotRouted);
+        }
+        let (items, due) = members
+            .into_iter()
+            .filter(|(_, member)| {
+                routes
+                    .set_route(db, &args[1], member)
+                    .is_some_and(|r| Arc::ptr_eq(r, &route))
+            })
+            .map(|(score, member)| (member.clone(), score_time(score)))
+            .unzip();
+        metrics::counter!(m::ROUTE_PUSHES, "route" => route.name.clone(), "phase" => phase.as_str(), "via" => "proxy")
+            .increment(1);
+        let due = Some(due);
+        Ok(Routing::Forward(MirrorPush { route, items, due }))
     }
 
     /// The database the next command runs in and whether Redis has the

@@ -400,9 +400,17 @@ impl<R: AsyncRead + Unpin> Replies<R> {
     async fn mirror(&mut self, push: MirrorPush) {
         let route = push.route.name.clone();
         let mirror = self.shared.mirror.clone();
-        let queued = self
-            .settle(mirror.mirror(push.route, push.items, Instant::now()))
-            .await;
+        let queued = match push.due {
+            // Members of a schedule or retry set: copies due at their times.
+            Some(due) => {
+                let items = push.items.into_iter().zip(due).collect();
+                self.settle(mirror.mirror_due(push.route, items)).await
+            }
+            None => {
+                self.settle(mirror.mirror(push.route, push.items, Instant::now()))
+                    .await
+            }
+        };
         if let Err(e) = queued {
             tracing::warn!(conn = self.id, route = %route, error = %e, "push taken by Redis but not mirrored");
         }

@@ -12,4 +12,5 @@ mod planted;
 mod rig;
 mod rollback;
 mod rq_jobs;
+mod sidekiq_scheduled;
 mod watch;

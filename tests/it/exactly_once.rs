@@ -40,9 +40,15 @@ impl ProxySide {
     /// Starts the Redis side of `toml` (a config without database or Redis
     /// URL: the test's are used) with its proxy.
     pub async fn start(pool: &PgPool, toml: &str) -> ProxySide {
+        ProxySide::start_on(pool, toml, REDIS).await
+    }
+
+    /// [`ProxySide::start`] in front of the Redis at `redis_url` (a
+    /// throwaway one, for keys shared by every queue such as Sidekiq's sets).
+    pub async fn start_on(pool: &PgPool, toml: &str, redis_url: &str) -> ProxySide {
         let overrides = Overrides {
             database_url: Some(support::db_url(pool)),
-            redis_url: Some(REDIS.into()),
+            redis_url: Some(redis_url.into()),
             ..Overrides::default()
         };
         let config = Config::from_toml(&format!("[proxy]\nenabled = true\n{toml}"), &overrides)

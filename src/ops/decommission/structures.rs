@@ -129,28 +129,9 @@ pub(crate) async fn store_due(
         })
         .collect();
     let new = ingest::store_counting_new(db, items, payload_limit).await?;
-    record_attempts(db, route, &used).await?;
+    let mut conn = db.acquire().await?;
+    ingest::record_attempts(&mut conn, &route.queue, &used).await?;
     Ok(new)
-}
-
-/// A job carried from a retry set has used attempts on the Redis side
-/// (`formats::attempts_so_far`): its waiting row starts from them, so the
-/// route's `max_attempts` bounds the whole job, not the Postgres part.
-async fn record_attempts(db: &PgPool, route: &Route, used: &[(String, i32)]) -> Result<()> {
-    if used.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(
-        "UPDATE qbridge.jobs j SET attempts = t.n \
-           FROM unnest($2::text[], $3::int4[]) AS t(key, n) \
-          WHERE j.queue = $1 AND j.key = t.key AND j.state = 'ready' AND j.attempts < t.n",
-    )
-    .bind(&route.queue)
-    .bind(used.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
-    .bind(used.iter().map(|(_, n)| *n).collect::<Vec<_>>())
-    .execute(db)
-    .await?;
-    Ok(())
 }
 
 /// Copies members into `qbridge.jobs_dead` with `why` as their last error,

@@ -1,0 +1,107 @@
+//! Mirror copies due later: members the proxy saw Redis take into a
+//! framework's schedule or retry set (Sidekiq's `ZADD schedule` and `ZADD
+//! retry`, `routes::Routes::set_route`), stored as mirror copies due at
+//! their score, with the attempts a retry already used (issue 14). So a
+//! `perform_in` job is in Postgres from the moment it is pushed, as a list
+//! push is, without waiting for `qbridge import` or the decommission carry.
+//!
+//! They are few next to list pushes and carry a time, so they do not go
+//! through the group-commit writers (whose requests and gap entries have
+//! none): each ZADD's members are one transaction of their own, at most
+//! [`IN_FLIGHT`] at a time — a client waits for room, as it waits for the
+//! writers' buffer. A write that fails is not spooled: the job is still in
+//! its set, where `cutover status` counts it and `qbridge import` or the
+//! decommission carry copies it (idempotent by `jid`); the failure is
+//! counted (`qbridge_mirror_lost_total`) and logged, without the job.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use tokio::sync::Semaphore;
+
+use super::options::{MirrorClosed, MirrorOptions};
+use super::writer::Mirror;
+use crate::ingest::{self, Item, Via};
+use crate::metrics as m;
+use crate::model::formats::{attempts_so_far, decode_bytes};
+use crate::queue::JobCopy;
+use crate::routes::Route;
+
+/// Transactions of due copies in flight at once.
+const IN_FLIGHT: usize = 4;
+
+/// The due copies' own writer: the pool, and room for [`IN_FLIGHT`].
+#[derive(Clone)]
+pub(crate) struct DueWriter {
+    pool: PgPool,
+    room: Arc<Semaphore>,
+    payload_limit: usize,
+}
+
+impl DueWriter {
+    pub(super) fn new(pool: PgPool, opts: MirrorOptions) -> DueWriter {
+        DueWriter {
+            pool,
+            room: Arc::new(Semaphore::new(IN_FLIGHT)),
+            payload_limit: opts.payload_limit,
+        }
+    }
+}
+
+impl Mirror {
+    /// Stores members Redis took into a schedule or retry set as mirror
+    /// copies due at their times. Returns once the write has started (after
+    /// waiting for room), not once it committed.
+    pub async fn mirror_due(
+        &self,
+        route: Arc<Route>,
+        items: Vec<(Bytes, Option<DateTime<Utc>>)>,
+    ) -> Result<(), MirrorClosed> {
+        let due = self.due.clone();
+        let permit = Arc::clone(&due.room)
+            .acquire_owned()
+            .await
+            .map_err(|_| MirrorClosed)?;
+        tokio::spawn(async move {
+            let _permit = permit;
+            let n = items.len() as u64;
+            if let Err(e) = store(&due, &route, items).await {
+                metrics::counter!(m::MIRROR_LOST, "route" => route.name.clone()).increment(n);
+                tracing::warn!(route = %route.name, items = n, error = %e,
+                    "scheduled jobs Redis took were not mirrored; they wait in their set, \
+                     where qbridge import or the decommission carry copies them");
+            }
+        });
+        Ok(())
+    }
+}
+
+async fn store(
+    due: &DueWriter,
+    route: &Route,
+    items: Vec<(Bytes, Option<DateTime<Utc>>)>,
+) -> crate::error::Result<()> {
+    let items: Vec<Item<'_>> = items
+        .into_iter()
+        .map(|(bytes, at)| {
+            let decoded = decode_bytes(&route.format, bytes);
+            let mut item = Item::new(route, decoded, JobCopy::Mirror, Via::Proxy);
+            item.run_at = at;
+            item
+        })
+        .collect();
+    let used: Vec<(String, i32)> = items
+        .iter()
+        .filter_map(|i| {
+            let n = attempts_so_far(&route.format, &i.decoded.payload)?;
+            Some((i.decoded.key.with_occurrence(0), n))
+        })
+        .collect();
+    let mut tx = due.pool.begin().await?;
+    ingest::store(&mut tx, items, due.payload_limit).await?;
+    ingest::record_attempts(&mut tx, &route.queue, &used).await?;
+    tx.commit().await?;
+    Ok(())
+}

@@ -1,0 +1,31 @@
+//! The mirror's tuning and its errors.
+
+/// Tuning of the writers; see `[proxy]` in the config.
+#[derive(Debug, Clone, Copy)]
+pub struct MirrorOptions {
+    /// Bytes of items queued at most.
+    pub buffer_bytes: usize,
+    /// Items per transaction at most.
+    pub batch_items: usize,
+    /// Transactions in flight at once.
+    pub writers: usize,
+    /// The queue's payload limit (larger items are stored flagged).
+    pub payload_limit: usize,
+}
+
+/// Why a live store failed. Its text is one line, safe to send to a Redis
+/// client (the proxy answers `-ERR qbridge: <it>` so the producer retries).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The writers have stopped (shutdown).
+    #[error(transparent)]
+    Closed(#[from] MirrorClosed),
+    /// The transaction failed; the reason is the database error's one line.
+    #[error("Postgres write failed: {0}")]
+    Failed(String),
+}
+
+/// The writers are gone (shutdown): nothing more can be queued.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("qbridge is shutting down: the mirror writer has stopped")]
+pub struct MirrorClosed;

@@ -1,0 +1,121 @@
+//! Issue 14: jobs Sidekiq schedules (`perform_in`) go to its `schedule`
+//! sorted set, not to the list, and Sidekiq's poller later moves them to the
+//! list. Real Sidekiq 6.4 pushes through the proxy in `dual_write`: each
+//! route's members of `schedule` become mirror copies when Redis takes them
+//! (due at their score; another queue's member is not the route's), and the
+//! poller's move to the list is the same job (its `jid`), not a second one.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::exactly_once::ProxySide;
+use crate::servers::ThrowawayRedis;
+
+/// Runs `tests/ruby/<script>` with `REDIS_URL` (async: the proxy runs on
+/// this test's runtime) and returns its output lines.
+async fn ruby(script: &str, redis_url: &str) -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/ruby")
+        .join(script);
+    let run = tokio::process::Command::new("ruby")
+        .arg(&path)
+        .env("REDIS_URL", redis_url)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the Sidekiq script finished within 60 s")
+        .expect("ruby runs (./scripts/test-deps.sh installs ruby-sidekiq)");
+    assert!(
+        out.status.success(),
+        "{} failed: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn scheduled_sidekiq_jobs_are_mirrored_when_redis_takes_them(pool: PgPool) {
+    let redis = ThrowawayRedis::start();
+    let toml = "[[routes]]\nname = \"mail\"\nredis_key = \"queue:default\"\nqueue = \"mail\"\n\
+                format = \"sidekiq\"\nphase = \"dual_write\"\n";
+    let side = ProxySide::start_on(&pool, toml, &redis.url()).await;
+    let lines = ruby("sidekiq_scheduled_through_proxy.rb", &side.url()).await;
+    let jids = |what: &str| -> Vec<String> {
+        lines
+            .iter()
+            .filter_map(|l| l.strip_prefix(what).map(|j| j.trim().to_string()))
+            .collect()
+    };
+    let (later, other, moved) = (jids("later"), jids("other"), jids("moved"));
+    assert_eq!(
+        (later.len(), other.len(), moved.len()),
+        (3, 1, 1),
+        "{lines:?}"
+    );
+
+    let wanted = later.len() + moved.len();
+    let started = std::time::Instant::now();
+    loop {
+        let copies: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM qbridge.job_keys WHERE queue = 'mail' AND copy = 'mirror'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if copies as usize >= wanted {
+            assert_eq!(copies as usize, wanted, "one copy per job");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{copies} of {wanted} mirrored"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Due when Sidekiq would run them: an hour from now.
+    for jid in &later {
+        let run_at: chrono::DateTime<chrono::Utc> =
+            sqlx::query_scalar("SELECT run_at FROM qbridge.jobs WHERE queue = 'mail' AND key = $1")
+                .bind(jid)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        let ahead = run_at - chrono::Utc::now();
+        assert!(
+            ahead > chrono::Duration::minutes(59) && ahead < chrono::Duration::minutes(61),
+            "{jid} is due in an hour: {run_at}"
+        );
+    }
+    let theirs: i64 = sqlx::query_scalar("SELECT count(*) FROM qbridge.job_keys WHERE key = $1")
+        .bind(&other[0])
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(theirs, 0, "the other queue's job is not the route's");
+    // The poller moved one job to the list through the proxy: the same
+    // job, known by its jid, not a second copy.
+    let mut conn = qbridge::redis::connect::connect_redis(&redis.url())
+        .await
+        .unwrap();
+    let listed: Vec<String> = ::redis::cmd("LRANGE")
+        .arg("queue:default")
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(listed[0].contains(&moved[0]));
+    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM qbridge.job_keys WHERE key = $1")
+        .bind(&moved[0])
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(seen, 1);
+    side.stop().await;
+}
