@@ -43,9 +43,13 @@ impl Route {
     pub fn lists(&self) -> Vec<Bytes> {
         let mut lists = vec![self.redis_key.clone()];
         lists.extend(
-            crate::model::structures::priority_lists(&self.format, &self.redis_key)
-                .into_iter()
-                .map(Bytes::from),
+            crate::model::structures::priority_lists(
+                &self.format,
+                &self.redis_key,
+                self.config.priority_steps.as_deref(),
+            )
+            .into_iter()
+            .map(Bytes::from),
         );
         lists
     }

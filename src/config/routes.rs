@@ -119,6 +119,8 @@ pub(super) struct RouteFile {
     #[serde(default)]
     redis_side: Option<RedisSideKind>,
     #[serde(default)]
+    priority_steps: Option<Vec<i64>>,
+    #[serde(default)]
     shadow: Option<super::cutover::ShadowFile>,
     #[serde(default)]
     diff: Option<super::cutover::DiffFile>,
@@ -155,6 +157,9 @@ pub struct RouteConfig {
     pub redis_consumer: Option<RedisConsumerConfig>,
     /// Who runs the Redis side's jobs: what an absent outcome may mean.
     pub redis_side: RedisSideKind,
+    /// A Celery route's kombu `priority_steps` above 0 (each has a list of
+    /// its own, `<queue>\x06\x16<step>`); `None`: kombu's default, 3, 6, 9.
+    pub priority_steps: Option<Vec<u8>>,
     /// Shadow calls, the diff and the gates.
     pub cutover: super::CutoverConfig,
 }
@@ -260,6 +265,10 @@ pub(super) fn validate_routes(
                 "[routes.pool] and [routes.redis_consumer] need the route's handler".into(),
             ));
         }
+        let priority_steps = file
+            .priority_steps
+            .map(|steps| priority_steps(&format, &steps).map_err(|m| ctx(m.into())))
+            .transpose()?;
         let cutover = super::cutover::validate(file.shadow, file.diff, file.gates).map_err(ctx)?;
         let redis_consumer = file
             .redis_consumer
@@ -290,10 +299,27 @@ pub(super) fn validate_routes(
                 RedisSideKind::Fleet
             }),
             redis_consumer,
+            priority_steps,
             cutover,
         });
     }
     Ok((routes, pools))
+}
+
+/// kombu's `priority_steps` as the route states them (the transport
+/// option, `[0, 3, 6, 9]` by default): ascending, each 0 to 255. Returns the
+/// steps above 0, whose lists are the route's besides its own.
+fn priority_steps(format: &Format, steps: &[i64]) -> std::result::Result<Vec<u8>, &'static str> {
+    if *format != Format::Celery {
+        return Err("priority_steps is kombu's transport option: it needs format = \"celery\"");
+    }
+    if steps.iter().any(|s| !(0..=255).contains(s)) {
+        return Err("priority_steps must be between 0 and 255 (kombu's priorities)");
+    }
+    if steps.windows(2).any(|w| w[0] >= w[1]) {
+        return Err("priority_steps must be in ascending order without repeats, as kombu's");
+    }
+    Ok(steps.iter().filter(|s| **s > 0).map(|s| *s as u8).collect())
 }
 
 fn validate_consumer(

@@ -214,6 +214,15 @@ fn bad_routes_are_refused_with_the_reason() {
         ("redis_url = \"http://x\"".to_string(), "redis://"),
         ("redis_url = \"not a url\"".to_string(), "not a URL"),
         ("[proxy]\nmirror_batch = 0".to_string(), "mirror_batch"),
+        (format!("{ROUTE}priority_steps = [0, 5]\n"), "needs format = \"celery\""),
+        (
+            format!("{}priority_steps = [0, 5, 5]\n", ROUTE.replace("sidekiq", "celery")),
+            "ascending order",
+        ),
+        (
+            format!("{}priority_steps = [0, 300]\n", ROUTE.replace("sidekiq", "celery")),
+            "between 0 and 255",
+        ),
     ];
     for (text, expected) in cases {
         let err = load(&text).unwrap_err().to_string();
@@ -469,4 +478,22 @@ fn a_bad_shadow_handler_is_refused_at_load() {
             "{handler}: {msg}"
         );
     }
+}
+
+#[test]
+fn a_celery_route_takes_kombus_priority_steps() {
+    let text = format!(
+        "{}priority_steps = [0, 4, 8]\n",
+        ROUTE.replace("sidekiq", "celery")
+    );
+    let cfg = load(&text).unwrap();
+    assert_eq!(cfg.routes[0].priority_steps.as_deref(), Some(&[4u8, 8][..]));
+    let routes = crate::routes::Routes::from_config(&cfg.routes);
+    let lists: Vec<bytes::Bytes> = routes.iter().next().unwrap().lists();
+    let expected: Vec<&[u8]> = vec![
+        b"queue:mail",
+        b"queue:mail\x06\x164",
+        b"queue:mail\x06\x168",
+    ];
+    assert_eq!(lists, expected);
 }

@@ -47,12 +47,15 @@ pub const CELERY_PRIORITY_SEP: &[u8] = b"\x06\x16";
 pub const CELERY_PRIORITY_STEPS: [u8; 3] = [3, 6, 9];
 
 /// The other lists a route's ready jobs wait in besides `redis_key`: for
-/// Celery the priority lists (`<queue>\x06\x16<step>`), none otherwise.
-pub fn priority_lists(format: &Format, redis_key: &[u8]) -> Vec<Vec<u8>> {
+/// Celery the priority lists (`<queue>\x06\x16<step>`, one per step of
+/// kombu's `priority_steps` above 0: `steps`, or kombu's default), none
+/// otherwise.
+pub fn priority_lists(format: &Format, redis_key: &[u8], steps: Option<&[u8]>) -> Vec<Vec<u8>> {
     if *format != Format::Celery {
         return Vec::new();
     }
-    CELERY_PRIORITY_STEPS
+    steps
+        .unwrap_or(&CELERY_PRIORITY_STEPS)
         .iter()
         .map(|step| [redis_key, CELERY_PRIORITY_SEP, step.to_string().as_bytes()].concat())
         .collect()

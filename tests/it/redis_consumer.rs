@@ -76,6 +76,7 @@ impl Fixture {
                 consumer_name: consumer.clone(),
             }),
             redis_side: qbridge::config::RedisSideKind::Qbridge,
+            priority_steps: None,
             cutover: Default::default(),
         };
         let routes = Routes::from_config(&[cfg]);
