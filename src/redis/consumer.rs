@@ -58,6 +58,7 @@
 //! processing and dead lists together.
 
 pub mod heartbeat;
+mod inflight;
 pub mod numbering;
 pub mod postgres_owns;
 mod scripts;

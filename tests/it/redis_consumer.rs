@@ -20,6 +20,7 @@ use qbridge::shadow::{OutcomeRecorder, RecorderOptions};
 
 use crate::support::{sh, wait_for_count};
 
+mod celery_priorities;
 mod decommission;
 mod phases;
 mod recovery;

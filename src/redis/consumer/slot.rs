@@ -10,7 +10,8 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use super::heartbeat;
-use super::numbering::{numbered, pop_key, PopKey};
+use super::inflight::item_key;
+use super::numbering::numbered;
 use super::postgres_owns::{owner, Owner};
 use super::{ConsumerReport, Ctx};
 use crate::config::PushEnd;
@@ -145,13 +146,35 @@ impl Slot {
             PushEnd::Lpush => "RIGHT",
             PushEnd::Rpush => "LEFT",
         };
+        // Celery's priority lists (`Route::lists`, the queue's own first, as
+        // kombu's workers read them): the first that has an item gives it.
+        // Redis blocks on one source only, so the wait below is on the
+        // queue's own list, at most a second: an item pushed meanwhile onto
+        // a priority list waits that long at most.
+        let lists = self.ctx.route.lists();
+        let mut block = self.ctx.opts.block;
+        if lists.len() > 1 {
+            for list in &lists {
+                let item: Option<Vec<u8>> = ::redis::cmd("LMOVE")
+                    .arg(&list[..])
+                    .arg(keys.processing(self.index))
+                    .arg(from)
+                    .arg("LEFT")
+                    .query_async(&mut conn)
+                    .await?;
+                if let Some(item) = item {
+                    return self.handle(&mut conn, self.index, item, false, token).await;
+                }
+            }
+            block = block.min(Duration::from_secs(1));
+        }
         let mut blmove = ::redis::cmd("BLMOVE");
         blmove
             .arg(&self.ctx.route.redis_key[..])
             .arg(keys.processing(self.index))
             .arg(from)
             .arg("LEFT")
-            .arg(self.ctx.opts.block.as_secs_f64());
+            .arg(block.as_secs_f64());
         let pop = blmove.query_async::<Option<Vec<u8>>>(&mut conn);
         // Dropping a pending BLMOVE is safe: the item is either still in
         // the source list or already in the processing list, where the next
@@ -418,76 +441,4 @@ fn redis_job(ctx: &Ctx, decoded: &Decoded, key: &str, attempt: i64, max: i64) ->
 /// What logs show of a job key: a short hash (a key may be a payload field).
 fn key_hash(key: &str) -> String {
     digest_hex(key.as_bytes())[..12].to_string()
-}
-
-/// The job key of an item: the one its inflight hash remembers, else a new
-/// one stored there (a fresh item also starts at zero attempts). `None` when
-/// Postgres could not number it yet: the item stays where it is and is
-/// numbered on the next try, never run under a made-up key.
-async fn item_key(
-    ctx: &Ctx,
-    conn: &mut MultiplexedConnection,
-    inflight: &str,
-    fresh: bool,
-    decoded: &Decoded,
-) -> RedisResult<Option<String>> {
-    if fresh {
-        // Overwrites whatever a hand-edited list left behind; the pop id is
-        // stored before numbering, so numbering again finds its number.
-        let _: i64 = ::redis::cmd("HSET")
-            .arg(inflight)
-            .arg("attempts")
-            .arg(0)
-            .arg("pop")
-            .arg(uuid::Uuid::new_v4().simple().to_string())
-            .query_async(conn)
-            .await?;
-        let _: i64 = ::redis::cmd("HDEL")
-            .arg(inflight)
-            .arg("key")
-            .query_async(conn)
-            .await?;
-    }
-    let (known, pop): (Option<String>, Option<String>) = ::redis::cmd("HMGET")
-        .arg(inflight)
-        .arg("key")
-        .arg("pop")
-        .query_async(conn)
-        .await?;
-    if let Some(key) = known {
-        return Ok(Some(key));
-    }
-    let pop = match pop {
-        Some(pop) => pop,
-        None => {
-            // Recovered from an older version's list: give it its pop id now.
-            let id = uuid::Uuid::new_v4().simple().to_string();
-            let _: bool = ::redis::cmd("HSETNX")
-                .arg(inflight)
-                .arg("pop")
-                .arg(&id)
-                .query_async(conn)
-                .await?;
-            ::redis::cmd("HGET")
-                .arg(inflight)
-                .arg("pop")
-                .query_async(conn)
-                .await?
-        }
-    };
-    let key = match pop_key(&ctx.db, &ctx.route.queue, ctx.phase(), decoded, &pop).await {
-        PopKey::Numbered(key) | PopKey::Unmirrored(key) => key,
-        PopKey::Retry(reason) => {
-            tracing::warn!(route = %ctx.route.name, error = %reason,
-                "cannot number a popped item yet; it waits in its processing list");
-            return Ok(None);
-        }
-    };
-    let _: i64 = ::redis::cmd("HSET")
-        .arg(inflight)
-        .arg("key")
-        .arg(&key)
-        .query_async(conn)
-        .await?;
-    Ok(Some(key))
 }
