@@ -106,7 +106,7 @@ pub async fn archive_and_delete(
     }
     // Pushes the producer API still owes Redis: the outbox leaves a
     // decommissioned route alone, so they run here or nowhere.
-    for s in archive_owed(db, route, payload_limit).await? {
+    for s in archive_owed(db, redis, route, payload_limit).await? {
         match s {
             Stored::New { .. } => report.enqueued += 1,
             Stored::Duplicate { .. } => report.duplicates += 1,
@@ -200,20 +200,37 @@ async fn archive_live(
 }
 
 /// Takes the route's owed outbox rows and stores them as live jobs under
-/// their keys, in one transaction (a second run finds no rows).
-async fn archive_owed(db: &PgPool, route: &Route, payload_limit: usize) -> Result<Vec<Stored>> {
+/// their keys, in one transaction (a second run finds no rows) — except a
+/// row whose paid marker is in Redis: its push happened (the marker and the
+/// push are one Lua step) and only the commit deleting the row failed, so
+/// the job was Redis's — archived with the lists if it still waited, run
+/// there if not (oracle seed 4193: such a row ran a job on both sides).
+async fn archive_owed(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    payload_limit: usize,
+) -> Result<Vec<Stored>> {
     let mut tx = db.begin().await?;
-    let rows: Vec<(String, Vec<u8>)> =
-        sqlx::query_as("DELETE FROM qbridge.redis_outbox WHERE queue = $1 RETURNING key, original")
-            .bind(&route.queue)
-            .fetch_all(&mut *tx)
-            .await?;
+    let rows: Vec<(String, Vec<u8>, uuid::Uuid)> = sqlx::query_as(
+        "DELETE FROM qbridge.redis_outbox WHERE queue = $1 RETURNING key, original, token",
+    )
+    .bind(&route.queue)
+    .fetch_all(&mut *tx)
+    .await?;
     if rows.is_empty() {
         return Ok(Vec::new());
     }
+    let markers: Vec<String> = rows
+        .iter()
+        .map(|(_, _, token)| crate::redis::keys::paid(token))
+        .collect();
+    let paid: Vec<Option<String>> = redis::cmd("MGET").arg(&markers).query_async(redis).await?;
     let batch = rows
         .into_iter()
-        .map(|(key, original)| {
+        .zip(paid)
+        .filter(|(_, paid)| paid.is_none())
+        .map(|((key, original, _), _)| {
             let decoded = decode_bytes(&route.format, original.into());
             let mut item = Item::new(route, decoded, JobCopy::Live, Via::Archive);
             item.known_key = Some(key);

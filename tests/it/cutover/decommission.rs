@@ -114,3 +114,59 @@ async fn decommission_waits_for_an_empty_quiet_redis_then_archives_and_deletes(p
     assert_eq!(rig.calls.live("late"), 1);
     rig.finish().await;
 }
+
+/// A producer-API push whose Redis push happened (its paid marker is in
+/// Redis) but whose outbox row stayed — the commit deleting it failed in a
+/// Postgres crash — was in Redis, and the Redis side ran it (its report
+/// lost). Decommission took the row for a push Redis never got and ran the
+/// job again in Postgres, on both sides unseen (found by the oracle
+/// campaign, seed 4193: key a-21). The marker is the evidence it was paid.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn an_outbox_row_redis_was_paid_for_is_not_run_again_at_decommission(pool: PgPool) {
+    let rig = Rig::new(
+        &pool,
+        Options {
+            phase: Phase::PostgresOnly,
+            ..Options::default()
+        },
+    )
+    .await;
+    let route = rig.route();
+    let item = br#"{"id":"paid-then-crashed"}"#;
+    let token: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO qbridge.redis_outbox (queue, key, original) VALUES ($1, 'paid-then-crashed', $2) \
+         RETURNING token",
+    )
+    .bind(&route.queue)
+    .bind(&item[..])
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    // The pay's Lua step ran (marker set, item pushed), and the Redis side
+    // then popped and ran the item; its outcome report was lost.
+    {
+        let mut conn = rig.redis().await;
+        let _: () = redis::cmd("SET")
+            .arg(qbridge::redis::keys::paid(&token))
+            .arg("1")
+            .arg("EX")
+            .arg(600)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let done = rig.advance(true).await.map_err(|_| "advance").unwrap();
+    assert_eq!(done.state.phase, Phase::Decommissioned);
+    let live: i64 = support::count(
+        &pool,
+        "SELECT count(*) FROM qbridge.jobs WHERE copy = 'live' AND key = 'paid-then-crashed'",
+    )
+    .await;
+    assert_eq!(
+        live, 0,
+        "Redis had the job: it must not run again in Postgres"
+    );
+    let owed: i64 = support::count(&pool, "SELECT count(*) FROM qbridge.redis_outbox").await;
+    assert_eq!(owed, 0);
+    rig.finish().await;
+}
