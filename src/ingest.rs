@@ -18,9 +18,11 @@
 //!    runs live only on evidence the Redis side let go of the original, and
 //!    is held back otherwise ([`promote`], [`held`]).
 
+mod attempts;
 mod held;
 mod promote;
 
+pub use attempts::record_attempts;
 pub use held::{held_count, release, settle_held_once, Settled};
 pub use promote::{decide, Evidence, Verdict};
 
@@ -451,31 +453,6 @@ pub(crate) fn new_job(item: &Item<'_>, key: &str, oversize: bool) -> NewJob {
     job.max_attempts = item.route.max_attempts;
     job.run_at = item.run_at;
     job
-}
-
-/// A job from a framework's retry set has used attempts on the Redis side
-/// (`formats::attempts_so_far`, by job key): its waiting row starts from
-/// them, so the route's `max_attempts` bounds the whole job, not the
-/// Postgres part.
-pub async fn record_attempts(
-    conn: &mut sqlx::PgConnection,
-    queue: &str,
-    used: &[(String, i32)],
-) -> Result<()> {
-    if used.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(
-        "UPDATE qbridge.jobs j SET attempts = t.n \
-           FROM unnest($2::text[], $3::int4[]) AS t(key, n) \
-          WHERE j.queue = $1 AND j.key = t.key AND j.state = 'ready' AND j.attempts < t.n",
-    )
-    .bind(queue)
-    .bind(used.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
-    .bind(used.iter().map(|(_, n)| *n).collect::<Vec<_>>())
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// Keys deleted per route and pass, so one pass is a short statement.

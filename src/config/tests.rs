@@ -488,12 +488,12 @@ fn a_celery_route_takes_kombus_priority_steps() {
     );
     let cfg = load(&text).unwrap();
     assert_eq!(cfg.routes[0].priority_steps.as_deref(), Some(&[4u8, 8][..]));
-    let routes = crate::routes::Routes::from_config(&cfg.routes);
-    let lists: Vec<bytes::Bytes> = routes.iter().next().unwrap().lists();
-    let expected: Vec<&[u8]> = vec![
-        b"queue:mail",
-        b"queue:mail\x06\x164",
-        b"queue:mail\x06\x168",
-    ];
+    let route = &cfg.routes[0];
+    let lists = crate::model::structures::priority_lists(
+        &route.format,
+        route.redis_key.as_bytes(),
+        route.priority_steps.as_deref(),
+    );
+    let expected: Vec<&[u8]> = vec![b"queue:mail\x06\x164", b"queue:mail\x06\x168"];
     assert_eq!(lists, expected);
 }

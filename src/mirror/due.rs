@@ -32,6 +32,9 @@ use crate::routes::Route;
 /// Transactions of due copies in flight at once.
 const IN_FLIGHT: usize = 4;
 
+/// How long one of them may take before it counts as failed.
+const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The due copies' own writer: the pool, and room for [`IN_FLIGHT`].
 #[derive(Clone)]
 pub(crate) struct DueWriter {
@@ -67,7 +70,15 @@ impl Mirror {
         tokio::spawn(async move {
             let _permit = permit;
             let n = items.len() as u64;
-            if let Err(e) = store(&due, &route, items).await {
+            // Postgres hanging must not hold the room for good: every ZADD
+            // to these sets waits for it, Sidekiq's retry handler's too.
+            let stored = tokio::time::timeout(WRITE_TIMEOUT, store(&due, &route, items)).await;
+            let failed = match stored {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some(format!("no commit within {WRITE_TIMEOUT:?}")),
+            };
+            if let Some(e) = failed {
                 metrics::counter!(m::MIRROR_LOST, "route" => route.name.clone()).increment(n);
                 tracing::warn!(route = %route.name, items = n, error = %e,
                     "scheduled jobs Redis took were not mirrored; they wait in their set, \

@@ -198,7 +198,7 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
         settled: until - settle,
         held_keys: input.held.keys(),
         accounted_keys: input.held.accounted_keys(),
-        owed_keys: input.held.owed.clone(),
+        before: input.held.before.clone(),
         samples,
     };
     let (enqueued, mirrors) = queries::enqueued(db, &window).await?;

@@ -381,7 +381,9 @@ async fn never_ran_check(
     .bind(window_start(route, state))
     .bind(settled)
     .bind(held.accounted_keys())
-    .bind(&held.owed)
+    .bind(&held.before.owed)
+    .bind(&held.before.texts)
+    .bind(&held.before.pushed)
     .fetch_one(db)
     .await?;
     Ok(check(

@@ -56,10 +56,53 @@ pub struct RedisView {
     /// The route's jobs in its framework's other structures (Sidekiq's
     /// schedule, retry and dead sets; [`crate::ops::structures`]).
     pub elsewhere: Vec<structures::Held>,
-    /// Keys of the pushes the producer API's outbox owed Redis, read just
-    /// before Redis: a row paid while Redis is read is then counted in the
-    /// outbox, in Redis or both, never in neither (`ONLY_POSTGRES_SQL`).
+    /// What Postgres held just before Redis was read (`ONLY_POSTGRES_SQL`).
+    pub before: ReadBefore,
+}
+
+/// Read from Postgres in one statement just before Redis is read, so that
+/// nothing written to both while Redis is read looks missing from Redis:
+/// the outbox's keys (a push paid meanwhile is counted in the outbox, in
+/// Redis or both), and the push count of each text with copies Redis has
+/// not reported (a copy numbered up to it was in Redis, popped, owed or
+/// lost by the time Redis is read; one numbered later may be in flight).
+#[derive(Debug, Default, Clone)]
+pub struct ReadBefore {
     pub owed: Vec<String>,
+    /// Content hashes, and their push counts, index by index.
+    pub texts: Vec<String>,
+    pub pushed: Vec<i64>,
+}
+
+const READ_BEFORE_SQL: &str = r#"
+WITH silent AS (
+    SELECT DISTINCT substring(k.key from '^sha256:([0-9a-f]+):[0-9]+$') AS hash
+      FROM qbridge.job_keys k
+     WHERE k.queue = $1 AND k.copy = 'mirror' AND k.original IS NOT NULL
+       AND k.key LIKE 'sha256:%')
+SELECT 'push', o.hash, o.n FROM qbridge.key_occurrences o JOIN silent s ON s.hash = o.hash
+ WHERE o.queue = $1 AND o.side = 'push'
+UNION ALL
+SELECT 'owed', b.key, 0 FROM qbridge.redis_outbox b WHERE b.queue = $1
+"#;
+
+/// Reads [`ReadBefore`] for `route`.
+pub async fn read_before(db: &PgPool, route: &Route) -> Result<ReadBefore> {
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(READ_BEFORE_SQL)
+        .bind(&route.queue)
+        .fetch_all(db)
+        .await?;
+    let mut before = ReadBefore::default();
+    for (what, key, n) in rows {
+        match what.as_str() {
+            "push" => {
+                before.texts.push(key);
+                before.pushed.push(n);
+            }
+            _ => before.owed.push(key),
+        }
+    }
+    Ok(before)
 }
 
 impl RedisView {
@@ -114,13 +157,9 @@ async fn read_list(
 
 /// Reads the route's lists. `db` numbers content-hash keys.
 pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> Result<RedisView> {
-    let owed: Vec<String> =
-        sqlx::query_scalar("SELECT key FROM qbridge.redis_outbox WHERE queue = $1")
-            .bind(&route.queue)
-            .fetch_all(db)
-            .await?;
+    let before = read_before(db, route).await?;
     let mut view = RedisView {
-        owed,
+        before,
         epoch: Some(epoch::observe(conn, db, route).await?),
         elsewhere: structures::read(conn, route).await?,
         ..RedisView::default()

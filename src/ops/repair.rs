@@ -152,7 +152,10 @@ pub async fn repair_with(
     }
     let settled = Utc::now()
         - chrono::Duration::from_std(route.config.cutover.diff.settle).unwrap_or_default();
-    let first = owed(db, route, since, settled, held).await?;
+    // Its own reading, not the diff's: what Postgres held just before it is
+    // the measure (`ONLY_POSTGRES_SQL`), and the diff's is older.
+    let view = redis_view::read(redis, db, route).await?;
+    let first = owed(db, route, since, settled, &view).await?;
     let (keys, popped) = if first.is_empty() {
         (Vec::new(), HashSet::new())
     } else {
@@ -236,7 +239,7 @@ async fn push_back(
     let rows: Vec<(String, Vec<u8>)> = sqlx::query_as(
         "SELECT key, original FROM qbridge.job_keys \
           WHERE queue = $1 AND key = ANY($2::text[]) AND original IS NOT NULL \
-          ORDER BY substring(key from ':([0-9]+)$')::bigint NULLS FIRST, key",
+          ORDER BY substring(key from '^sha256:[0-9a-f]+:([0-9]+)$')::numeric NULLS FIRST, key",
     )
     .bind(&route.queue)
     .bind(&keys)
@@ -302,7 +305,9 @@ async fn owed(
         .bind(since)
         .bind(settled)
         .bind(held.accounted_keys())
-        .bind(&held.owed)
+        .bind(&held.before.owed)
+        .bind(&held.before.texts)
+        .bind(&held.before.pushed)
         .fetch_all(db)
         .await?;
     Ok(keys.into_iter().collect())

@@ -17,14 +17,15 @@ use crate::error::Result;
 use crate::model::structures::{self, Holding, Shape, Structure};
 use crate::routes::Route;
 
-/// Members read per ZSCAN step.
+/// Members read per ZSCAN, LRANGE or HSCAN step.
 const PAGE: usize = 1000;
 
 /// One structure's jobs of the route.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Held {
     pub holding: Holding,
-    /// The sorted set's key.
+    /// The structure's key (a sorted set, a list, a hash; for
+    /// resque-scheduler's delayed jobs, their index).
     pub key: String,
     /// The route's jobs in it.
     pub jobs: u64,

@@ -351,10 +351,12 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
     }
 
     /// A `ZADD` to a framework's schedule or retry set (Sidekiq's are shared
-    /// by every queue): in `dual_write`/`shadow` the members of one route
-    /// (the first member's) are forwarded and then mirrored as copies due at
-    /// their scores (`mirror::due`); in any other phase, or for members no
-    /// route owns, it goes to Redis as it is.
+    /// by every queue): the command always goes to Redis as it is; when the
+    /// route of its first owned member is in `dual_write`/`shadow`, that
+    /// route's members are then mirrored as copies due at their scores
+    /// (`mirror::due`). Members of other routes in the same ZADD (Sidekiq's
+    /// client adds one queue's jobs at a time) are left to `qbridge import`
+    /// and the decommission carry, which read the sets.
     async fn route_set_add(
         &mut self,
         args: &[Bytes],

@@ -24,7 +24,7 @@ use sqlx::PgPool;
 
 use crate::error::Result;
 use crate::ingest::{self, Item, Via};
-use crate::model::formats::{attempts_so_far, decode_bytes};
+use crate::model::formats::{attempts_so_far, decode_bytes, Decoded};
 use crate::model::structures::{self, Holding, Structure};
 use crate::queue::JobCopy;
 use crate::redis::rq_jobs;
@@ -134,6 +134,31 @@ pub(crate) async fn store_due(
     Ok(new)
 }
 
+/// The job of a dead member. A Resque failure entry wraps the job in its
+/// `payload` (`lib/resque/failure/redis.rb`): the job's class and arguments
+/// are that (what a requeue runs), while its key stays the whole entry's
+/// hash (two failures of identical jobs are two dead jobs) and the entry as
+/// a whole is the row's `original`, byte for byte.
+fn dead_job(format: &crate::model::formats::Format, member: &[u8]) -> Decoded {
+    let whole = decode_bytes(format, member.to_vec().into());
+    if *format != crate::model::formats::Format::Resque {
+        return whole;
+    }
+    let entry: Option<serde_json::Value> = serde_json::from_slice(member).ok();
+    let job = entry
+        .as_ref()
+        .and_then(|e| e.get("payload"))
+        .filter(|p| p.is_object());
+    match job.and_then(|j| serde_json::to_vec(j).ok()) {
+        Some(bytes) => Decoded {
+            key: whole.key,
+            original: whole.original,
+            ..decode_bytes(format, bytes.into())
+        },
+        None => whole,
+    }
+}
+
 /// Copies members into `qbridge.jobs_dead` with `why` as their last error,
 /// each key once; returns how many were new.
 pub(crate) async fn to_dead(
@@ -145,7 +170,7 @@ pub(crate) async fn to_dead(
 ) -> Result<usize> {
     let mut decoded: Vec<_> = members
         .iter()
-        .map(|(member, _)| decode_bytes(&route.format, member.clone().into()))
+        .map(|(member, _)| dead_job(&route.format, member))
         .collect();
     rq_jobs::attach(redis, &route.format, decoded.iter_mut()).await;
     let mut tx = db.begin().await?;

@@ -82,13 +82,14 @@ SELECT t.key FROM unnest($2::text[]) AS t(key)
 /// copy — the oldest numbers no pop took — and under load those are always
 /// the newest: filtered by their own push time, a copy Redis lost was never
 /// judged while producers and the consumer went on (oracle seeds 3208,
-/// 3568). The count itself needs no settling: a push in flight is counted
-/// in Redis before its mirror copy (the proxy) or in the outbox with it (the
-/// producer API), and a pop is counted in Redis until its number is.
+/// 3568). Fresh keys are judged against what Postgres held just before
+/// Redis was read instead (`RedisView::before`): only numbers up to the
+/// text's push count then (`$6` texts, `$7` counts) — a copy numbered by
+/// then was in Redis, popped (the pop count is read after Redis), owed by
+/// the outbox (`$5`, its keys then) or lost — so a push written to both
+/// while Redis was read never looks missing.
 ///
-/// `$4`: the keys Redis accounts for (`RedisView::accounted_keys`); `$5`:
-/// the outbox's keys read before Redis was (`RedisView::owed`), so a push
-/// the outbox paid while Redis was read is counted once at least.
+/// `$4`: the keys Redis accounts for (`RedisView::accounted_keys`).
 ///
 /// Rows: the key, and whether a pop had taken its number when this reading
 /// was made (*popped* or *hole*): repair pushes such a copy back under its
@@ -103,7 +104,12 @@ WITH silent AS (
      WHERE k.queue = $1 AND k.copy = 'mirror' AND k.original IS NOT NULL AND k.seen_at >= $2
        AND NOT EXISTS (SELECT 1 FROM qbridge.outcomes o
                         WHERE o.queue = k.queue AND o.key = k.key AND o.side = 'redis'
-                          AND o.outcome IN ('ok', 'dead'))),
+                          AND o.outcome IN ('ok', 'dead'))
+       -- Due later: a framework's schedule or retry set holds it until then
+       -- (mirrored from a ZADD, or imported), not a list qbridge reads.
+       AND NOT EXISTS (SELECT 1 FROM qbridge.jobs j
+                        WHERE j.queue = k.queue AND j.key = k.key AND j.copy = 'mirror'
+                          AND j.run_at > now())),
 classed AS (
     SELECT s.*, COALESCE(p.n, 0) AS pops,
            CASE WHEN s.hash IS NULL THEN 'id'
@@ -112,7 +118,10 @@ classed AS (
                 WHEN s.n <= COALESCE(p.n, 0) THEN 'popped'
                 ELSE 'fresh' END AS class
       FROM silent s
-      LEFT JOIN qbridge.key_occurrences p ON p.queue = $1 AND p.side = 'pop' AND p.hash = s.hash),
+      LEFT JOIN qbridge.key_occurrences p ON p.queue = $1 AND p.side = 'pop' AND p.hash = s.hash
+      LEFT JOIN unnest($6::text[], $7::int8[]) AS b(hash, pushed) ON b.hash = s.hash
+     -- A copy numbered after Redis was read may still be on its way there.
+     WHERE s.hash IS NULL OR s.n <= COALESCE(p.n, 0) OR s.n <= COALESCE(b.pushed, 0)),
 ranked AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.hash, c.class
                                    ORDER BY c.pushed DESC, c.n DESC) AS newest
@@ -204,8 +213,8 @@ pub(super) struct Window<'a> {
     pub held_keys: Vec<String>,
     /// Those plus the keys qbridge's consumer finished (its ran set).
     pub accounted_keys: Vec<String>,
-    /// The outbox's keys, read before Redis was.
-    pub owed_keys: Vec<String>,
+    /// What Postgres held just before Redis was read.
+    pub before: crate::ops::redis_view::ReadBefore,
     /// Sample keys kept per list.
     pub samples: usize,
 }
@@ -298,13 +307,15 @@ pub(super) async fn one_sided(db: &PgPool, w: &Window<'_>) -> Result<OneSided> {
     );
     let (only_postgres, postgres_sample) = count_and_sample(
         sqlx::query_as(&format!(
-            "SELECT count(*) OVER (), key FROM ({ONLY_POSTGRES_SQL}) one_sided LIMIT $6"
+            "SELECT count(*) OVER (), key FROM ({ONLY_POSTGRES_SQL}) one_sided LIMIT $8"
         ))
         .bind(w.queue)
         .bind(w.since)
         .bind(w.settled)
         .bind(&w.accounted_keys)
-        .bind(&w.owed_keys)
+        .bind(&w.before.owed)
+        .bind(&w.before.texts)
+        .bind(&w.before.pushed)
         .bind(w.limit())
         .fetch_all(db)
         .await?,
@@ -327,7 +338,9 @@ pub(super) async fn only_postgres_keys(db: &PgPool, w: &Window<'_>) -> Result<Ve
             .bind(w.since)
             .bind(w.settled)
             .bind(&w.accounted_keys)
-            .bind(&w.owed_keys)
+            .bind(&w.before.owed)
+            .bind(&w.before.texts)
+            .bind(&w.before.pushed)
             .fetch_all(db)
             .await?,
     )

@@ -28,7 +28,9 @@ pub fn agreed(first: &Reading, second: &Reading) -> (Vec<String>, HashSet<String
     let fresh = |key: &str, popped: bool| !popped && numbering::numbered(key).is_some();
     let mut keys: Vec<String> = second
         .iter()
-        .filter(|(k, popped)| !fresh(k, **popped) && first.contains_key(*k))
+        // Same key, same class: a number counted short in the first reading
+        // and popped in the second names a pop in flight, not a loss.
+        .filter(|(k, popped)| !fresh(k, **popped) && first.get(*k) == Some(*popped))
         .map(|(k, _)| k.clone())
         .collect();
     // Per text: the first reading's count of copies no pop had taken, less
@@ -90,11 +92,14 @@ mod tests {
     }
 
     #[test]
-    fn a_copy_popped_between_the_readings_is_matched_by_key_not_counted_twice() {
+    fn a_number_popped_between_the_readings_is_left_for_the_next_repair() {
+        // 5 was short in the first reading and a pop's in the second: a pop
+        // in flight (numbered, its key not yet in its inflight hash) looks
+        // like that, so it is neither matched nor counted.
         let first = reading(&[("sha256:aa:5", false), ("sha256:aa:6", false)]);
         let second = reading(&[("sha256:aa:5", true), ("sha256:aa:7", false)]);
         let (keys, popped) = agreed(&first, &second);
-        assert_eq!(keys, ["sha256:aa:5", "sha256:aa:7"]);
-        assert_eq!(popped, HashSet::from(["sha256:aa:5".to_string()]));
+        assert_eq!(keys, ["sha256:aa:7"]);
+        assert!(popped.is_empty());
     }
 }

@@ -160,6 +160,11 @@ fn classify(key: String) -> PopKey {
 pub fn numbered(key: &str) -> Option<(&str, i64)> {
     let rest = key.strip_prefix("sha256:")?;
     let (hash, n) = rest.rsplit_once(':')?;
+    // As the SQL reads them (`^sha256:[0-9a-f]+:[0-9]+$`): a producer's own
+    // id that merely starts with `sha256:` is not a content hash.
+    let hex = !hash.is_empty() && hash.bytes().all(|b| b.is_ascii_hexdigit());
+    let digits = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+    (hex && digits).then_some(())?;
     Some((hash, n.parse().ok()?))
 }
 

@@ -298,6 +298,18 @@ async fn resques_failed_list_is_carried_and_its_delayed_jobs_are_counted(pool: P
         failed[0].as_bytes(),
         "the entry is kept byte for byte"
     );
+    let (kind, args): (Option<String>, serde_json::Value) = sqlx::query_as(
+        "SELECT kind, payload->'args' FROM qbridge.jobs_dead WHERE queue = 'mail' AND copy = 'live'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        kind.as_deref(),
+        Some("Mailer"),
+        "the dead job is the failed job"
+    );
+    assert_eq!(args, serde_json::json!([1]));
     let left: Vec<String> = ::redis::cmd("LRANGE")
         .arg("resque:failed")
         .arg(0)
