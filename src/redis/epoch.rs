@@ -132,26 +132,47 @@ where
 }
 
 /// The evidence per key, as one line (no key without evidence is returned).
+/// A key is judged by when Redis had it (the rule of [`HAD_AT_SQL`]).
 const LOSS_EVIDENCE_SQL: &str = r#"
 WITH cur AS (
     SELECT started_at, first_seen FROM qbridge.redis_epochs
-     WHERE route = $1 AND run_id = $3 AND marker = $4)
-SELECT k.key,
-       CASE WHEN cur.started_at > COALESCE(k.pushed_at, k.seen_at)
+     WHERE route = $1 AND run_id = $3 AND marker = $4),
+had AS (
+    SELECT k.key, (SELECT max(w.at) FROM qbridge.numbered_writes w
+                    WHERE w.queue = k.queue AND w.key = k.key AND w.side = 'pop') AS popped_at,
+           COALESCE(k.pushed_at, k.seen_at) AS pushed_at
+      FROM qbridge.job_keys k
+     WHERE k.queue = $2 AND k.key = ANY($5::text[])),
+judged AS (SELECT key, COALESCE(popped_at, pushed_at) AS at FROM had)
+SELECT j.key,
+       CASE WHEN cur.started_at > j.at
             THEN 'Redis restarted after the push (server started ' ||
                  to_char(cur.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ')'
             ELSE 'Redis lost its data after the push (it was seen as another server or '
                  'without qbridge''s marker until ' ||
                  to_char(prev.last_seen AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ')'
        END
-  FROM qbridge.job_keys k
+  FROM judged j
   CROSS JOIN cur
   LEFT JOIN LATERAL (
         SELECT max(o.last_seen) AS last_seen FROM qbridge.redis_epochs o
          WHERE o.route = $1 AND (o.run_id, o.marker) <> ($3, $4)
-           AND o.last_seen >= COALESCE(k.pushed_at, k.seen_at) AND o.last_seen < cur.first_seen) prev ON true
- WHERE k.queue = $2 AND k.key = ANY($5::text[])
-   AND (cur.started_at > COALESCE(k.pushed_at, k.seen_at) OR prev.last_seen IS NOT NULL)
+           AND o.last_seen >= j.at AND o.last_seen < cur.first_seen) prev ON true
+ WHERE cur.started_at > j.at OR prev.last_seen IS NOT NULL
+"#;
+
+/// When Redis had a key's item, for judging it lost: for a number a pop
+/// took (a content hash), when the pop took it — the copy a pop takes may
+/// be one pushed long before the push its number names (identical copies
+/// are numbered apart on the two sides: oracle seed 4820) — else when the
+/// push reached Redis. The keys of `$2` (queue `$1`) Redis had before `$3`:
+/// `--assume-lost-before`'s selection.
+pub const HAD_AT_SQL: &str = r#"
+SELECT k.key FROM qbridge.job_keys k
+ WHERE k.queue = $1 AND k.key = ANY($2::text[])
+   AND COALESCE((SELECT max(w.at) FROM qbridge.numbered_writes w
+                  WHERE w.queue = k.queue AND w.key = k.key AND w.side = 'pop'),
+                k.pushed_at, k.seen_at) < $3
 "#;
 
 /// What Redis lost of some content-hash keys, judged per text: for each of

@@ -64,15 +64,14 @@ impl Assumption {
             let judged: Vec<&String> = by_text.iter().map(|(k, _)| k).collect();
             let per_key: Vec<&String> =
                 unaccounted.iter().filter(|k| !judged.contains(k)).collect();
-            before = sqlx::query_scalar(
-                "SELECT key FROM qbridge.job_keys \
-                  WHERE queue = $1 AND key = ANY($2::text[]) AND COALESCE(pushed_at, seen_at) < $3",
-            )
-            .bind(&route.queue)
-            .bind(&per_key)
-            .bind(time)
-            .fetch_all(db)
-            .await?;
+            // Per key by when Redis had it (a popped number: when the pop
+            // took it), as the evidence is judged.
+            before = sqlx::query_scalar(epoch::HAD_AT_SQL)
+                .bind(&route.queue)
+                .bind(&per_key)
+                .bind(time)
+                .fetch_all(db)
+                .await?;
             before.extend(by_text.into_iter().filter(|(_, c)| *c).map(|(k, _)| k));
         }
         Ok(unaccounted

@@ -196,3 +196,83 @@ async fn an_assumed_restart_covers_identical_copies_by_count(pool: PgPool) {
         "a copy of the text pushed before the restart and never popped is covered: {report:?}"
     );
 }
+
+/// A popped number is judged by when the pop took it, not by when the push
+/// of that number was written: identical copies are numbered apart on the
+/// two sides, so the copy a pop took may be one pushed long before the
+/// push its number names (a proxy push whose mirror write lagged behind a
+/// producer's). Here the pop took number 1 from a copy Redis had before
+/// its restart and lost with the consumer's processing list, while push 1
+/// is a copy written after the restart: judged by that push's time, the
+/// lost job was unaccounted and never ran (found by the oracle campaign,
+/// seed 4820, three restarts under load).
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_popped_copy_is_judged_by_its_pop_not_by_the_push_its_number_names(pool: PgPool) {
+    use qbridge::mirror::{Mirror, MirrorOptions};
+    use qbridge::model::formats::decode_bytes;
+    use qbridge::redis::consumer::numbering::{pop_key, PopKey};
+
+    let mut rig = Rig::start(&pool).await;
+    rig.observe(&pool).await;
+    // The proxy forwarded a push; its mirror write is behind.
+    let mut conn = connect_redis(&rig.server.url()).await.unwrap();
+    let _: i64 = ::redis::cmd("LPUSH")
+        .arg("jobs")
+        .arg(TEXT)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let acked = std::time::Instant::now();
+    // The consumer pops it (number 1) and is still running it when Redis
+    // dies with its processing list.
+    let item: Vec<u8> = ::redis::cmd("RPOP")
+        .arg("jobs")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let decoded = decode_bytes(&rig.route.format, Bytes::from(item));
+    let key = pop_key(&pool, "q", Phase::DualWrite, &decoded, "lost-pop").await;
+    assert!(
+        matches!(key, PopKey::Numbered(ref k) if k.ends_with(":1")),
+        "{key:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    rig.observe(&pool).await;
+    drop(conn);
+    rig.server.kill();
+    rig.server.resume();
+    rig.observe(&pool).await;
+    // After the restart a producer's push is numbered 1 on the push side,
+    // then the lagging mirror write numbers the proxy's copy 2.
+    rig.push(&pool, 1).await;
+    let opts = MirrorOptions {
+        buffer_bytes: 1 << 20,
+        batch_items: 100,
+        writers: 1,
+        payload_limit: 1 << 20,
+    };
+    let (mirror, _writers) = Mirror::start(pool.clone(), None, opts);
+    mirror
+        .mirror(
+            Arc::clone(&rig.route),
+            vec![Bytes::from_static(TEXT)],
+            acked,
+        )
+        .await
+        .unwrap();
+    crate::support::wait_for_count(
+        &pool,
+        "the lagging mirror copy",
+        "SELECT count(*) FROM qbridge.job_keys WHERE queue = 'q'",
+        2,
+    )
+    .await;
+    // The producer's copy is popped (number 2) and runs.
+    rig.pop(&pool, 1).await;
+    let report = rig.repair_under_load(&pool, None).await;
+    assert_eq!(
+        (report.repushed, report.unaccounted),
+        (1, 0),
+        "the copy the restart took from the processing list is pushed back: {report:?}"
+    );
+}
