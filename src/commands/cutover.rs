@@ -6,7 +6,7 @@ use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 
 use crate::cli::{CutoverArgs, CutoverCommand};
-use crate::commands::diff::stored_routes;
+use crate::commands::routes::{find, stored_routes};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::ops::gates;
@@ -254,15 +254,4 @@ fn print_advanced(name: &str, done: &Advanced, as_json: bool) {
             }
         }
     }
-}
-
-/// The route named `name`, or a one-line error naming it.
-pub(super) fn find(
-    routes: &crate::routes::Routes,
-    name: &str,
-) -> Result<std::sync::Arc<crate::routes::Route>> {
-    routes
-        .by_name(name)
-        .cloned()
-        .ok_or_else(|| Error::InvalidInput(format!("no route named {name:?} in the config")))
 }

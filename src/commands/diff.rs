@@ -7,20 +7,13 @@ use crate::error::Result;
 use crate::ops::{diff, repair};
 use crate::output;
 use crate::redis::connect::connect_redis_with;
-use crate::routes::Routes;
-
-/// The route table with the stored phases.
-pub async fn stored_routes(db: &sqlx::PgPool, config: &Config) -> Result<Routes> {
-    let view = crate::cutover::watch::stored_view(db, &config.routes).await?;
-    Ok(Routes::new(&config.routes, view))
-}
 
 pub async fn run(config: &Config, args: &DiffArgs, as_json: bool) -> Result<()> {
     let assume = assumption(args)?;
     let db = crate::db::connect(&config.database_url, 2).await?;
     crate::db::check_schema(&db).await?;
-    let routes = stored_routes(&db, config).await?;
-    let route = super::cutover::find(&routes, &args.route)?;
+    let routes = super::routes::stored_routes(&db, config).await?;
+    let route = super::routes::find(&routes, &args.route)?;
     let since = match &args.since {
         Some(text) => crate::ops::window::parse_since(text)?,
         None => crate::ops::gates::default_since(&db, &route).await?,

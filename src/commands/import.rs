@@ -14,8 +14,8 @@ use crate::redis::connect::connect_redis_with;
 pub async fn run(config: &Config, args: &ImportArgs, as_json: bool) -> Result<()> {
     let db = crate::db::connect(&config.database_url, 2).await?;
     crate::db::check_schema(&db).await?;
-    let routes = super::diff::stored_routes(&db, config).await?;
-    let route = super::cutover::find(&routes, &args.route)?;
+    let routes = super::routes::stored_routes(&db, config).await?;
+    let route = super::routes::find(&routes, &args.route)?;
     let mut redis = connect_redis_with(&config.redis_url, &config.redis_tls).await?;
     let phase = routes.phase(&route);
     let progress = |key: &str, read: usize| {

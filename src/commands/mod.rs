@@ -8,6 +8,7 @@ mod dlq;
 mod enqueue;
 mod import;
 mod proxy;
+mod routes;
 mod stats;
 
 use crate::cli::{Cli, Command};

@@ -12,7 +12,7 @@ pub async fn run(config: &Config, as_json: bool) -> Result<()> {
     crate::db::check_schema(&db).await?;
     let queues = stats::queues(&db).await?;
     let health = stats::db_health(&db).await?;
-    let routes = crate::commands::diff::stored_routes(&db, config).await?;
+    let routes = crate::commands::routes::stored_routes(&db, config).await?;
     let route_stats = if routes.is_empty() {
         Vec::new()
     } else {

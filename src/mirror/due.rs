@@ -8,7 +8,7 @@
 //! They are few next to list pushes and carry a time, so they do not go
 //! through the group-commit writers (whose requests and gap entries have
 //! none): each ZADD's members are one transaction of their own, at most
-//! [`IN_FLIGHT`] at a time — a client waits for room, as it waits for the
+//! `IN_FLIGHT` at a time — a client waits for room, as it waits for the
 //! writers' buffer. A write that fails is not spooled: the job is still in
 //! its set, where `cutover status` counts it and `qbridge import` or the
 //! decommission carry copies it (idempotent by `jid`); the failure is
@@ -18,10 +18,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
-use tokio::sync::Semaphore;
 
-use super::options::{MirrorClosed, MirrorOptions};
+use super::options::{DueWriter, MirrorClosed};
 use super::writer::Mirror;
 use crate::ingest::{self, Item, Via};
 use crate::metrics as m;
@@ -29,29 +27,8 @@ use crate::model::formats::{attempts_so_far, decode_bytes};
 use crate::queue::JobCopy;
 use crate::routes::Route;
 
-/// Transactions of due copies in flight at once.
-const IN_FLIGHT: usize = 4;
-
 /// How long one of them may take before it counts as failed.
 const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The due copies' own writer: the pool, and room for [`IN_FLIGHT`].
-#[derive(Clone)]
-pub(crate) struct DueWriter {
-    pool: PgPool,
-    room: Arc<Semaphore>,
-    payload_limit: usize,
-}
-
-impl DueWriter {
-    pub(super) fn new(pool: PgPool, opts: MirrorOptions) -> DueWriter {
-        DueWriter {
-            pool,
-            room: Arc::new(Semaphore::new(IN_FLIGHT)),
-            payload_limit: opts.payload_limit,
-        }
-    }
-}
 
 impl Mirror {
     /// Stores members Redis took into a schedule or retry set as mirror

@@ -1,4 +1,10 @@
-//! The mirror's tuning and its errors.
+//! The mirror's tuning, its errors, and the due copies' writer handle
+//! (`super::due` writes with it).
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use tokio::sync::Semaphore;
 
 /// Tuning of the writers; see `[proxy]` in the config.
 #[derive(Debug, Clone, Copy)]
@@ -29,3 +35,24 @@ pub enum StoreError {
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("qbridge is shutting down: the mirror writer has stopped")]
 pub struct MirrorClosed;
+
+/// Transactions of due copies in flight at once.
+const IN_FLIGHT: usize = 4;
+
+/// The due copies' own writer: the pool, and room for [`IN_FLIGHT`].
+#[derive(Clone)]
+pub(crate) struct DueWriter {
+    pub(super) pool: PgPool,
+    pub(super) room: Arc<Semaphore>,
+    pub(super) payload_limit: usize,
+}
+
+impl DueWriter {
+    pub(super) fn new(pool: PgPool, opts: MirrorOptions) -> DueWriter {
+        DueWriter {
+            pool,
+            room: Arc::new(Semaphore::new(IN_FLIGHT)),
+            payload_limit: opts.payload_limit,
+        }
+    }
+}

@@ -36,7 +36,7 @@ pub struct Mirror {
     budget_units: u32,
     /// Copies due later (members of a framework's schedule or retry set),
     /// written beside the writers (`super::due`).
-    pub(super) due: super::due::DueWriter,
+    pub(super) due: super::options::DueWriter,
 }
 
 struct Request {
@@ -103,7 +103,7 @@ impl Mirror {
             tx,
             budget: Arc::new(Semaphore::new(units as usize)),
             budget_units: units,
-            due: super::due::DueWriter::new(pool, opts),
+            due: super::options::DueWriter::new(pool, opts),
         };
         (mirror, writers)
     }
