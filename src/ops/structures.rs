@@ -233,49 +233,42 @@ fn eta_of(entry: &[u8]) -> Option<f64> {
     Some(at.timestamp_millis() as f64 / 1000.0)
 }
 
+/// A sorted set's members with their scores, page by page (ZSCAN).
 async fn zscan(
     conn: &mut ConnectionManager,
     key: &str,
-    mut each: impl FnMut(Vec<u8>, f64),
+    each: impl FnMut(Vec<u8>, f64),
 ) -> Result<()> {
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, page): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
-            .arg(key)
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(PAGE)
-            .query_async(conn)
-            .await?;
-        for (member, score) in page {
-            each(member, score);
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
-    }
+    scan_pairs("ZSCAN", conn, key, each).await
 }
 
-/// A hash's field and value, as HSCAN pages them.
-type FieldValue = (Vec<u8>, Vec<u8>);
-
+/// A hash's fields with their values, page by page (HSCAN).
 async fn hscan(
     conn: &mut ConnectionManager,
     key: &str,
-    mut each: impl FnMut(Vec<u8>, Vec<u8>),
+    each: impl FnMut(Vec<u8>, Vec<u8>),
+) -> Result<()> {
+    scan_pairs("HSCAN", conn, key, each).await
+}
+
+/// Walks a `ZSCAN`/`HSCAN` cursor to its end, handing each pair to `each`.
+async fn scan_pairs<V: redis::FromRedisValue>(
+    command: &str,
+    conn: &mut ConnectionManager,
+    key: &str,
+    mut each: impl FnMut(Vec<u8>, V),
 ) -> Result<()> {
     let mut cursor: u64 = 0;
     loop {
-        let (next, page): (u64, Vec<FieldValue>) = redis::cmd("HSCAN")
+        let (next, page): (u64, Vec<(Vec<u8>, V)>) = redis::cmd(command)
             .arg(key)
             .arg(cursor)
             .arg("COUNT")
             .arg(PAGE)
             .query_async(conn)
             .await?;
-        for (field, value) in page {
-            each(field, value);
+        for (name, value) in page {
+            each(name, value);
         }
         if next == 0 {
             return Ok(());
