@@ -16,11 +16,14 @@
 //! 4. new keys become jobs, live or mirror copies, with the original bytes;
 //! 5. a live re-push of a key recorded as a mirror copy (after the flip)
 //!    runs live only on evidence the Redis side let go of the original, and
-//!    is held back otherwise ([`promote`], [`held`]).
+//!    is held back otherwise ([`promote`], [`held`]); Redis handing a
+//!    scheduled job out of its set after the flip is such evidence
+//!    ([`release`]).
 
 mod attempts;
 mod held;
 mod promote;
+pub mod release;
 
 pub use attempts::record_attempts;
 pub use held::{held_count, release, settle_held_once, Settled};

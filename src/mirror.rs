@@ -29,6 +29,7 @@ mod breaker;
 mod due;
 mod gap_repair;
 mod options;
+mod release;
 mod retained;
 mod spool;
 mod writer;

@@ -13,6 +13,7 @@ use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
 
 use super::promote::{decide, Evidence, Verdict};
+use super::release::{released_sql, use_up};
 use crate::error::Result;
 use crate::metrics as m;
 use crate::queue::{enqueue, JobCopy, NewJob};
@@ -41,21 +42,27 @@ type HeldRow = (
     bool,              // fleet
     Option<String>,    // the Redis side's last outcome
     bool,              // owed by the outbox
+    bool,              // Redis handed it out of a set after the flip
 );
 
-const TAKE_SQL: &str = r#"
+const TAKE_SQL: &str = concat!(
+    r#"
 SELECT h.queue, h.key, h.original, h.payload, h.kind, h.max_attempts, h.via, h.fleet,
        (SELECT o.outcome FROM qbridge.outcomes o
          WHERE o.queue = h.queue AND o.key = h.key AND o.side = 'redis' AND o.mode = 'live'
          ORDER BY o.recorded_at DESC, o.id DESC LIMIT 1),
-       EXISTS (SELECT 1 FROM qbridge.redis_outbox b WHERE b.queue = h.queue AND b.key = h.key)
-  FROM qbridge.held_repushes h
+       EXISTS (SELECT 1 FROM qbridge.redis_outbox b WHERE b.queue = h.queue AND b.key = h.key),
+       "#,
+    released_sql!(),
+    r#"
+  FROM qbridge.held_repushes h CROSS JOIN LATERAL (SELECT h.queue, h.key) AS t(queue, key)
  WHERE ($1::text IS NULL OR h.queue = $1)
    AND ($2::text[] IS NULL OR h.key = ANY($2))
  ORDER BY h.held_at
  LIMIT $3
    FOR UPDATE OF h SKIP LOCKED
-"#;
+"#
+);
 
 /// The key becomes live unless it is already (a racing re-push was promoted
 /// first): returns whether this release owns the live job. A key the dedup
@@ -73,11 +80,12 @@ pub async fn settle_held_once(pool: &PgPool, payload_limit: usize) -> Result<Set
     let rows = take(&mut tx, None, None).await?;
     let mut settled = Settled::default();
     for row in rows {
-        let (fleet, last, owed) = (row.7, row.8.clone(), row.9);
+        let (fleet, last, owed, released) = (row.7, row.8.clone(), row.9, row.10);
         let evidence = Evidence {
             copy: "mirror".into(),
             last_redis_outcome: last,
             owed,
+            released,
         };
         match decide(&evidence, fleet) {
             Verdict::Promote => {
@@ -182,7 +190,7 @@ async fn forget(conn: &mut PgConnection, queue: &str, key: &str) -> Result<()> {
         .bind(key)
         .execute(&mut *conn)
         .await?;
-    Ok(())
+    use_up(conn, &[queue], &[key]).await
 }
 
 fn count(queue: &str, result: &'static str) {

@@ -22,6 +22,7 @@ use std::collections::{HashMap, HashSet};
 
 use sqlx::PgConnection;
 
+use super::release::{released_sql, use_up};
 use super::{new_job, Item, Via};
 use crate::config::RedisSideKind;
 use crate::error::Result;
@@ -48,6 +49,9 @@ pub struct Evidence {
     pub last_redis_outcome: Option<String>,
     /// The outbox still owes Redis a push of the key.
     pub owed: bool,
+    /// Redis handed the key's job out of a framework's set after the flip,
+    /// so its push did not reach Redis ([`super::release`]).
+    pub released: bool,
 }
 
 /// Decides one re-push. `fleet`: the route's Redis side is an outside fleet
@@ -59,6 +63,11 @@ pub fn decide(evidence: &Evidence, fleet: bool) -> Verdict {
     }
     if evidence.owed {
         return Verdict::Hold("the original push is still owed to Redis by the outbox");
+    }
+    if evidence.released {
+        // Redis took it out of its schedule or retry set, and the push that
+        // moves it on was answered here: no Redis structure holds it.
+        return Verdict::Promote;
     }
     match evidence.last_redis_outcome.as_deref() {
         Some("dead") => Verdict::Promote,
@@ -74,15 +83,20 @@ pub fn decide(evidence: &Evidence, fleet: bool) -> Verdict {
 }
 
 /// The evidence of each (queue, key) that `job_keys` knows.
-pub(crate) const EVIDENCE_SQL: &str = r#"
+pub(crate) const EVIDENCE_SQL: &str = concat!(
+    r#"
 SELECT t.queue, t.key, k.copy,
        (SELECT o.outcome FROM qbridge.outcomes o
          WHERE o.queue = t.queue AND o.key = t.key AND o.side = 'redis' AND o.mode = 'live'
          ORDER BY o.recorded_at DESC, o.id DESC LIMIT 1),
-       EXISTS (SELECT 1 FROM qbridge.redis_outbox b WHERE b.queue = t.queue AND b.key = t.key)
+       EXISTS (SELECT 1 FROM qbridge.redis_outbox b WHERE b.queue = t.queue AND b.key = t.key),
+       "#,
+    released_sql!(),
+    r#"
   FROM unnest($1::text[], $2::text[]) AS t(queue, key)
   JOIN qbridge.job_keys k ON k.queue = t.queue AND k.key = t.key
-"#;
+"#
+);
 
 /// Reads the evidence of `pairs` on `conn`.
 pub(crate) async fn evidence(
@@ -91,18 +105,20 @@ pub(crate) async fn evidence(
 ) -> Result<HashMap<(String, String), Evidence>> {
     let (queues, keys): (Vec<&str>, Vec<&str>) =
         pairs.iter().map(|(q, k)| (q.as_str(), k.as_str())).unzip();
-    let rows: Vec<(String, String, String, Option<String>, bool)> = sqlx::query_as(EVIDENCE_SQL)
-        .bind(&queues)
-        .bind(&keys)
-        .fetch_all(&mut *conn)
-        .await?;
+    let rows: Vec<(String, String, String, Option<String>, bool, bool)> =
+        sqlx::query_as(EVIDENCE_SQL)
+            .bind(&queues)
+            .bind(&keys)
+            .fetch_all(&mut *conn)
+            .await?;
     Ok(rows
         .into_iter()
-        .map(|(queue, key, copy, last, owed)| {
+        .map(|(queue, key, copy, last, owed, released)| {
             let evidence = Evidence {
                 copy,
                 last_redis_outcome: last,
                 owed,
+                released,
             };
             ((queue, key), evidence)
         })
@@ -220,6 +236,11 @@ async fn promote_keys(
         return Ok(HashMap::new());
     }
     let (pq, pk): (Vec<String>, Vec<String>) = promoted.iter().cloned().unzip();
+    let (uq, uk): (Vec<&str>, Vec<&str>) = promoted
+        .iter()
+        .map(|(q, k)| (q.as_str(), k.as_str()))
+        .unzip();
+    use_up(conn, &uq, &uk).await?;
     let rows: Vec<(String, String, i64)> = sqlx::query_as(UPGRADE_JOBS_SQL)
         .bind(&pq)
         .bind(&pk)
@@ -291,6 +312,28 @@ mod tests {
             copy: copy.into(),
             last_redis_outcome: last.map(str::to_string),
             owed,
+            released: false,
+        }
+    }
+
+    #[test]
+    fn redis_handing_the_job_out_of_its_set_promotes_unless_a_push_is_owed() {
+        for fleet in [true, false] {
+            let released = Evidence {
+                released: true,
+                ..ev("mirror", None, false)
+            };
+            assert_eq!(decide(&released, fleet), Verdict::Promote);
+            let owed = Evidence {
+                released: true,
+                ..ev("mirror", None, true)
+            };
+            assert!(matches!(decide(&owed, fleet), Verdict::Hold(_)));
+            let live = Evidence {
+                released: true,
+                ..ev("live", None, false)
+            };
+            assert_eq!(decide(&live, fleet), Verdict::Duplicate);
         }
     }
 

@@ -101,6 +101,9 @@ pub(super) enum Cmd {
     Plain,
     /// A routed push in `dual_write`/`shadow`.
     Push(MirrorPush),
+    /// A command that may take members out of a framework's set
+    /// (`super::set_pop`).
+    SetPop(super::set_pop::SetPop),
     Multi,
     Exec,
     Discard,

@@ -27,6 +27,8 @@ pub(super) struct Shared {
     pub commands: metrics::Counter,
     pub latency: metrics::Histogram,
     pub protocol_errors: metrics::Counter,
+    /// Scripts seen that take members out of a set (`set_pop`).
+    pub pop_scripts: super::set_pop::PopScripts,
 }
 
 /// What the reader and the reply side of one connection share besides the

@@ -78,6 +78,7 @@ mod reader;
 mod replies;
 mod server;
 mod session;
+mod set_pop;
 mod upstream;
 
 pub use server::{ProxyDeps, ProxyServer};

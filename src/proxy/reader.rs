@@ -26,14 +26,13 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{encode, Screen, NOAUTH};
-use super::command::{
-    classify, is_push, zadd_members, Cmd, LocalPush, LocalStore, MirrorPush, ReplyMode, Tag,
-};
+use super::command::{is_push, Cmd, LocalPush, LocalStore, MirrorPush, ReplyMode, Tag};
 use super::frame::{command_name, parse_command};
 use super::link::{Link, Selected, Shared};
 use crate::metrics as m;
-use crate::model::structures::score_time;
 use crate::model::Phase;
+
+mod sets;
 
 /// Routed pushes of one connection whose Postgres write runs ahead of their
 /// reply: enough to keep a pipeline busy, few enough that their items (each
@@ -202,7 +201,7 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
                         continue;
                     }
                     Routing::Forward(push) => Cmd::Push(push),
-                    Routing::NotRouted => classify(&name, &args),
+                    Routing::NotRouted => self.classify_forwarded(&name, &args),
                 };
                 let moves_db = self.track_state(&cmd, &mut in_multi, &mut monitor);
                 batch.out.extend_from_slice(&bytes);
@@ -348,55 +347,6 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             items: count,
             store,
         })))
-    }
-
-    /// A `ZADD` to a framework's schedule or retry set (Sidekiq's are shared
-    /// by every queue): the command always goes to Redis as it is; when the
-    /// route of its first owned member is in `dual_write`/`shadow`, that
-    /// route's members are then mirrored as copies due at their scores
-    /// (`mirror::due`). Members of other routes in the same ZADD (Sidekiq's
-    /// client adds one queue's jobs at a time) are left to `qbridge import`
-    /// and the decommission carry, which read the sets.
-    async fn route_set_add(
-        &mut self,
-        args: &[Bytes],
-        batch: &mut Batch,
-        read_at: Instant,
-    ) -> std::io::Result<Routing> {
-        if args.len() < 4 || !self.shared.routes.is_mirrored_set(&args[1]) {
-            return Ok(Routing::NotRouted);
-        }
-        let Some(members) = zadd_members(&args[1..]) else {
-            return Ok(Routing::NotRouted);
-        };
-        let Some(db) = self.selected_db(batch, read_at).await?.db else {
-            return Ok(Routing::NotRouted);
-        };
-        let routes = &self.shared.routes;
-        let Some(route) = members
-            .iter()
-            .find_map(|(_, member)| routes.set_route(db, &args[1], member))
-            .cloned()
-        else {
-            return Ok(Routing::NotRouted);
-        };
-        let phase = routes.phase(&route);
-        if !matches!(phase, Phase::DualWrite | Phase::Shadow) {
-            return Ok(Routing::NotRouted);
-        }
-        let (items, due) = members
-            .into_iter()
-            .filter(|(_, member)| {
-                routes
-                    .set_route(db, &args[1], member)
-                    .is_some_and(|r| Arc::ptr_eq(r, &route))
-            })
-            .map(|(score, member)| (member.clone(), score_time(score)))
-            .unzip();
-        metrics::counter!(m::ROUTE_PUSHES, "route" => route.name.clone(), "phase" => phase.as_str(), "via" => "proxy")
-            .increment(1);
-        let due = Some(due);
-        Ok(Routing::Forward(MirrorPush { route, items, due }))
     }
 
     /// The database the next command runs in and whether Redis has the

@@ -29,6 +29,7 @@ use super::link::{Link, Selected, Shared};
 use super::session::{may_confirm, Action, Expect, Session};
 
 mod exec;
+mod released;
 
 use exec::store;
 
@@ -305,6 +306,10 @@ impl<R: AsyncRead + Unpin> Replies<R> {
                     Action::Monitor => {
                         self.forward(len);
                         return Ok(self.pass_through().await);
+                    }
+                    Action::Released(pop, members, db) => {
+                        self.record_released(pop, members, db).await;
+                        self.forward(len);
                     }
                 }
                 if moves_state {

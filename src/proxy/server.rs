@@ -104,6 +104,7 @@ impl ProxyServer {
             commands: metrics::counter!(m::PROXY_COMMANDS),
             latency: metrics::histogram!(m::PROXY_ADDED_LATENCY),
             protocol_errors: metrics::counter!(m::PROXY_PROTOCOL_ERRORS),
+            pop_scripts: Default::default(),
         };
         Ok(ProxyServer {
             listener,

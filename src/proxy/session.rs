@@ -14,6 +14,7 @@ use bytes::Bytes;
 
 use super::command::{Cmd, Family, LocalPush, MirrorPush, ReplyMode};
 use super::frame::Frame;
+use super::set_pop::{handed_out, SetPop};
 
 /// How the command at the head of the line is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +58,9 @@ pub(super) enum Action {
     Exec(Vec<Entry>),
     /// Forward, then pass every further byte through unparsed.
     Monitor,
+    /// Redis took these members out of the set (in this database, when
+    /// known): record that, then forward (`super::set_pop`).
+    Released(SetPop, Vec<Bytes>, Option<i64>),
 }
 
 /// See the module docs.
@@ -268,6 +272,7 @@ impl Session {
             || matches!(
                 cmd,
                 Cmd::Push(_)
+                    | Cmd::SetPop(_)
                     | Cmd::Select(_)
                     | Cmd::Multi
                     | Cmd::Reset
@@ -393,6 +398,12 @@ impl Session {
             // A failed AUTH leaves the connection as it was, as in Redis.
             Cmd::Auth if simple(b"OK") => self.authed = true,
             Cmd::Push(push) if took(frame) => return Action::Mirror(push),
+            Cmd::SetPop(pop) => {
+                let members = frame.map(|f| handed_out(&pop, f)).unwrap_or_default();
+                if !members.is_empty() {
+                    return Action::Released(pop, members, self.db);
+                }
+            }
             _ => {}
         }
         Action::Forward

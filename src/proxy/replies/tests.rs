@@ -78,6 +78,7 @@ async fn rig() -> Rig {
         commands: metrics::Counter::noop(),
         latency: metrics::Histogram::noop(),
         protocol_errors: metrics::Counter::noop(),
+        pop_scripts: Default::default(),
     });
     let (tags, rx) = mpsc::channel(16);
     let link = Arc::new(Link::new(true));

@@ -4,6 +4,10 @@
 //! route's members of `schedule` become mirror copies when Redis takes them
 //! (due at their score; another queue's member is not the route's), and the
 //! poller's move to the list is the same job (its `jid`), not a second one.
+//! After the flip to `postgres_only`, the poller's move of a job scheduled
+//! before it runs the job live in Postgres, once: Redis handed the job out
+//! of `schedule` (the reply to the poller's pop names it) and its push does
+//! not reach Redis.
 
 use std::time::Duration;
 
@@ -14,12 +18,13 @@ use crate::servers::ThrowawayRedis;
 
 /// Runs `tests/ruby/<script>` with `REDIS_URL` (async: the proxy runs on
 /// this test's runtime) and returns its output lines.
-async fn ruby(script: &str, redis_url: &str) -> Vec<String> {
+async fn ruby(script: &str, args: &[&str], redis_url: &str) -> Vec<String> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/ruby")
         .join(script);
     let run = tokio::process::Command::new("ruby")
         .arg(&path)
+        .args(args)
         .env("REDIS_URL", redis_url)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(60), run)
@@ -44,7 +49,7 @@ async fn scheduled_sidekiq_jobs_are_mirrored_when_redis_takes_them(pool: PgPool)
     let toml = "[[routes]]\nname = \"mail\"\nredis_key = \"queue:default\"\nqueue = \"mail\"\n\
                 format = \"sidekiq\"\nphase = \"dual_write\"\n";
     let side = ProxySide::start_on(&pool, toml, &redis.url()).await;
-    let lines = ruby("sidekiq_scheduled_through_proxy.rb", &side.url()).await;
+    let lines = ruby("sidekiq_scheduled_through_proxy.rb", &[], &side.url()).await;
     let jids = |what: &str| -> Vec<String> {
         lines
             .iter()
@@ -118,4 +123,108 @@ async fn scheduled_sidekiq_jobs_are_mirrored_when_redis_takes_them(pool: PgPool)
         .unwrap();
     assert_eq!(seen, 1);
     side.stop().await;
+}
+
+/// Scheduled in `shadow` (Redis owns it; Postgres has a mirror copy due at
+/// its score), moved by Sidekiq's poller after the flip: the pop out of
+/// `schedule` goes to Redis, the push to the list is the proxy's. Before
+/// the fix the push was held as a re-push without evidence ("no outcome
+/// from the Redis side yet"): the job was in no Redis structure any more
+/// and ran nowhere.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_job_scheduled_before_the_flip_and_moved_after_it_runs_live_in_postgres(pool: PgPool) {
+    let redis = ThrowawayRedis::start();
+    let toml = "[[routes]]\nname = \"mail\"\nredis_key = \"queue:default\"\nqueue = \"mail\"\n\
+                format = \"sidekiq\"\nphase = \"shadow\"\n";
+    let side = ProxySide::start_on(&pool, toml, &redis.url()).await;
+    let jids = ruby(
+        "sidekiq_schedule_then_move.rb",
+        &["schedule", "3", "1"],
+        &side.url(),
+    )
+    .await;
+    assert_eq!(jids.len(), 3, "{jids:?}");
+    wait_for(
+        &pool,
+        "SELECT count(*) FROM qbridge.job_keys WHERE queue = 'mail' AND copy = 'mirror'",
+        3,
+    )
+    .await;
+
+    let routes = side.side_routes();
+    let route = routes.by_name("mail").unwrap().clone();
+    let mut conn = qbridge::redis::connect::connect_redis(&redis.url())
+        .await
+        .unwrap();
+    let req = qbridge::ops::operate::Request {
+        by: "test@ops",
+        reason: Some("the flip, jobs still scheduled in Redis"),
+        force: true,
+        percent: None,
+    };
+    qbridge::ops::operate::advance(&pool, Some(&mut conn), &route, &req, 1 << 20)
+        .await
+        .map_err(|_| "refused")
+        .unwrap();
+    let started = std::time::Instant::now();
+    while routes.phase(&route) != qbridge::model::Phase::PostgresOnly {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the proxy follows the flip"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let moved = ruby("sidekiq_schedule_then_move.rb", &["move"], &side.url()).await;
+    assert_eq!(moved, ["moved"]);
+
+    // Each job is live in Postgres, once; nothing is held, nothing in Redis.
+    wait_for(
+        &pool,
+        "SELECT count(*) FROM qbridge.job_keys WHERE queue = 'mail' AND copy = 'live'",
+        3,
+    )
+    .await;
+    let held: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM qbridge.held_repushes WHERE queue = 'mail'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(held, 0, "nothing held");
+    for jid in &jids {
+        let live: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM qbridge.jobs WHERE queue = 'mail' AND key = $1 AND copy = 'live'",
+        )
+        .bind(jid)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(live, 1, "{jid} has one live job");
+    }
+    let (listed, scheduled): (i64, i64) = ::redis::pipe()
+        .cmd("LLEN")
+        .arg("queue:default")
+        .cmd("ZCARD")
+        .arg("schedule")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!((listed, scheduled), (0, 0), "Redis holds none of them");
+    side.stop().await;
+}
+
+/// Waits (10 s at most) until `count_sql` counts `wanted`.
+async fn wait_for(pool: &PgPool, count_sql: &str, wanted: i64) {
+    let started = std::time::Instant::now();
+    loop {
+        let n: i64 = sqlx::query_scalar(count_sql).fetch_one(pool).await.unwrap();
+        if n == wanted {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{n} of {wanted}: {count_sql}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

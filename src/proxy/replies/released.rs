@@ -1,0 +1,49 @@
+//! The reply side of a pop from a framework's set (`super::super::set_pop`):
+//! what Redis handed out, recorded before the client sees the reply.
+
+use bytes::Bytes;
+use tokio::io::AsyncRead;
+
+use super::Replies;
+use crate::model::formats::decode_bytes;
+use crate::model::Phase;
+use crate::proxy::set_pop::SetPop;
+
+impl<R: AsyncRead + Unpin> Replies<R> {
+    /// Records the handed-out members whose key is produced Postgres-only
+    /// now (`postgres_only`, or a flipped share): the push that moves them
+    /// on will be answered here and never reach Redis. Members of a route
+    /// still produced to Redis need nothing: their push goes to Redis.
+    pub(super) async fn record_released(
+        &mut self,
+        pop: SetPop,
+        members: Vec<Bytes>,
+        db: Option<i64>,
+    ) {
+        let Some(db) = db else {
+            return;
+        };
+        let routes = &self.shared.routes;
+        let structure = String::from_utf8_lossy(&pop.set).into_owned();
+        let mut rows = Vec::new();
+        for member in members {
+            let Some(route) = routes.set_route(db, &pop.set, &member) else {
+                continue;
+            };
+            let decoded = decode_bytes(&route.format, member);
+            if matches!(
+                routes.item_phase(route, &decoded),
+                Phase::PostgresOnly | Phase::Decommissioned
+            ) {
+                let key = decoded.key.with_occurrence(0);
+                rows.push((route.queue.clone(), key, structure.clone()));
+            }
+        }
+        if rows.is_empty() {
+            return;
+        }
+        // The replies before this one do not wait on Postgres.
+        self.flush().await;
+        self.shared.mirror.record_releases(rows).await;
+    }
+}
