@@ -454,7 +454,11 @@ pub(crate) fn new_job(item: &Item<'_>, key: &str, oversize: bool) -> NewJob {
     job.kind = decoded.kind.clone();
     job.priority = crate::model::formats::job_priority(&item.route.format, &decoded.payload);
     job.max_attempts = item.route.max_attempts;
-    job.run_at = item.run_at;
+    // A set's score (the caller's), else the message's own time (Celery's
+    // eta): a later job is due when its framework would run it.
+    job.run_at = item
+        .run_at
+        .or_else(|| crate::model::formats::due_at(&item.route.format, &decoded.payload));
     job
 }
 

@@ -288,6 +288,17 @@ pub fn job_priority(format: &Format, payload: &Value) -> i32 {
     }
 }
 
+/// When an item's own message says it is due, if later than its push:
+/// Celery's `eta` header (a countdown or `eta` task, which kombu pushes at
+/// once and a worker holds until then). `None` for every other format, whose
+/// later jobs wait in a set instead (`mirror::due`).
+pub fn due_at(format: &Format, payload: &Value) -> Option<chrono::DateTime<chrono::Utc>> {
+    match format {
+        Format::Celery => celery::eta(payload),
+        _ => None,
+    }
+}
+
 /// Attempts a job already used on the Redis side, as its framework records
 /// them in the job: Sidekiq's `retry_count` counts retries from 0 at the
 /// first failure (so that many plus one attempts failed), Celery's

@@ -82,6 +82,15 @@ pub(super) fn job_priority(payload: &Value) -> i32 {
         .map_or(0, |p| -(p.clamp(0, 255) as i32))
 }
 
+/// The message's `eta` header (ISO 8601, as Celery writes it); `None` when
+/// absent, null or not a time.
+pub(super) fn eta(payload: &Value) -> Option<chrono::DateTime<chrono::Utc>> {
+    let text = payload.pointer("/envelope/headers/eta")?.as_str()?;
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.with_timezone(&chrono::Utc))
+}
+
 /// The member as an object; a missing or null member as `empty` (kombu
 /// always writes both, but hand-rolled producers may not); `None` if it is
 /// something else.
@@ -123,6 +132,15 @@ mod priority_tests {
         assert_eq!(at(json!(9)), -9);
         assert_eq!(at(json!(null)), 0);
         assert_eq!(super::job_priority(&json!({"body": null})), 0);
+    }
+
+    #[test]
+    fn eta_is_the_header_as_celery_writes_it() {
+        let at = |eta: Value| super::eta(&json!({"envelope": {"headers": {"eta": eta}}}));
+        let got = at(json!("2026-11-26T10:00:00.250000+00:00")).unwrap();
+        assert_eq!(got.to_rfc3339(), "2026-11-26T10:00:00.250+00:00");
+        assert_eq!(at(json!(null)), None);
+        assert_eq!(at(json!("tomorrow")), None);
     }
 }
 

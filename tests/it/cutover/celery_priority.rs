@@ -127,3 +127,74 @@ async fn tasks_in_celerys_priority_lists_are_the_routes(pool: PgPool) {
         .await
         .unwrap();
 }
+
+/// A countdown task (`apply_async(countdown=…)`: kombu pushes it at once,
+/// with its `eta` header) is due in Postgres when Celery would run it, as a
+/// mirror copy in `dual_write` and as the live job in `postgres_only`.
+/// Before the fix both were due at once: after the flip the task ran early.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_countdown_task_is_due_at_its_eta(pool: PgPool) {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (route_name, queue) = (format!("ce{}", &id[..12]), format!("qbt_celery_{id}"));
+    let ledger = format!("qbt:{id}:ledger");
+    let toml = format!(
+        "[[routes]]\nname = \"{route_name}\"\nredis_key = \"{queue}\"\nqueue = \"{route_name}\"\n\
+         format = \"celery\"\nphase = \"dual_write\"\n"
+    );
+    let side = ProxySide::start(&pool, &toml).await;
+    let args = ["produce_in".to_string(), "1".into(), "600".into()];
+    let mirrored = crate::exactly_once::fleet::producer(&side.url(), &queue, &ledger, &args).await;
+    support::wait_for_count(
+        &pool,
+        "the task mirrored",
+        &format!("SELECT count(*) FROM qbridge.job_keys WHERE queue = '{route_name}'"),
+        1,
+    )
+    .await;
+    let routes = side.side_routes();
+    let route = routes.by_name(&route_name).unwrap().clone();
+    let mut redis = connect_redis(REDIS).await.unwrap();
+    let req = qbridge::ops::operate::Request {
+        by: "test@ops",
+        reason: Some("flip with a countdown task"),
+        force: true,
+        percent: None,
+    };
+    for _ in 0..2 {
+        qbridge::ops::operate::advance(&pool, Some(&mut redis), &route, &req, 1 << 20)
+            .await
+            .map_err(|_| "refused")
+            .unwrap();
+    }
+    let started = std::time::Instant::now();
+    while routes.phase(&route) != Phase::PostgresOnly {
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "the proxy follows the flip"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let live = crate::exactly_once::fleet::producer(&side.url(), &queue, &ledger, &args).await;
+    for (task, copy) in [(&mirrored[0], "mirror"), (&live[0], "live")] {
+        let ahead: f64 = sqlx::query_scalar(
+            "SELECT extract(epoch FROM run_at - now())::float8 FROM qbridge.jobs \
+              WHERE queue = $1 AND key = $2 AND copy = $3",
+        )
+        .bind(&route_name)
+        .bind(task)
+        .bind(copy)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert!(
+            (500.0..=600.0).contains(&ahead),
+            "the {copy} copy of {task} is due in {ahead} s, not at its eta (600 s)"
+        );
+    }
+    let _: () = ::redis::cmd("DEL")
+        .arg(&queue)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    side.stop().await;
+}
