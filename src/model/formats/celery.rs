@@ -136,7 +136,8 @@ mod priority_tests {
 
     #[test]
     fn eta_is_the_header_as_celery_writes_it() {
-        let at = |eta: Value| super::eta(&json!({"envelope": {"headers": {"eta": eta}}}));
+        let at =
+            |eta: serde_json::Value| super::eta(&json!({"envelope": {"headers": {"eta": eta}}}));
         let got = at(json!("2026-11-26T10:00:00.250000+00:00")).unwrap();
         assert_eq!(got.to_rfc3339(), "2026-11-26T10:00:00.250+00:00");
         assert_eq!(at(json!(null)), None);
