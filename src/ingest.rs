@@ -22,6 +22,7 @@
 
 mod attempts;
 mod held;
+mod keys;
 mod promote;
 pub mod release;
 
@@ -114,6 +115,13 @@ impl<'a> Item<'a> {
             run_at: None,
         }
     }
+
+    /// When the job is due, if later than its push: a set's score (the
+    /// caller's `run_at`), else the message's own time (Celery's `eta`).
+    pub fn due_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.run_at
+            .or_else(|| crate::model::formats::due_at(&self.route.format, &self.decoded.payload))
+    }
 }
 
 /// What became of one item, in input order.
@@ -153,23 +161,6 @@ const RECORD_WRITES_SQL: &str = r#"
 INSERT INTO qbridge.numbered_writes (write_id, queue, key, side)
 SELECT t.*, 'push' FROM unnest($1::text[], $2::text[], $3::text[]) AS t
 ON CONFLICT (write_id) DO NOTHING
-"#;
-
-const KEYS_SQL: &str = r#"
-INSERT INTO qbridge.job_keys (queue, key, copy, via, flagged, pushed_at, original)
-SELECT t.queue, t.key, t.copy, t.via, t.flagged, t.pushed_at,
-       -- No bytes to keep when the Redis side already finished the job.
-       CASE WHEN t.original IS NOT NULL AND NOT EXISTS (
-                SELECT 1 FROM qbridge.outcomes o
-                 WHERE o.queue = t.queue AND o.key = t.key AND o.side = 'redis'
-                   AND o.outcome IN ('ok', 'dead'))
-            THEN t.original END
-  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
-              $7::timestamptz[])
-       AS t(queue, key, copy, via, flagged, original, pushed_at)
- ORDER BY t.queue, t.key
-ON CONFLICT (queue, key) DO NOTHING
-RETURNING queue, key
 "#;
 
 /// Counts a batch's items per (route, path): one labelled increment per
@@ -221,7 +212,7 @@ pub async fn store(
             None => None,
         })
         .collect();
-    let mut fresh = known_keys(conn, &items, &keys, &flags).await?;
+    let mut fresh = keys::known_keys(conn, &items, &keys, &flags).await?;
     let upgraded = promote::promote_or_hold(conn, &items, &keys, &oversize, &mut fresh).await?;
     let mut jobs = Vec::new();
     let mut fresh_index = Vec::new();
@@ -380,38 +371,6 @@ fn side(copy: JobCopy) -> &'static str {
     }
 }
 
-/// Records every key in `job_keys` and returns the ones that were new.
-async fn known_keys(
-    conn: &mut PgConnection,
-    items: &[Item<'_>],
-    keys: &[String],
-    flags: &[Option<&str>],
-) -> Result<HashSet<(String, String)>> {
-    let rows: Vec<(String, String)> = sqlx::query_as(KEYS_SQL)
-        .bind(
-            items
-                .iter()
-                .map(|i| i.route.queue.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(keys)
-        .bind(items.iter().map(|i| i.copy.as_str()).collect::<Vec<_>>())
-        .bind(items.iter().map(|i| i.via.as_str()).collect::<Vec<_>>())
-        .bind(flags)
-        // A mirror copy's bytes stay until the Redis side reports the job,
-        // so `qbridge diff --repair` can push back what Redis lost.
-        .bind(
-            items
-                .iter()
-                .map(|i| (i.copy == JobCopy::Mirror).then_some(&i.decoded.original[..]))
-                .collect::<Vec<_>>(),
-        )
-        .bind(items.iter().map(|i| i.pushed_at).collect::<Vec<_>>())
-        .fetch_all(&mut *conn)
-        .await?;
-    Ok(rows.into_iter().collect())
-}
-
 /// The flag of an item whose payload is over `payload_limit`.
 const OVERSIZED: &str =
     "payload over payload_limit; the item is kept in jobs.original (a mirror copy's in job_keys.original)";
@@ -454,11 +413,7 @@ pub(crate) fn new_job(item: &Item<'_>, key: &str, oversize: bool) -> NewJob {
     job.kind = decoded.kind.clone();
     job.priority = crate::model::formats::job_priority(&item.route.format, &decoded.payload);
     job.max_attempts = item.route.max_attempts;
-    // A set's score (the caller's), else the message's own time (Celery's
-    // eta): a later job is due when its framework would run it.
-    job.run_at = item
-        .run_at
-        .or_else(|| crate::model::formats::due_at(&item.route.format, &decoded.payload));
+    job.run_at = item.due_at();
     job
 }
 

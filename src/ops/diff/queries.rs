@@ -10,7 +10,8 @@ use crate::error::Result;
 type SideRow = (String, i64, i64, i64, i64, i64, Option<f64>, Option<f64>);
 
 /// Per side in one pass: jobs, acks, failed attempts, dead jobs, jobs that
-/// succeeded more than once, and push-to-first-outcome percentiles (hash
+/// succeeded more than once, and push-to-first-outcome percentiles (from
+/// the due time for a job scheduled for later; hash
 /// aggregation per key, no sort of the window).
 const SIDES_SQL: &str = r#"
 WITH per_key AS (
@@ -28,8 +29,9 @@ WITH per_key AS (
      GROUP BY side, key)
 SELECT p.side, count(*), sum(p.oks)::int8, sum(p.fails)::int8,
        count(*) FILTER (WHERE p.dead), count(*) FILTER (WHERE p.most_oks > 1),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM p.first_at - k.seen_at)),
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM p.first_at - k.seen_at))
+       -- From the push, or from when a job scheduled for later was due.
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM p.first_at - greatest(k.seen_at, k.due_at))),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM p.first_at - greatest(k.seen_at, k.due_at)))
   FROM per_key p LEFT JOIN qbridge.job_keys k ON k.queue = $1 AND k.key = p.key
  GROUP BY p.side
 "#;

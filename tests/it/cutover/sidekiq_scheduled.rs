@@ -228,3 +228,59 @@ async fn wait_for(pool: &PgPool, count_sql: &str, wanted: i64) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The diff's push-to-outcome lag (the shadow gate's `max_postgres_lag`)
+/// of a scheduled job counts from when it was due, not from its `ZADD`: a
+/// `perform_in(2)` job run at once when due has a lag near 0, not 2 s.
+/// Before the fix every `perform_in` job in the window failed the gate.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn the_lag_of_a_scheduled_job_counts_from_when_it_was_due(pool: PgPool) {
+    let redis = ThrowawayRedis::start();
+    let toml = "[[routes]]\nname = \"mail\"\nredis_key = \"queue:default\"\nqueue = \"mail\"\n\
+                format = \"sidekiq\"\nphase = \"shadow\"\n";
+    let side = ProxySide::start_on(&pool, toml, &redis.url()).await;
+    let jids = ruby(
+        "sidekiq_schedule_then_move.rb",
+        &["schedule", "3", "2"],
+        &side.url(),
+    )
+    .await;
+    wait_for(
+        &pool,
+        "SELECT count(*) FROM qbridge.job_keys WHERE queue = 'mail'",
+        3,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    // The Postgres side's shadow calls, made when the jobs were due.
+    for jid in &jids {
+        sqlx::query(
+            "INSERT INTO qbridge.outcomes (queue, key, side, mode, outcome) \
+             VALUES ('mail', $1, 'postgres', 'shadow', 'ok')",
+        )
+        .bind(jid)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let route = side.side_routes().by_name("mail").unwrap().clone();
+    let mut conn = qbridge::redis::connect::connect_redis(&redis.url())
+        .await
+        .unwrap();
+    let since = chrono::Utc::now() - chrono::Duration::minutes(1);
+    let (diff, _) = qbridge::ops::gates::diff_since(
+        &pool,
+        &mut conn,
+        &route,
+        qbridge::model::Phase::Shadow,
+        since,
+    )
+    .await
+    .unwrap();
+    let lag = diff.postgres.lag_p99.expect("a lag");
+    assert!(
+        lag < 1.0,
+        "lag p99 {lag} s: counted from the ZADD, not from when the job was due"
+    );
+    side.stop().await;
+}

@@ -1,0 +1,63 @@
+//! The job key ledger's write (`qbridge.job_keys`): every item's key, with
+//! its copy, path, flag, push time, due time and (for a mirror copy) bytes;
+//! the keys not seen before are the new jobs.
+
+use std::collections::HashSet;
+
+use sqlx::PgConnection;
+
+use super::Item;
+use crate::error::Result;
+use crate::queue::JobCopy;
+
+const KEYS_SQL: &str = r#"
+INSERT INTO qbridge.job_keys (queue, key, copy, via, flagged, pushed_at, due_at, original)
+SELECT t.queue, t.key, t.copy, t.via, t.flagged, t.pushed_at, t.due_at,
+       -- No bytes to keep when the Redis side already finished the job.
+       CASE WHEN t.original IS NOT NULL AND NOT EXISTS (
+                SELECT 1 FROM qbridge.outcomes o
+                 WHERE o.queue = t.queue AND o.key = t.key AND o.side = 'redis'
+                   AND o.outcome IN ('ok', 'dead'))
+            THEN t.original END
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
+              $7::timestamptz[], $8::timestamptz[])
+       AS t(queue, key, copy, via, flagged, original, pushed_at, due_at)
+ ORDER BY t.queue, t.key
+ON CONFLICT (queue, key) DO NOTHING
+RETURNING queue, key
+"#;
+
+/// Records every key in `job_keys` and returns the ones that were new.
+pub(super) async fn known_keys(
+    conn: &mut PgConnection,
+    items: &[Item<'_>],
+    keys: &[String],
+    flags: &[Option<&str>],
+) -> Result<HashSet<(String, String)>> {
+    let rows: Vec<(String, String)> = sqlx::query_as(KEYS_SQL)
+        .bind(
+            items
+                .iter()
+                .map(|i| i.route.queue.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(keys)
+        .bind(items.iter().map(|i| i.copy.as_str()).collect::<Vec<_>>())
+        .bind(items.iter().map(|i| i.via.as_str()).collect::<Vec<_>>())
+        .bind(flags)
+        // A mirror copy's bytes stay until the Redis side reports the job,
+        // so `qbridge diff --repair` can push back what Redis lost.
+        .bind(
+            items
+                .iter()
+                .map(|i| (i.copy == JobCopy::Mirror).then_some(&i.decoded.original[..]))
+                .collect::<Vec<_>>(),
+        )
+        .bind(items.iter().map(|i| i.pushed_at).collect::<Vec<_>>())
+        // When a job scheduled for later is due: the diff's lag counts from
+        // then, not from its push.
+        .bind(items.iter().map(Item::due_at).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows.into_iter().collect())
+}
