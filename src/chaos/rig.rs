@@ -39,6 +39,9 @@ pub struct Rig {
     /// When the restarted Redis came back (the redis-restart fault): every
     /// mirror copy from before went to the server that lost its data.
     pub redis_back_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// When Redis came back from each kill of the randomized walk: the
+    /// times an operator would name to `--assume-lost-before`.
+    pub redis_restarts: Vec<chrono::DateTime<chrono::Utc>>,
     /// What the producers push, and so the route's format.
     pub items: Items,
 }
@@ -147,6 +150,7 @@ impl Rig {
             workers: Vec::new(),
             proxy: None,
             redis_back_at: None,
+            redis_restarts: Vec::new(),
             items,
         };
         for name in ["w1", "w2"] {
@@ -233,6 +237,40 @@ gates = {{ window = "2s", min_jobs = 1 }}
             p.spawn(&self.bin, &dir, &url)?;
         }
         Ok(())
+    }
+
+    /// What a supervisor (systemd, Kubernetes) does for a qbridge process
+    /// that exited on its own (a worker started while Postgres was down
+    /// exits with its error): starts it again. Returns one line per restart,
+    /// with the exit status and the last log lines, for the walk's report.
+    pub fn supervise(&mut self) -> Vec<String> {
+        let url = self.database_url();
+        let dir = self.dir.path().to_path_buf();
+        let mut said = Vec::new();
+        for p in self.workers.iter_mut().chain(self.proxy.iter_mut()) {
+            let exited = match p.child.as_mut().map(|c| c.try_wait()) {
+                Some(Ok(Some(status))) => status,
+                _ => continue,
+            };
+            p.child = None;
+            let tail = std::fs::read_to_string(dir.join(format!("{}.log", p.name)))
+                .unwrap_or_default()
+                .lines()
+                .last()
+                .unwrap_or("")
+                .chars()
+                .take(200)
+                .collect::<String>();
+            let again = match p.spawn(&self.bin, &dir, &url) {
+                Ok(()) => "restarted, as a supervisor would".to_string(),
+                Err(e) => format!("not restarted: {e}"),
+            };
+            said.push(format!(
+                "{} exited on its own ({exited}; last log: {tail}); {again}",
+                p.name
+            ));
+        }
+        said
     }
 
     /// Starts worker `i` again after a kill.
