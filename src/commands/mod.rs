@@ -46,6 +46,8 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
                 .or_else(|| loaded.as_ref().map(|c| c.redis_url.clone())),
             step: args.step,
             as_json: cli.json,
+            framework: args.framework,
+            python: args.python.clone(),
         })
         .await;
     }

@@ -22,7 +22,7 @@ use crate::ops::repair;
 use crate::redis::producer::Producer;
 use crate::routes::{Route, Routes};
 
-mod script;
+pub(super) mod script;
 pub use script::run;
 
 /// How long one phase holds, and what the drill may print.
@@ -60,33 +60,33 @@ pub struct Summary {
     pub seconds: f64,
 }
 
-struct Drill {
+pub(super) struct Drill {
     db: PgPool,
-    route: Arc<Route>,
+    pub(super) route: Arc<Route>,
     routes: Routes,
     producer: Producer,
     redis: redis::aio::ConnectionManager,
-    ledger: Ledger,
-    bar: ProgressBar,
+    pub(super) ledger: Ledger,
+    pub(super) bar: ProgressBar,
     as_json: bool,
-    via_proxy: Arc<AtomicU64>,
+    pub(super) via_proxy: Arc<AtomicU64>,
     via_api: Arc<AtomicU64>,
-    forced: u32,
+    pub(super) forced: u32,
     rollbacks: u32,
     phase_started: Instant,
-    phases: Vec<PhaseTime>,
+    pub(super) phases: Vec<PhaseTime>,
 }
 
 impl Drill {
     /// A line for people: stdout, or stderr when stdout carries the JSON.
-    fn say(&self, line: &str) {
+    pub(super) fn say(&self, line: &str) {
         self.bar.suspend(|| match self.as_json {
             true => eprintln!("{line}"),
             false => println!("{line}"),
         });
     }
 
-    fn status(&self) {
+    pub(super) fn status(&self) {
         let (live, _, shadow, _) = self.ledger.totals();
         let produced =
             self.via_proxy.load(Ordering::Relaxed) + self.via_api.load(Ordering::Relaxed);
@@ -97,7 +97,7 @@ impl Drill {
     }
 
     /// A drill on `route`, its status line on a spinner (none with `as_json`).
-    fn new(
+    pub(super) fn new(
         db: PgPool,
         route: Arc<Route>,
         routes: Routes,
@@ -131,7 +131,7 @@ impl Drill {
     }
 
     /// Waits `d`, refreshing the status line.
-    async fn hold(&self, d: Duration) {
+    pub(super) async fn hold(&self, d: Duration) {
         let until = Instant::now() + d;
         while Instant::now() < until {
             self.status();
@@ -139,7 +139,7 @@ impl Drill {
         }
     }
 
-    fn close_phase(&mut self, phase: Phase) {
+    pub(super) fn close_phase(&mut self, phase: Phase) {
         self.phases.push(PhaseTime {
             phase: phase.to_string(),
             seconds: self.phase_started.elapsed().as_secs_f64(),
@@ -147,7 +147,7 @@ impl Drill {
         self.phase_started = Instant::now();
     }
 
-    async fn print_diff(&mut self) -> Result<()> {
+    pub(super) async fn print_diff(&mut self) -> Result<()> {
         let state = store::current(&self.db, &self.route.name)
             .await?
             .ok_or_else(|| Error::CheckFailed("demo route not registered".into()))?;
@@ -160,7 +160,11 @@ impl Drill {
 
     /// Advances once the gate passes, printing a refusal's numbers once;
     /// forces (audited, counted) if it has not passed within `patience`.
-    async fn advance(&mut self, percent: Option<u8>, patience: Duration) -> Result<Phase> {
+    pub(super) async fn advance(
+        &mut self,
+        percent: Option<u8>,
+        patience: Duration,
+    ) -> Result<Phase> {
         let from = self.routes.phase(&self.route);
         let started = Instant::now();
         let mut refused_once = false;
@@ -220,7 +224,7 @@ impl Drill {
     }
 
     /// Until this process's producers see `phase` (they poll the flag).
-    async fn wait_for_view(&self, phase: Phase) {
+    pub(super) async fn wait_for_view(&self, phase: Phase) {
         let until = Instant::now() + Duration::from_secs(5);
         while self.routes.phase(&self.route) != phase && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -8,12 +8,14 @@ use std::sync::{Arc, Mutex};
 
 use axum::http::HeaderMap;
 
-/// Calls per job key: (live, shadow).
+/// Calls per job key: (live, shadow), and the live runs of a framework's
+/// own workers on the Redis side (`qbridge demo --framework`), which call
+/// in with `qbd-side: redis`.
 #[derive(Clone, Default)]
-pub struct Ledger(Arc<Mutex<HashMap<String, (u32, u32)>>>);
+pub struct Ledger(Arc<Mutex<HashMap<String, (u32, u32)>>>, Arc<Mutex<u64>>);
 
 impl Ledger {
-    fn record(&self, key: &str, shadow: bool) {
+    fn record(&self, key: &str, shadow: bool, on_redis: bool) {
         let mut calls = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let entry = calls.entry(key.to_string()).or_default();
         if shadow {
@@ -21,6 +23,14 @@ impl Ledger {
         } else {
             entry.0 += 1;
         }
+        if on_redis {
+            *self.1.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        }
+    }
+
+    /// Live runs the Redis side's own workers made.
+    pub fn ran_on_redis(&self) -> u64 {
+        *self.1.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// (keys run live at least once, live calls, shadow calls, keys run live more than once)
@@ -73,7 +83,8 @@ pub async fn serve(ledger: Ledger) -> std::io::Result<String> {
                 let header = |name: &str| header_text(&headers, name);
                 let key = header("qbridge-job-key");
                 // Shadow mode: compute the same answer, cause no side effect.
-                ledger.record(&key, header("qbridge-mode") == "shadow");
+                let on_redis = header("qbd-side") == "redis";
+                ledger.record(&key, header("qbridge-mode") == "shadow", on_redis);
                 let at = chrono::Utc::now().to_rfc3339();
                 format!(r#"{{"ok":true,"key":"{key}","processed_at":"{at}"}}"#)
             }

@@ -11,6 +11,7 @@
 //! it never touches application data.
 
 mod drill;
+mod fleet;
 pub(crate) mod handler;
 pub mod servers;
 
@@ -22,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::redact::redact_url;
 
 pub use drill::Summary;
+pub use fleet::{FleetSummary, Framework};
 
 /// What the command line gave.
 pub struct DemoInput {
@@ -31,6 +33,10 @@ pub struct DemoInput {
     pub redis_url: Option<String>,
     pub step: Duration,
     pub as_json: bool,
+    /// A real framework fleet on the Redis side (`--framework`), with the
+    /// Python for Celery and RQ.
+    pub framework: Option<Framework>,
+    pub python: String,
 }
 
 /// The default URLs, as the README's quickstart and docker-compose use them.
@@ -160,6 +166,17 @@ pub async fn run(input: DemoInput) -> Result<()> {
     };
     say(&format!("qbridge demo on {where_}"));
     let (db_name, db_url) = create_database(&servers.database_url).await?;
+    if let Some(framework) = input.framework {
+        let opts = fleet::FleetOptions {
+            framework,
+            python: input.python.clone(),
+            step: input.step,
+            as_json: input.as_json,
+        };
+        let result = fleet::run(&db_url, &servers.redis_url, &opts).await;
+        drop_database(&servers.database_url, &db_name).await;
+        return fleet::report(&result?, where_, input.as_json);
+    }
     let result = drill::run(
         &db_url,
         &servers.redis_url,

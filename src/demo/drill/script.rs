@@ -234,7 +234,7 @@ gates = {{ window = "{step}s", min_jobs = 20, ack_tolerance = 0.05, quiet_period
 }
 
 /// Waits (10 s at most) until something listens on `port`.
-async fn wait_for_port(port: u16) -> Result<()> {
+pub(in crate::demo) async fn wait_for_port(port: u16) -> Result<()> {
     let until = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         if Instant::now() > until {
@@ -322,7 +322,7 @@ fn never_ran(ledger: &Ledger, via_proxy: u64, via_api: u64) -> (u64, Vec<String>
 }
 
 /// The proxy's URL: `redis_url` with the proxy's host and port.
-fn proxy_url(redis_url: &str, port: u16) -> Result<String> {
+pub(in crate::demo) fn proxy_url(redis_url: &str, port: u16) -> Result<String> {
     let mut url =
         url::Url::parse(redis_url).map_err(|e| Error::InvalidInput(format!("redis url: {e}")))?;
     let _ = url.set_host(Some("127.0.0.1"));

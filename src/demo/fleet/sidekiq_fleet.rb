@@ -15,13 +15,6 @@ require "net/http"
 require "sidekiq"
 
 Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch("QBD_REDIS_URL") } }
-Sidekiq.configure_server do |c|
-  c.redis = { url: ENV.fetch("QBD_REDIS_URL") }
-  # Move due scheduled jobs about every second (the default is every 5 s,
-  # after a first wait of 10-15 s).
-  Sidekiq.options[:poll_interval_average] = 1
-  c.server_middleware { |chain| chain.add(QbdReportOutcome) }
-end
 Sidekiq.logger.level = Logger::WARN
 
 module Qbd
@@ -64,6 +57,15 @@ class QbdDeliver
   def perform(_n)
     Qbd.post(ENV.fetch("QBD_LEDGER"), "", "qbridge-job-key" => jid, "qbd-side" => "redis")
   end
+end
+
+# After the classes: in the server, this block runs at once.
+Sidekiq.configure_server do |c|
+  c.redis = { url: ENV.fetch("QBD_REDIS_URL") }
+  # Move due scheduled jobs about every second (the default is every 5 s,
+  # after a first wait of 10-15 s).
+  Sidekiq.options[:poll_interval_average] = 1
+  c.server_middleware { |chain| chain.add(QbdReportOutcome) }
 end
 
 if $PROGRAM_NAME == __FILE__

@@ -1,0 +1,498 @@
+//! `qbridge demo --framework sidekiq|celery|rq`: the migration drill with a
+//! real framework fleet on the Redis side instead of qbridge's consumer.
+//!
+//! The framework's own client pushes jobs through qbridge's proxy — ready
+//! ones and ones scheduled for later (Sidekiq's `perform_in`, Celery's
+//! countdown, RQ's `enqueue_in`) — and the framework's own worker runs them
+//! from Redis, moving the scheduled ones when they are due, and reports
+//! each outcome to qbridge (`POST /v1/outcomes`). The route walks every
+//! phase to `decommissioned` through its gates; jobs scheduled in one phase
+//! come due in a later one. Every job, whichever side runs it, tells the
+//! demo's ledger (`super::handler`), which is how the summary knows that
+//! each produced job ran live exactly once: 0 lost, 0 run twice, or the
+//! command fails.
+//!
+//! The applications are embedded in the binary (`fleet/*.rb`, `fleet/*.py`)
+//! and written to a temporary directory; the interpreter and the framework
+//! come from the machine ([`Framework::check`] names what to install).
+
+mod framework;
+
+pub use framework::Framework;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::drill::script::{proxy_url, wait_for_port};
+use super::drill::{Drill, PhaseTime};
+use super::handler::{self, Ledger};
+use super::servers::free_port;
+use crate::app::Runtime;
+use crate::config::{Config, Overrides};
+use crate::cutover::watch;
+use crate::error::{Error, Result};
+use crate::model::Phase;
+use crate::redis::connect::connect_redis;
+use crate::redis::producer::Producer;
+use crate::routes::Routes;
+use framework::FleetEnv;
+
+/// How the fleet drill runs.
+pub struct FleetOptions {
+    pub framework: Framework,
+    /// The Python for Celery and RQ.
+    pub python: String,
+    pub step: Duration,
+    pub as_json: bool,
+}
+
+/// What the fleet drill did.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetSummary {
+    pub framework: Framework,
+    /// Jobs the framework's client pushed through the proxy.
+    pub produced: u64,
+    /// Of them, scheduled for later.
+    pub scheduled: u64,
+    /// Produced jobs that ran live at least once.
+    pub run_live: u64,
+    /// Live runs by the framework's workers (Redis side) and by qbridge's
+    /// Postgres workers.
+    pub ran_on_redis: u64,
+    pub ran_on_postgres: u64,
+    pub shadow_calls: u64,
+    pub duplicates: u64,
+    pub lost: u64,
+    pub duplicate_keys: Vec<String>,
+    pub lost_keys: Vec<String>,
+    pub forced_advances: u32,
+    pub phases: Vec<PhaseTime>,
+    pub seconds: f64,
+}
+
+/// What the framework's producers pushed: job keys, and how many of them
+/// were scheduled for later.
+#[derive(Clone, Default)]
+struct Produced(Arc<Mutex<(BTreeSet<String>, u64)>>);
+
+/// The fleet: its worker process, and how to run its producer.
+struct Fleet {
+    framework: Framework,
+    env: FleetEnv,
+    worker: tokio::process::Child,
+    produced: Produced,
+    counter: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Fleet {
+    /// Runs the framework's producer once (`produce N`, or `schedule N
+    /// SECONDS` with `due_in`) and records the keys it printed.
+    async fn push(&self, n: u32, due_in: Option<Duration>) -> Result<()> {
+        push(
+            self.framework,
+            &self.env,
+            &self.produced,
+            &self.counter,
+            n,
+            due_in,
+        )
+        .await
+    }
+
+    /// Pushes ready jobs in the background, a batch about every second,
+    /// until the returned token is cancelled: the traffic of a live queue,
+    /// so each gate's window (one step) has jobs to measure.
+    fn traffic(&self) -> CancellationToken {
+        let stop = CancellationToken::new();
+        let (fw, env, produced, counter) = (
+            self.framework,
+            self.env.clone(),
+            self.produced.clone(),
+            Arc::clone(&self.counter),
+        );
+        let token = stop.clone();
+        tokio::spawn(async move {
+            while !token.is_cancelled() {
+                if let Err(e) = push(fw, &env, &produced, &counter, 8, None).await {
+                    tracing::warn!(error = %e, "demo: the producer failed; trying again");
+                }
+                tokio::select! {
+                    _ = token.cancelled() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+            }
+        });
+        stop
+    }
+
+    /// SIGTERM (the framework's warm shutdown), then a kill after 10 s.
+    async fn stop(mut self) {
+        if let Some(pid) = self.worker.id() {
+            let _ = tokio::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .await;
+        }
+        if tokio::time::timeout(Duration::from_secs(10), self.worker.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.worker.kill().await;
+        }
+    }
+}
+
+/// One run of the framework's producer; see [`Fleet::push`].
+async fn push(
+    fw: Framework,
+    env: &FleetEnv,
+    produced: &Produced,
+    counter: &std::sync::atomic::AtomicU64,
+    n: u32,
+    due_in: Option<Duration>,
+) -> Result<()> {
+    let mut args = vec![
+        if due_in.is_some() {
+            "schedule"
+        } else {
+            "produce"
+        }
+        .to_string(),
+        n.to_string(),
+    ];
+    args.extend(due_in.map(|d| format!("{:.1}", d.as_secs_f64())));
+    let run = fw.producer(env, &args).output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .map_err(|_| Error::CheckFailed("the producer did not finish within 60 s".into()))?
+        .map_err(|e| Error::Environment(format!("cannot run the producer: {e}")))?;
+    // Keys it printed were pushed, even if it failed after them.
+    let keys: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    counter.fetch_add(keys.len() as u64, Ordering::Relaxed);
+    {
+        let mut p = produced.0.lock().unwrap_or_else(|e| e.into_inner());
+        if due_in.is_some() {
+            p.1 += keys.len() as u64;
+        }
+        p.0.extend(keys);
+    }
+    if !out.status.success() {
+        let why = String::from_utf8_lossy(&out.stderr);
+        let last = why.lines().last().unwrap_or("").to_string();
+        return Err(Error::CheckFailed(format!(
+            "the {} producer failed: {last}",
+            fw.name()
+        )));
+    }
+    Ok(())
+}
+
+/// Runs the drill against `database_url` and `redis_url` (both fresh for
+/// the demo).
+pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Result<FleetSummary> {
+    let fw = opts.framework;
+    fw.check(&opts.python).await?;
+    let started = Instant::now();
+    let dir = tempfile::tempdir()
+        .map_err(|e| Error::Environment(format!("cannot make a temporary directory: {e}")))?;
+    fw.write_app(dir.path())?;
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let name = format!("demo_{id}");
+    let ledger = Ledger::default();
+    let ledger_url = handler::serve(ledger.clone()).await?;
+    let (proxy_port, http_port) = (free_port(), free_port());
+    let toml = fleet_config(fw, &name, &ledger_url, (proxy_port, http_port), opts.step)?;
+    let config = with_servers(toml, database_url, redis_url)?;
+    let db = crate::db::connect(database_url, 6).await?;
+    crate::db::migrate(&db).await?;
+    let watch_stop = CancellationToken::new();
+    let (view, watch_task) =
+        watch::attach(&db, &config.routes, "qbridge-demo", &watch_stop).await?;
+    let routes = Routes::new(&config.routes, view);
+    let route = Arc::clone(
+        routes
+            .by_name(&name)
+            .ok_or_else(|| Error::CheckFailed("demo route missing".into()))?,
+    );
+    let producer = Producer::connect(db.clone(), Some(redis_url), routes.clone(), 1 << 20).await?;
+    let redis = connect_redis(redis_url).await?;
+    let rt = Runtime::build(config).await?;
+    let runtime_stop = CancellationToken::new();
+    let runtime = tokio::spawn(rt.run_until_stopped(runtime_stop.clone()));
+    wait_for_port(proxy_port).await?;
+    wait_for_port(http_port).await?;
+
+    let mut drill = Drill::new(
+        db.clone(),
+        route,
+        routes,
+        producer,
+        redis,
+        ledger.clone(),
+        opts.as_json,
+    );
+    let proxy = proxy_url(redis_url, proxy_port)?;
+    let outcomes = format!("http://127.0.0.1:{http_port}/v1/outcomes");
+    let env = FleetEnv {
+        dir: dir.path().to_path_buf(),
+        python: opts.python.clone(),
+        proxy_url: proxy,
+        queue: name.clone(),
+        route_queue: name.clone(),
+        ledger_url: ledger_url.clone(),
+        outcomes_url: outcomes,
+    };
+    let worker = start_worker(fw, &env).await?;
+    let fleet = Fleet {
+        framework: fw,
+        env,
+        worker,
+        produced: Produced::default(),
+        counter: Arc::clone(&drill.via_proxy),
+    };
+    let walked = walk(&mut drill, &fleet, opts).await;
+    let (produced, scheduled) = {
+        let p = fleet.produced.0.lock().unwrap_or_else(|e| e.into_inner());
+        (p.0.clone(), p.1)
+    };
+    fleet.stop().await;
+    drill.bar.finish_and_clear();
+    runtime_stop.cancel();
+    let _ = runtime.await;
+    watch_stop.cancel();
+    if let Some(task) = watch_task {
+        let _ = task.await;
+    }
+    db.close().await;
+    walked?;
+    Ok(tally(fw, drill, &ledger, (&produced, scheduled), started))
+}
+
+/// Starts the framework's worker (its output in `worker.log` beside the
+/// application) and fails with its last line if it exits at once.
+async fn start_worker(fw: Framework, env: &FleetEnv) -> Result<tokio::process::Child> {
+    let log_path = env.dir.join("worker.log");
+    let log = std::fs::File::create(&log_path)
+        .map_err(|e| Error::Environment(format!("cannot write the worker's log: {e}")))?;
+    let err = log
+        .try_clone()
+        .map_err(|e| Error::Environment(format!("cannot write the worker's log: {e}")))?;
+    let mut worker = fw
+        .worker(env)
+        .stdout(log)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| Error::Environment(format!("cannot start the {} worker: {e}", fw.name())))?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    if let Ok(Some(status)) = worker.try_wait() {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        return Err(Error::Environment(format!(
+            "the {} worker exited at start ({status}): {last}",
+            fw.name()
+        )));
+    }
+    Ok(worker)
+}
+
+/// Every phase in turn under the framework's traffic, with jobs scheduled
+/// in each phase coming due in later ones; then every produced job must
+/// have run.
+async fn walk(drill: &mut Drill, fleet: &Fleet, opts: &FleetOptions) -> Result<()> {
+    let step = opts.step;
+    let patience = step * 6;
+    let fw = fleet.framework.name();
+    drill.say(&format!(
+        "route {}: {fw}'s queue {} → Postgres queue {}; {fw}'s own client pushes through the proxy, {fw}'s own worker runs the Redis side and reports outcomes (POST /v1/outcomes)",
+        drill.route.name, fleet.env.queue, drill.route.queue
+    ));
+    let traffic = fleet.traffic();
+    let walked = async {
+        drill.say(&format!("== redis_only: {fw} alone"));
+        drill.hold(step).await;
+        drill.advance(None, patience).await?;
+        drill.say(&format!(
+            "== dual_write: every push also lands in Postgres, scheduled ones too (due when {fw} would run them)"
+        ));
+        fleet.push(5, Some(step * 4)).await?;
+        drill.hold(step).await;
+        drill.print_diff().await?;
+        drill.advance(None, patience).await?;
+        drill.say("== shadow: Postgres calls the handler in shadow mode and compares with the outcomes the fleet reports");
+        fleet.push(5, Some(step * 3)).await?;
+        drill.hold(step).await;
+        drill.print_diff().await?;
+        drill.advance(None, patience).await?;
+        drill.say(&format!(
+            "== postgres_only: new jobs run in Postgres; {fw} drains what it holds, and its jobs scheduled before the flip run once due"
+        ));
+        fleet.push(5, Some(step)).await?;
+        drill.hold(step).await;
+        drill.print_diff().await
+    }
+    .await;
+    traffic.cancel();
+    walked?;
+    // The gate waits for the scheduled jobs to come due and be run.
+    drill.advance(None, patience + step * 6).await?;
+    drill.say("== decommissioned: the route's Redis keys are gone; Postgres only");
+    let produced = fleet
+        .produced
+        .0
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .0
+        .clone();
+    let until = Instant::now() + Duration::from_secs(60);
+    while produced.iter().any(|key| drill.ledger.live(key) == 0) && Instant::now() < until {
+        drill.hold(Duration::from_millis(200)).await;
+    }
+    // A second run would come late: give it a moment to show.
+    drill.hold(Duration::from_secs(1)).await;
+    drill.close_phase(Phase::Decommissioned);
+    Ok(())
+}
+
+/// What ran live once, twice or never, of what the fleet produced.
+fn tally(
+    framework: Framework,
+    drill: Drill,
+    ledger: &Ledger,
+    (produced, scheduled): (&BTreeSet<String>, u64),
+    started: Instant,
+) -> FleetSummary {
+    let runs: Vec<(&String, u32)> = produced.iter().map(|k| (k, ledger.live(k))).collect();
+    let keys = |pick: &dyn Fn(u32) -> bool| -> Vec<String> {
+        runs.iter()
+            .filter(|(_, n)| pick(*n))
+            .map(|(k, _)| (*k).clone())
+            .collect()
+    };
+    let (lost, twice) = (keys(&|n| n == 0), keys(&|n| n > 1));
+    let (_, live_calls, shadow_calls, _) = ledger.totals();
+    let ran_on_redis = ledger.ran_on_redis();
+    FleetSummary {
+        framework,
+        produced: produced.len() as u64,
+        scheduled,
+        run_live: runs.iter().filter(|(_, n)| *n > 0).count() as u64,
+        ran_on_redis,
+        ran_on_postgres: live_calls.saturating_sub(ran_on_redis),
+        shadow_calls,
+        duplicates: twice.len() as u64,
+        lost: lost.len() as u64,
+        duplicate_keys: twice.into_iter().take(10).collect(),
+        lost_keys: lost.into_iter().take(10).collect(),
+        forced_advances: drill.forced,
+        phases: drill.phases,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// The drill's config: one route for the framework's queue, the proxy, the
+/// HTTP listener (the fleet reports outcomes to it), the demo's handler,
+/// and gates sized so each can pass within a few steps.
+fn fleet_config(
+    fw: Framework,
+    name: &str,
+    handler_url: &str,
+    (proxy_port, http_port): (u16, u16),
+    step: Duration,
+) -> Result<String> {
+    let (redis_key, format) = fw.route_key(name);
+    let step = step.as_secs_f64();
+    Ok(format!(
+        r#"max_connections = 12
+shutdown_deadline = "5s"
+[proxy]
+enabled = true
+listen = "127.0.0.1:{proxy_port}"
+[http]
+listen = "127.0.0.1:{http_port}"
+[[routes]]
+name = "{name}"
+redis_key = "{redis_key}"
+queue = "{name}"
+format = "{format}"
+phase = "redis_only"
+redis_side = "fleet"
+handler = {{ type = "http", url = "{handler_url}" }}
+pool = {{ poll_interval = "100ms", concurrency = 8 }}
+shadow = {{ noise_sample = 0.05 }}
+diff = {{ settle = "2s", ignore_fields = ["/processed_at"] }}
+gates = {{ window = "{step}s", min_jobs = 20, ack_tolerance = 0.2, quiet_period = "2s", max_postgres_lag = "5s" }}
+"#
+    ))
+}
+
+/// `toml` loaded against the chosen servers.
+fn with_servers(toml: String, database_url: &str, redis_url: &str) -> Result<Config> {
+    let overrides = Overrides {
+        database_url: Some(database_url.to_string()),
+        redis_url: Some(redis_url.to_string()),
+        ..Overrides::default()
+    };
+    Config::from_toml(&toml, &overrides)
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    ok: bool,
+    servers: String,
+    summary: &'a FleetSummary,
+}
+
+/// Prints the summary (or the JSON report); fails when a produced job was
+/// lost or ran live twice.
+pub fn report(s: &FleetSummary, servers: String, as_json: bool) -> Result<()> {
+    let failed = s.lost > 0 || s.duplicates > 0;
+    if as_json {
+        crate::output::json(&Report {
+            ok: !failed,
+            servers,
+            summary: s,
+        });
+    } else {
+        let fw = s.framework.name();
+        println!();
+        println!(
+            "produced {} jobs with {fw}'s own client through the proxy ({} scheduled for later)",
+            s.produced, s.scheduled
+        );
+        println!(
+            "run live: {} jobs ({} by {fw}'s workers from Redis, {} by qbridge from Postgres); run in shadow: {} calls",
+            s.run_live, s.ran_on_redis, s.ran_on_postgres, s.shadow_calls
+        );
+        println!("duplicates (run live twice): {}", s.duplicates);
+        println!("lost: {}", s.lost);
+        println!("advances forced past a gate: {}", s.forced_advances);
+        let phases: Vec<String> = s
+            .phases
+            .iter()
+            .map(|p| format!("{} {:.1}s", p.phase, p.seconds))
+            .collect();
+        println!("time per phase: {}", phases.join(", "));
+        println!("total: {:.1}s", s.seconds);
+    }
+    if failed {
+        return Err(Error::CheckFailed(format!(
+            "the drill lost {} and ran {} jobs live twice (lost: {:?}; twice: {:?})",
+            s.lost, s.duplicates, s.lost_keys, s.duplicate_keys
+        )));
+    }
+    Ok(())
+}
