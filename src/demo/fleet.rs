@@ -245,27 +245,14 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
     let outcomes = format!("http://127.0.0.1:{http_port}/v1/outcomes");
     let env = FleetEnv {
         dir: dir.path().to_path_buf(),
-        python: opts.python.clone(),
+        python: python_path(&opts.python),
         proxy_url: proxy,
         queue: name.clone(),
         route_queue: name.clone(),
         ledger_url: ledger_url.clone(),
         outcomes_url: outcomes,
     };
-    let worker = start_worker(fw, &env).await?;
-    let fleet = Fleet {
-        framework: fw,
-        env,
-        worker,
-        produced: Produced::default(),
-        counter: Arc::clone(&drill.via_proxy),
-    };
-    let walked = walk(&mut drill, &fleet, opts).await;
-    let (produced, scheduled) = {
-        let p = fleet.produced.0.lock().unwrap_or_else(|e| e.into_inner());
-        (p.0.clone(), p.1)
-    };
-    fleet.stop().await;
+    let driven = drive(&mut drill, fw, env, opts).await;
     drill.bar.finish_and_clear();
     runtime_stop.cancel();
     let _ = runtime.await;
@@ -274,8 +261,46 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
         let _ = task.await;
     }
     db.close().await;
-    walked?;
+    let (produced, scheduled) = driven?;
     Ok(tally(fw, drill, &ledger, (&produced, scheduled), started))
+}
+
+/// Starts the fleet's worker, walks the phases, stops the worker; returns
+/// the produced keys and how many were scheduled.
+async fn drive(
+    drill: &mut Drill,
+    fw: Framework,
+    env: FleetEnv,
+    opts: &FleetOptions,
+) -> Result<(BTreeSet<String>, u64)> {
+    let worker = start_worker(fw, &env).await?;
+    let fleet = Fleet {
+        framework: fw,
+        env,
+        worker,
+        produced: Produced::default(),
+        counter: Arc::clone(&drill.via_proxy),
+    };
+    let walked = walk(drill, &fleet, opts).await;
+    let produced = {
+        let p = fleet.produced.0.lock().unwrap_or_else(|e| e.into_inner());
+        (p.0.clone(), p.1)
+    };
+    fleet.stop().await;
+    walked.map(|()| produced)
+}
+
+/// The Python as the fleet's processes (which run in the temporary
+/// directory) can find it: a relative path made absolute, a bare name left
+/// to PATH.
+fn python_path(python: &str) -> String {
+    let path = std::path::Path::new(python);
+    if path.components().count() > 1 && path.is_relative() {
+        if let Ok(absolute) = std::path::absolute(path) {
+            return absolute.to_string_lossy().into_owned();
+        }
+    }
+    python.to_string()
 }
 
 /// Starts the framework's worker (its output in `worker.log` beside the

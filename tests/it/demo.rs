@@ -1,6 +1,8 @@
 //! `qbridge demo` end to end through the binary, on the machine's servers
 //! (it makes its own database and Redis keys): every phase, the planted
-//! discrepancy caught and repaired, nothing lost, nothing run twice.
+//! discrepancy caught and repaired, nothing lost, nothing run twice; and
+//! `--framework sidekiq|celery|rq`, with the framework's own fleet on the
+//! Redis side.
 
 use std::time::Duration;
 
@@ -54,4 +56,103 @@ async fn the_demo_walks_every_phase_and_loses_nothing() {
     for line in ["== dual_write", "== shadow", "== decommissioned", "diff:"] {
         assert!(stderr.contains(line), "{line}: {stderr}");
     }
+}
+
+/// `qbridge demo --framework F --json` through the binary: the framework's
+/// own client and worker (Sidekiq 6.4 from Debian, Celery and RQ from the
+/// test virtualenv) on the Redis side, scheduled jobs included; returns the
+/// summary after checking what holds for every framework.
+async fn fleet_demo(framework: &str) -> serde_json::Value {
+    let python = crate::support::python();
+    let out = tokio::time::timeout(
+        Duration::from_secs(300),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+            .args(["demo", "--json", "--step", "3s", "--framework", framework])
+            .arg("--python")
+            .arg(&python)
+            .args([
+                "--database-url",
+                "postgres://postgres@127.0.0.1:5432/postgres",
+            ])
+            .args(["--redis-url", "redis://127.0.0.1:6379"])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the demo finishes")
+    .expect("the demo runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{framework}: {stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON summary");
+    let s = report["summary"].clone();
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(s["framework"], framework, "{report}");
+    assert_eq!(s["lost"], 0, "{report}");
+    assert_eq!(s["duplicates"], 0, "{report}");
+    assert_eq!(s["run_live"], s["produced"], "{report}");
+    assert_eq!(s["scheduled"], 15, "{report}");
+    // Both sides ran jobs live: the fleet before the flip, Postgres after.
+    assert!(s["ran_on_redis"].as_u64().unwrap() > 0, "{report}");
+    assert!(s["ran_on_postgres"].as_u64().unwrap() > 0, "{report}");
+    assert!(s["shadow_calls"].as_u64().unwrap() > 0, "{report}");
+    let phases: Vec<&str> = s["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["phase"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            "redis_only",
+            "dual_write",
+            "shadow",
+            "postgres_only",
+            "decommissioned"
+        ]
+    );
+    s
+}
+
+#[tokio::test]
+async fn the_sidekiq_fleet_demo_walks_every_phase_and_loses_nothing() {
+    fleet_demo("sidekiq").await;
+}
+
+#[tokio::test]
+async fn the_celery_fleet_demo_walks_every_phase_and_loses_nothing() {
+    fleet_demo("celery").await;
+}
+
+#[tokio::test]
+async fn the_rq_fleet_demo_walks_every_phase_and_loses_nothing() {
+    fleet_demo("rq").await;
+}
+
+#[tokio::test]
+async fn the_fleet_demo_says_what_to_install_when_the_framework_is_missing() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+        .args([
+            "demo",
+            "--framework",
+            "celery",
+            "--python",
+            "/nonexistent/python",
+        ])
+        .args([
+            "--database-url",
+            "postgres://postgres@127.0.0.1:5432/postgres",
+        ])
+        .args(["--redis-url", "redis://127.0.0.1:6379"])
+        .output()
+        .await
+        .expect("the demo runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("needs /nonexistent/python with Celery 5")
+            && stderr.contains("pip install"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
 }
