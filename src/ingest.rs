@@ -37,7 +37,7 @@ use sqlx::PgConnection;
 
 use crate::error::Result;
 use crate::metrics as m;
-use crate::model::formats::{Decoded, KeySource};
+use crate::model::formats::{attempts_so_far, Decoded, KeySource};
 use crate::queue::{enqueue, validate, EnqueueOutcome, JobCopy, NewJob};
 use crate::routes::Route;
 
@@ -254,6 +254,19 @@ pub async fn store(
                 key: keys[i].clone(),
             };
         }
+    }
+    // A framework's retry (Sidekiq's retry_count, Celery's retries header)
+    // starts from the attempts it already used on the Redis side, so the
+    // route's max_attempts bounds the whole job.
+    let mut used: HashMap<&str, Vec<(String, i32)>> = HashMap::new();
+    for (item, key) in items.iter().zip(&keys) {
+        if let Some(n) = attempts_so_far(&item.route.format, &item.decoded.payload) {
+            let queue = item.route.queue.as_str();
+            used.entry(queue).or_default().push((key.clone(), n));
+        }
+    }
+    for (queue, used) in used {
+        record_attempts(conn, queue, &used).await?;
     }
     count(&items, &stored, &flags);
     Ok(stored)

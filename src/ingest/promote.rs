@@ -134,10 +134,14 @@ UPDATE qbridge.job_keys k SET copy = 'live', seen_at = now(), original = NULL
 RETURNING k.queue, k.key
 "#;
 
-/// A mirror copy still waiting becomes the live job.
+/// A mirror copy still waiting becomes the live job, with the re-push's
+/// state: its payload and bytes (a framework's retry carries newer headers)
+/// and, when it says, its due time (a retry's countdown).
 const UPGRADE_JOBS_SQL: &str = r#"
-UPDATE qbridge.jobs j SET copy = 'live'
-  FROM unnest($1::text[], $2::text[]) AS t(queue, key)
+UPDATE qbridge.jobs j SET copy = 'live', payload = t.payload::jsonb, original = t.original,
+                          run_at = COALESCE(t.run_at, j.run_at)
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[])
+       AS t(queue, key, payload, original, run_at)
  WHERE j.queue = t.queue AND j.key = t.key AND j.copy = 'mirror' AND j.state = 'ready'
 RETURNING j.queue, j.key, j.id
 "#;
@@ -207,7 +211,7 @@ pub(super) async fn promote_or_hold(
         }
     }
     hold_back(conn, items, keys, oversize, &hold).await?;
-    promote_keys(conn, items, &first, promote, fresh).await
+    promote_keys(conn, items, (&first, oversize), promote, fresh).await
 }
 
 /// Marks `pairs` live and upgrades their waiting mirror copies; the rest
@@ -215,7 +219,7 @@ pub(super) async fn promote_or_hold(
 async fn promote_keys(
     conn: &mut PgConnection,
     items: &[Item<'_>],
-    first: &HashMap<(String, String), usize>,
+    (first, oversize): (&HashMap<(String, String), usize>, &[bool]),
     pairs: Vec<(String, String)>,
     fresh: &mut HashSet<(String, String)>,
 ) -> Result<HashMap<(String, String), i64>> {
@@ -241,9 +245,27 @@ async fn promote_keys(
         .map(|(q, k)| (q.as_str(), k.as_str()))
         .unzip();
     use_up(conn, &uq, &uk).await?;
+    let jobs: Vec<_> = promoted
+        .iter()
+        .map(|pair| {
+            let i = first[pair];
+            new_job(&items[i], &pair.1, oversize[i])
+        })
+        .collect();
     let rows: Vec<(String, String, i64)> = sqlx::query_as(UPGRADE_JOBS_SQL)
         .bind(&pq)
         .bind(&pk)
+        .bind(
+            jobs.iter()
+                .map(|j| j.payload.to_string())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            jobs.iter()
+                .map(|j| j.original.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(jobs.iter().map(|j| j.run_at).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;
     let upgraded: HashMap<(String, String), i64> =

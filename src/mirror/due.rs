@@ -23,7 +23,7 @@ use super::options::{DueWriter, MirrorClosed};
 use super::writer::Mirror;
 use crate::ingest::{self, Item, Via};
 use crate::metrics as m;
-use crate::model::formats::{attempts_so_far, decode_bytes};
+use crate::model::formats::decode_bytes;
 use crate::queue::JobCopy;
 use crate::routes::Route;
 
@@ -80,16 +80,9 @@ async fn store(
             item
         })
         .collect();
-    let used: Vec<(String, i32)> = items
-        .iter()
-        .filter_map(|i| {
-            let n = attempts_so_far(&route.format, &i.decoded.payload)?;
-            Some((i.decoded.key.with_occurrence(0), n))
-        })
-        .collect();
+    // `store` starts a retried job from the attempts it used.
     let mut tx = due.pool.begin().await?;
     ingest::store(&mut tx, items, due.payload_limit).await?;
-    ingest::record_attempts(&mut tx, &route.queue, &used).await?;
     tx.commit().await?;
     Ok(())
 }

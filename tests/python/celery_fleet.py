@@ -1,6 +1,7 @@
 """A Celery application for the integration tests: producers call
-`python celery_fleet.py produce N [PRIORITY]` (through qbridge's proxy), or
-`python celery_fleet.py produce_in N SECONDS` (countdown tasks), and a real
+`python celery_fleet.py produce N [PRIORITY]` (through qbridge's proxy),
+`python celery_fleet.py produce_in N SECONDS` (countdown tasks) or
+`python celery_fleet.py produce_retry ID RETRIES SECONDS` (a retry's push), and a real
 Celery worker runs `celery -A celery_fleet worker` against Redis itself.
 
 Every task run appends "<task id> <args>" to the Redis list named by
@@ -51,7 +52,16 @@ def produce_in(n, seconds):
         print(add.apply_async((i, i), countdown=seconds).id, flush=True)
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["produce"]:
+def produce_retry(task_id, retries, seconds):
+    """Sends task `task_id` again the way Celery's `Task.retry` does: the
+    same id, its `retries` header counting the retries so far, due in
+    `seconds`. Prints the id."""
+    print(add.apply_async((1, 1), task_id=task_id, retries=retries, countdown=seconds).id, flush=True)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["produce_retry"]:
+    produce_retry(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+elif __name__ == "__main__" and sys.argv[1:2] == ["produce"]:
     produce(int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
 elif __name__ == "__main__" and sys.argv[1:2] == ["produce_in"]:
     produce_in(int(sys.argv[2]), int(sys.argv[3]))

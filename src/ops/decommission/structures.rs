@@ -121,17 +121,8 @@ pub(crate) async fn store_due(
         items.iter_mut().map(|i| &mut i.decoded),
     )
     .await;
-    let used: Vec<(String, i32)> = items
-        .iter()
-        .filter_map(|i| {
-            let n = attempts_so_far(&route.format, &i.decoded.payload)?;
-            Some((i.decoded.key.with_occurrence(0), n))
-        })
-        .collect();
-    let new = ingest::store_counting_new(db, items, payload_limit).await?;
-    let mut conn = db.acquire().await?;
-    ingest::record_attempts(&mut conn, &route.queue, &used).await?;
-    Ok(new)
+    // `store` starts a retried job from the attempts it used.
+    ingest::store_counting_new(db, items, payload_limit).await
 }
 
 /// The job of a dead member. A Resque failure entry wraps the job in its

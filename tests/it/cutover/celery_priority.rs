@@ -198,3 +198,87 @@ async fn a_countdown_task_is_due_at_its_eta(pool: PgPool) {
         .unwrap();
     side.stop().await;
 }
+
+/// A Celery retry after the flip (`Task.retry` pushes the same task id
+/// again with its `retries` header and an eta): the fleet reported the
+/// failed attempt, so the push runs live in Postgres — due at its eta and
+/// starting from the attempts Celery already used, so the route's
+/// `max_attempts` bounds the whole task. Before the fix it started from 0.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_celery_retry_after_the_flip_keeps_its_attempts_and_eta(pool: PgPool) {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (route_name, queue) = (format!("cr{}", &id[..12]), format!("qbt_celery_{id}"));
+    let ledger = format!("qbt:{id}:ledger");
+    let toml = format!(
+        "[[routes]]\nname = \"{route_name}\"\nredis_key = \"{queue}\"\nqueue = \"{route_name}\"\n\
+         format = \"celery\"\nphase = \"dual_write\"\nredis_side = \"fleet\"\n"
+    );
+    let side = ProxySide::start(&pool, &toml).await;
+    let task = produce(&side.url(), &queue, &ledger, 1, None)
+        .await
+        .remove(0);
+    support::wait_for_count(
+        &pool,
+        "the task mirrored",
+        &format!("SELECT count(*) FROM qbridge.job_keys WHERE queue = '{route_name}'"),
+        1,
+    )
+    .await;
+    // The fleet ran it and reported the failure (Celery then retries).
+    sqlx::query("SELECT qbridge.report_outcome($1, $2, 'failed', 'ConnectionError')")
+        .bind(&route_name)
+        .bind(&task)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let routes = side.side_routes();
+    let route = routes.by_name(&route_name).unwrap().clone();
+    let mut redis = connect_redis(REDIS).await.unwrap();
+    let req = qbridge::ops::operate::Request {
+        by: "test@ops",
+        reason: Some("flip before the retry"),
+        force: true,
+        percent: None,
+    };
+    for _ in 0..2 {
+        qbridge::ops::operate::advance(&pool, Some(&mut redis), &route, &req, 1 << 20)
+            .await
+            .map_err(|_| "refused")
+            .unwrap();
+    }
+    let started = std::time::Instant::now();
+    while routes.phase(&route) != Phase::PostgresOnly {
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "the proxy follows the flip"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let args = [
+        "produce_retry".to_string(),
+        task.clone(),
+        "2".into(),
+        "600".into(),
+    ];
+    crate::exactly_once::fleet::producer(&side.url(), &queue, &ledger, &args).await;
+    let (attempts, ahead): (i32, f64) = sqlx::query_as(
+        "SELECT attempts, extract(epoch FROM run_at - now())::float8 FROM qbridge.jobs \
+          WHERE queue = $1 AND key = $2 AND copy = 'live'",
+    )
+    .bind(&route_name)
+    .bind(&task)
+    .fetch_one(&pool)
+    .await
+    .expect("the retry runs live in Postgres");
+    assert_eq!(attempts, 2, "the attempts Celery used (its retries header)");
+    assert!(
+        (500.0..=600.0).contains(&ahead),
+        "due at its eta, not in {ahead} s"
+    );
+    let _: () = ::redis::cmd("DEL")
+        .arg(&queue)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    side.stop().await;
+}
