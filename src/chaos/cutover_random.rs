@@ -193,29 +193,6 @@ async fn finish(
         Ok(said) => done.push(stamped(format!("end: {said}"))),
         Err(e) => failed.push(format!("the end's repair failed: {e}")),
     }
-    // Then the runbook's decision for what is still unaccounted: the
-    // operator knows when Redis crashed without persistence, and names each
-    // time to `--assume-lost-before`. Now, not only right after the crash:
-    // identical copies pushed after a crash stand in for the lost ones in
-    // Redis's count until they are popped, so a loss of a content-hash copy
-    // shows only once Redis drained (seeds 6294, 6306, 6578, 6864, 7098:
-    // "1 unaccounted" at the end). A copy pushed back that had run shows as
-    // a double run: the decision is checked, not trusted.
-    for back in rig.redis_restarts.clone() {
-        let assume = crate::ops::repair::Assumption {
-            before: Some(back),
-            by: BY.into(),
-            reason: "Redis was killed without persistence (randomized oracle)".into(),
-            ..Default::default()
-        };
-        match steps::repair_once(rig, h, Some(&assume)).await {
-            Ok(said) => done.push(stamped(format!(
-                "end: assumed lost before the restart at {}: {said}",
-                back.format("%H:%M:%S%.3f")
-            ))),
-            Err(e) => failed.push(format!("the end's assumed-lost repair failed: {e}")),
-        }
-    }
     done.extend(rig.supervise().into_iter().map(stamped));
     if oracle::wait_until_done(&rig.db, patience).await.is_none() {
         dump::redis_lists(&rig.redis.url(), seed, "postgres_only").await;

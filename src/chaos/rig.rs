@@ -39,9 +39,6 @@ pub struct Rig {
     /// When the restarted Redis came back (the redis-restart fault): every
     /// mirror copy from before went to the server that lost its data.
     pub redis_back_at: Option<chrono::DateTime<chrono::Utc>>,
-    /// When Redis came back from each kill of the randomized walk: the
-    /// times an operator would name to `--assume-lost-before`.
-    pub redis_restarts: Vec<chrono::DateTime<chrono::Utc>>,
     /// What the producers push, and so the route's format.
     pub items: Items,
 }
@@ -150,7 +147,6 @@ impl Rig {
             workers: Vec::new(),
             proxy: None,
             redis_back_at: None,
-            redis_restarts: Vec::new(),
             items,
         };
         for name in ["w1", "w2"] {

@@ -193,7 +193,6 @@ async fn restart_redis(rig: &mut Rig, h: &Harness) -> Result<String> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     rig.redis.try_resume().map_err(Error::Config)?;
     let back = chrono::Utc::now();
-    rig.redis_restarts.push(back);
     // Past the route's settle time (1 s), so the losses are counted.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let first = repair_once(rig, h, None).await?;
@@ -210,7 +209,7 @@ async fn restart_redis(rig: &mut Rig, h: &Harness) -> Result<String> {
 }
 
 /// One diff and repair of the route; what it pushed back and left.
-pub(super) async fn repair_once(
+async fn repair_once(
     rig: &Rig,
     h: &Harness,
     assume: Option<&repair::Assumption>,
