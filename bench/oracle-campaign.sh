@@ -19,7 +19,9 @@ bin=${BIN:-target/release/qbridge}
 [ -x "$bin" ] || bin=target/debug/qbridge
 out=${OUT:-bench/results/oracle-$(date -u +%Y-%m-%d)}
 mkdir -p "$out/dumps"
-export QBRIDGE_CHAOS_DUMP_DIR="$PWD/$out/dumps"
+# Absolute, for the walks: $out as given when absolute, else under here.
+case $out in /*) dumps=$out/dumps ;; *) dumps=$PWD/$out/dumps ;; esac
+export QBRIDGE_CHAOS_DUMP_DIR="$dumps"
 export DATABASE_URL=${DATABASE_URL:-postgres://postgres:postgres@127.0.0.1:5432/postgres}
 per=$(( (seeds + parallel - 1) / parallel ))
 pids=()
