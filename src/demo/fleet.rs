@@ -17,19 +17,20 @@
 //! come from the machine ([`Framework::check`] names what to install).
 
 mod framework;
+mod summary;
 
 pub use framework::Framework;
+pub use summary::{report, FleetSummary};
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::drill::script::{proxy_url, wait_for_port};
-use super::drill::{Drill, PhaseTime};
+use super::drill::Drill;
 use super::handler::{self, Ledger};
 use super::servers::free_port;
 use crate::app::Runtime;
@@ -49,30 +50,6 @@ pub struct FleetOptions {
     pub python: String,
     pub step: Duration,
     pub as_json: bool,
-}
-
-/// What the fleet drill did.
-#[derive(Debug, Clone, Serialize)]
-pub struct FleetSummary {
-    pub framework: Framework,
-    /// Jobs the framework's client pushed through the proxy.
-    pub produced: u64,
-    /// Of them, scheduled for later.
-    pub scheduled: u64,
-    /// Produced jobs that ran live at least once.
-    pub run_live: u64,
-    /// Live runs by the framework's workers (Redis side) and by qbridge's
-    /// Postgres workers.
-    pub ran_on_redis: u64,
-    pub ran_on_postgres: u64,
-    pub shadow_calls: u64,
-    pub duplicates: u64,
-    pub lost: u64,
-    pub duplicate_keys: Vec<String>,
-    pub lost_keys: Vec<String>,
-    pub forced_advances: u32,
-    pub phases: Vec<PhaseTime>,
-    pub seconds: f64,
 }
 
 /// What the framework's producers pushed: job keys, and how many of them
@@ -262,7 +239,13 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
     }
     db.close().await;
     let (produced, scheduled) = driven?;
-    Ok(tally(fw, drill, &ledger, (&produced, scheduled), started))
+    Ok(summary::tally(
+        fw,
+        drill,
+        &ledger,
+        (&produced, scheduled),
+        started,
+    ))
 }
 
 /// Starts the fleet's worker, walks the phases, stops the worker; returns
@@ -392,42 +375,6 @@ async fn walk(drill: &mut Drill, fleet: &Fleet, opts: &FleetOptions) -> Result<(
     Ok(())
 }
 
-/// What ran live once, twice or never, of what the fleet produced.
-fn tally(
-    framework: Framework,
-    drill: Drill,
-    ledger: &Ledger,
-    (produced, scheduled): (&BTreeSet<String>, u64),
-    started: Instant,
-) -> FleetSummary {
-    let runs: Vec<(&String, u32)> = produced.iter().map(|k| (k, ledger.live(k))).collect();
-    let keys = |pick: &dyn Fn(u32) -> bool| -> Vec<String> {
-        runs.iter()
-            .filter(|(_, n)| pick(*n))
-            .map(|(k, _)| (*k).clone())
-            .collect()
-    };
-    let (lost, twice) = (keys(&|n| n == 0), keys(&|n| n > 1));
-    let (_, live_calls, shadow_calls, _) = ledger.totals();
-    let ran_on_redis = ledger.ran_on_redis();
-    FleetSummary {
-        framework,
-        produced: produced.len() as u64,
-        scheduled,
-        run_live: runs.iter().filter(|(_, n)| *n > 0).count() as u64,
-        ran_on_redis,
-        ran_on_postgres: live_calls.saturating_sub(ran_on_redis),
-        shadow_calls,
-        duplicates: twice.len() as u64,
-        lost: lost.len() as u64,
-        duplicate_keys: twice.into_iter().take(10).collect(),
-        lost_keys: lost.into_iter().take(10).collect(),
-        forced_advances: drill.forced,
-        phases: drill.phases,
-        seconds: started.elapsed().as_secs_f64(),
-    }
-}
-
 /// The drill's config: one route for the framework's queue, the proxy, the
 /// HTTP listener (the fleet reports outcomes to it), the demo's handler,
 /// and gates sized so each can pass within a few steps.
@@ -472,52 +419,4 @@ fn with_servers(toml: String, database_url: &str, redis_url: &str) -> Result<Con
         ..Overrides::default()
     };
     Config::from_toml(&toml, &overrides)
-}
-
-#[derive(Serialize)]
-struct Report<'a> {
-    ok: bool,
-    servers: String,
-    summary: &'a FleetSummary,
-}
-
-/// Prints the summary (or the JSON report); fails when a produced job was
-/// lost or ran live twice.
-pub fn report(s: &FleetSummary, servers: String, as_json: bool) -> Result<()> {
-    let failed = s.lost > 0 || s.duplicates > 0;
-    if as_json {
-        crate::output::json(&Report {
-            ok: !failed,
-            servers,
-            summary: s,
-        });
-    } else {
-        let fw = s.framework.name();
-        println!();
-        println!(
-            "produced {} jobs with {fw}'s own client through the proxy ({} scheduled for later)",
-            s.produced, s.scheduled
-        );
-        println!(
-            "run live: {} jobs ({} by {fw}'s workers from Redis, {} by qbridge from Postgres); run in shadow: {} calls",
-            s.run_live, s.ran_on_redis, s.ran_on_postgres, s.shadow_calls
-        );
-        println!("duplicates (run live twice): {}", s.duplicates);
-        println!("lost: {}", s.lost);
-        println!("advances forced past a gate: {}", s.forced_advances);
-        let phases: Vec<String> = s
-            .phases
-            .iter()
-            .map(|p| format!("{} {:.1}s", p.phase, p.seconds))
-            .collect();
-        println!("time per phase: {}", phases.join(", "));
-        println!("total: {:.1}s", s.seconds);
-    }
-    if failed {
-        return Err(Error::CheckFailed(format!(
-            "the drill lost {} and ran {} jobs live twice (lost: {:?}; twice: {:?})",
-            s.lost, s.duplicates, s.lost_keys, s.duplicate_keys
-        )));
-    }
-    Ok(())
 }

@@ -1,0 +1,120 @@
+//! The fleet drill's summary: what the framework produced, what ran live
+//! on each side, once, twice or never, and how it is reported.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::Framework;
+use crate::demo::drill::{Drill, PhaseTime};
+use crate::demo::handler::Ledger;
+use crate::error::{Error, Result};
+
+/// What the fleet drill did.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetSummary {
+    pub framework: Framework,
+    /// Jobs the framework's client pushed through the proxy.
+    pub produced: u64,
+    /// Of them, scheduled for later.
+    pub scheduled: u64,
+    /// Produced jobs that ran live at least once.
+    pub run_live: u64,
+    /// Live runs by the framework's workers (Redis side) and by qbridge's
+    /// Postgres workers.
+    pub ran_on_redis: u64,
+    pub ran_on_postgres: u64,
+    pub shadow_calls: u64,
+    pub duplicates: u64,
+    pub lost: u64,
+    pub duplicate_keys: Vec<String>,
+    pub lost_keys: Vec<String>,
+    pub forced_advances: u32,
+    pub phases: Vec<PhaseTime>,
+    pub seconds: f64,
+}
+
+/// What ran live once, twice or never, of what the fleet produced.
+pub(super) fn tally(
+    framework: Framework,
+    drill: Drill,
+    ledger: &Ledger,
+    (produced, scheduled): (&BTreeSet<String>, u64),
+    started: Instant,
+) -> FleetSummary {
+    let runs: Vec<(&String, u32)> = produced.iter().map(|k| (k, ledger.live(k))).collect();
+    let keys = |pick: &dyn Fn(u32) -> bool| -> Vec<String> {
+        runs.iter()
+            .filter(|(_, n)| pick(*n))
+            .map(|(k, _)| (*k).clone())
+            .collect()
+    };
+    let (lost, twice) = (keys(&|n| n == 0), keys(&|n| n > 1));
+    let (_, live_calls, shadow_calls, _) = ledger.totals();
+    let ran_on_redis = ledger.ran_on_redis();
+    FleetSummary {
+        framework,
+        produced: produced.len() as u64,
+        scheduled,
+        run_live: runs.iter().filter(|(_, n)| *n > 0).count() as u64,
+        ran_on_redis,
+        ran_on_postgres: live_calls.saturating_sub(ran_on_redis),
+        shadow_calls,
+        duplicates: twice.len() as u64,
+        lost: lost.len() as u64,
+        duplicate_keys: twice.into_iter().take(10).collect(),
+        lost_keys: lost.into_iter().take(10).collect(),
+        forced_advances: drill.forced,
+        phases: drill.phases,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    ok: bool,
+    servers: String,
+    summary: &'a FleetSummary,
+}
+
+/// Prints the summary (or the JSON report); fails when a produced job was
+/// lost or ran live twice.
+pub fn report(s: &FleetSummary, servers: String, as_json: bool) -> Result<()> {
+    let failed = s.lost > 0 || s.duplicates > 0;
+    if as_json {
+        crate::output::json(&Report {
+            ok: !failed,
+            servers,
+            summary: s,
+        });
+    } else {
+        let fw = s.framework.name();
+        println!();
+        println!(
+            "produced {} jobs with {fw}'s own client through the proxy ({} scheduled for later)",
+            s.produced, s.scheduled
+        );
+        println!(
+            "run live: {} jobs ({} by {fw}'s workers from Redis, {} by qbridge from Postgres); run in shadow: {} calls",
+            s.run_live, s.ran_on_redis, s.ran_on_postgres, s.shadow_calls
+        );
+        println!("duplicates (run live twice): {}", s.duplicates);
+        println!("lost: {}", s.lost);
+        println!("advances forced past a gate: {}", s.forced_advances);
+        let phases: Vec<String> = s
+            .phases
+            .iter()
+            .map(|p| format!("{} {:.1}s", p.phase, p.seconds))
+            .collect();
+        println!("time per phase: {}", phases.join(", "));
+        println!("total: {:.1}s", s.seconds);
+    }
+    if failed {
+        return Err(Error::CheckFailed(format!(
+            "the drill lost {} and ran {} jobs live twice (lost: {:?}; twice: {:?})",
+            s.lost, s.duplicates, s.lost_keys, s.duplicate_keys
+        )));
+    }
+    Ok(())
+}
