@@ -258,7 +258,7 @@ pub async fn store(
     // A framework's retry (Sidekiq's retry_count, Celery's retries header)
     // starts from the attempts it already used on the Redis side, so the
     // route's max_attempts bounds the whole job.
-    let mut used: HashMap<&str, Vec<(String, i32)>> = HashMap::new();
+    let mut used: std::collections::BTreeMap<&str, Vec<(String, i32)>> = Default::default();
     for (item, key) in items.iter().zip(&keys) {
         if let Some(n) = attempts_so_far(&item.route.format, &item.decoded.payload) {
             let queue = item.route.queue.as_str();

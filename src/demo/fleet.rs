@@ -84,7 +84,7 @@ impl Fleet {
     /// Pushes ready jobs in the background, a batch about every second,
     /// until the returned token is cancelled: the traffic of a live queue,
     /// so each gate's window (one step) has jobs to measure.
-    fn traffic(&self) -> CancellationToken {
+    fn traffic(&self) -> (CancellationToken, tokio::task::JoinHandle<()>) {
         let stop = CancellationToken::new();
         let (fw, env, produced, counter) = (
             self.framework,
@@ -93,7 +93,7 @@ impl Fleet {
             Arc::clone(&self.counter),
         );
         let token = stop.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             while !token.is_cancelled() {
                 if let Err(e) = push(fw, &env, &produced, &counter, 8, None).await {
                     tracing::warn!(error = %e, "demo: the producer failed; trying again");
@@ -104,7 +104,7 @@ impl Fleet {
                 }
             }
         });
-        stop
+        (stop, task)
     }
 
     /// SIGTERM (the framework's warm shutdown), then a kill after 10 s.
@@ -203,11 +203,10 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
     );
     let producer = Producer::connect(db.clone(), Some(redis_url), routes.clone(), 1 << 20).await?;
     let redis = connect_redis(redis_url).await?;
+    let proxy = proxy_url(redis_url, proxy_port)?;
     let rt = Runtime::build(config).await?;
     let runtime_stop = CancellationToken::new();
     let runtime = tokio::spawn(rt.run_until_stopped(runtime_stop.clone()));
-    wait_for_port(proxy_port).await?;
-    wait_for_port(http_port).await?;
 
     let mut drill = Drill::new(
         db.clone(),
@@ -218,7 +217,6 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
         ledger.clone(),
         opts.as_json,
     );
-    let proxy = proxy_url(redis_url, proxy_port)?;
     let outcomes = format!("http://127.0.0.1:{http_port}/v1/outcomes");
     let env = FleetEnv {
         dir: dir.path().to_path_buf(),
@@ -229,7 +227,7 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
         ledger_url: ledger_url.clone(),
         outcomes_url: outcomes,
     };
-    let driven = drive(&mut drill, fw, env, opts).await;
+    let driven = drive(&mut drill, fw, env, (proxy_port, http_port), opts).await;
     drill.bar.finish_and_clear();
     runtime_stop.cancel();
     let _ = runtime.await;
@@ -248,14 +246,18 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
     ))
 }
 
-/// Starts the fleet's worker, walks the phases, stops the worker; returns
-/// the produced keys and how many were scheduled.
+/// Once the runtime's proxy and HTTP listener answer: starts the fleet's
+/// worker, walks the phases, stops the worker; returns the produced keys
+/// and how many were scheduled.
 async fn drive(
     drill: &mut Drill,
     fw: Framework,
     env: FleetEnv,
+    (proxy_port, http_port): (u16, u16),
     opts: &FleetOptions,
 ) -> Result<(BTreeSet<String>, u64)> {
+    wait_for_port(proxy_port).await?;
+    wait_for_port(http_port).await?;
     let worker = start_worker(fw, &env).await?;
     let fleet = Fleet {
         framework: fw,
@@ -328,7 +330,7 @@ async fn walk(drill: &mut Drill, fleet: &Fleet, opts: &FleetOptions) -> Result<(
         "route {}: {fw}'s queue {} → Postgres queue {}; {fw}'s own client pushes through the proxy, {fw}'s own worker runs the Redis side and reports outcomes (POST /v1/outcomes)",
         drill.route.name, fleet.env.queue, drill.route.queue
     ));
-    let traffic = fleet.traffic();
+    let (traffic, traffic_task) = fleet.traffic();
     let walked = async {
         drill.say(&format!("== redis_only: {fw} alone"));
         drill.hold(step).await;
@@ -354,6 +356,8 @@ async fn walk(drill: &mut Drill, fleet: &Fleet, opts: &FleetOptions) -> Result<(
     }
     .await;
     traffic.cancel();
+    // A producer run in flight finishes first: its jobs count as produced.
+    let _ = traffic_task.await;
     walked?;
     // The gate waits for the scheduled jobs to come due and be run.
     drill.advance(None, patience + step * 6).await?;

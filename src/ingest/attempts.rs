@@ -15,10 +15,15 @@ pub async fn record_attempts(
     if used.is_empty() {
         return Ok(());
     }
+    // Rows locked in key order, as everything that writes jobs does, so two
+    // batches with the same keys in another order cannot deadlock.
     sqlx::query(
-        "UPDATE qbridge.jobs j SET attempts = t.n \
-           FROM unnest($2::text[], $3::int4[]) AS t(key, n) \
-          WHERE j.queue = $1 AND j.key = t.key AND j.state = 'ready' AND j.attempts < t.n",
+        "WITH t AS (SELECT key, max(n) AS n FROM unnest($2::text[], $3::int4[]) AS u(key, n) \
+                     GROUP BY key), \
+              locked AS (SELECT j.id, t.n FROM qbridge.jobs j JOIN t ON j.key = t.key \
+                          WHERE j.queue = $1 AND j.state = 'ready' AND j.attempts < t.n \
+                          ORDER BY j.key FOR UPDATE OF j) \
+         UPDATE qbridge.jobs j SET attempts = l.n FROM locked l WHERE j.id = l.id",
     )
     .bind(queue)
     .bind(used.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())

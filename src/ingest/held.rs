@@ -32,17 +32,19 @@ pub struct Settled {
 
 /// One held re-push, as the pass reads it.
 type HeldRow = (
-    String,            // queue
-    String,            // key
-    Vec<u8>,           // original
-    serde_json::Value, // payload
-    Option<String>,    // kind
-    Option<i32>,       // max_attempts
-    String,            // via
-    bool,              // fleet
-    Option<String>,    // the Redis side's last outcome
-    bool,              // owed by the outbox
-    bool,              // Redis handed it out of a set after the flip
+    String,                                // queue
+    String,                                // key
+    Vec<u8>,                               // original
+    serde_json::Value,                     // payload
+    Option<String>,                        // kind
+    Option<i32>,                           // max_attempts
+    String,                                // via
+    bool,                                  // fleet
+    Option<String>,                        // the Redis side's last outcome
+    bool,                                  // owed by the outbox
+    bool,                                  // Redis handed it out of a set after the flip
+    Option<chrono::DateTime<chrono::Utc>>, // when it is due
+    Option<i32>,                           // attempts the Redis side used
 );
 
 const TAKE_SQL: &str = concat!(
@@ -54,7 +56,7 @@ SELECT h.queue, h.key, h.original, h.payload, h.kind, h.max_attempts, h.via, h.f
        EXISTS (SELECT 1 FROM qbridge.redis_outbox b WHERE b.queue = h.queue AND b.key = h.key),
        "#,
     released_sql!(),
-    r#"
+    r#", h.run_at, h.attempts
   FROM qbridge.held_repushes h CROSS JOIN LATERAL (SELECT h.queue, h.key) AS t(queue, key)
  WHERE ($1::text IS NULL OR h.queue = $1)
    AND ($2::text[] IS NULL OR h.key = ANY($2))
@@ -161,7 +163,7 @@ async fn take(
 /// Runs one held re-push live; false when its key was live already (then
 /// it is a duplicate of that live job and only forgotten).
 async fn release_row(conn: &mut PgConnection, row: HeldRow, payload_limit: usize) -> Result<bool> {
-    let (queue, key, original, payload, kind, max_attempts, via, ..) = row;
+    let (queue, key, original, payload, kind, max_attempts, via, .., run_at, attempts) = row;
     forget(conn, &queue, &key).await?;
     let owns: Option<String> = sqlx::query_scalar(LIVE_KEY_SQL)
         .bind(&queue)
@@ -178,8 +180,12 @@ async fn release_row(conn: &mut PgConnection, row: HeldRow, payload_limit: usize
         .with_copy(JobCopy::Live, Some(bytes::Bytes::from(original)));
     job.kind = kind;
     job.max_attempts = max_attempts;
+    job.run_at = run_at;
     // The payload was checked (or replaced by a stand-in) when it was held.
     enqueue(conn, &[job], payload_limit.max(1024)).await?;
+    if let Some(n) = attempts {
+        super::record_attempts(conn, &queue, &[(key.clone(), n)]).await?;
+    }
     count(&queue, "released");
     Ok(true)
 }

@@ -27,6 +27,7 @@ use super::{new_job, Item, Via};
 use crate::config::RedisSideKind;
 use crate::error::Result;
 use crate::metrics as m;
+use crate::model::formats::attempts_so_far;
 use crate::queue::JobCopy;
 
 /// What a live re-push of a recorded key becomes.
@@ -63,6 +64,10 @@ pub fn decide(evidence: &Evidence, fleet: bool) -> Verdict {
     }
     if evidence.owed {
         return Verdict::Hold("the original push is still owed to Redis by the outbox");
+    }
+    if evidence.last_redis_outcome.as_deref() == Some("ok") {
+        // The Redis side ran it: a second copy, whatever else happened.
+        return Verdict::Duplicate;
     }
     if evidence.released {
         // Redis took it out of its schedule or retry set, and the push that
@@ -149,15 +154,17 @@ RETURNING j.queue, j.key, j.id
 /// Keeps a re-push back; a second one of the same key replaces the bytes
 /// (a framework's later retry carries its newer state) and is counted.
 const HOLD_SQL: &str = r#"
-INSERT INTO qbridge.held_repushes (queue, key, original, payload, kind, max_attempts, via, fleet, reason)
+INSERT INTO qbridge.held_repushes (queue, key, original, payload, kind, max_attempts, via, fleet, reason,
+                                   run_at, attempts)
 SELECT t.queue, t.key, t.original, t.payload::jsonb, t.kind, t.max_attempts, t.via, t.fleet,
-       t.reason
+       t.reason, t.run_at, t.attempts
   FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::int4[],
-              $7::text[], $8::bool[], $9::text[])
-       AS t(queue, key, original, payload, kind, max_attempts, via, fleet, reason)
+              $7::text[], $8::bool[], $9::text[], $10::timestamptz[], $11::int4[])
+       AS t(queue, key, original, payload, kind, max_attempts, via, fleet, reason, run_at, attempts)
 ON CONFLICT (queue, key) DO UPDATE
    SET original = excluded.original, payload = excluded.payload, kind = excluded.kind,
        max_attempts = excluded.max_attempts, reason = excluded.reason,
+       run_at = excluded.run_at, attempts = excluded.attempts,
        pushes = held_repushes.pushes + 1
 "#;
 
@@ -316,6 +323,15 @@ async fn hold_back(
                 .collect::<Vec<_>>(),
         )
         .bind(held.iter().map(|&(_, why)| why).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.run_at).collect::<Vec<_>>())
+        .bind(
+            held.iter()
+                .map(|&(i, _)| {
+                    let item = &items[i];
+                    attempts_so_far(&item.route.format, &item.decoded.payload)
+                })
+                .collect::<Vec<_>>(),
+        )
         .execute(&mut *conn)
         .await?;
     for &(i, _) in held {
@@ -356,6 +372,13 @@ mod tests {
                 ..ev("live", None, false)
             };
             assert_eq!(decide(&live, fleet), Verdict::Duplicate);
+            // A job the Redis side ran is not run again on a release (a
+            // ZREM that deleted it, then a client's re-push).
+            let ran = Evidence {
+                released: true,
+                ..ev("mirror", Some("ok"), false)
+            };
+            assert_eq!(decide(&ran, fleet), Verdict::Duplicate);
         }
     }
 

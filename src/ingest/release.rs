@@ -28,6 +28,11 @@ const PRUNE_SQL: &str =
 
 /// Records releases `(queue, key, structure)`; drops rows too old to count.
 pub async fn record(pool: &PgPool, rows: &[(String, String, String)]) -> Result<()> {
+    // One row per key: ON CONFLICT cannot touch a row twice in a statement.
+    let rows: std::collections::BTreeMap<(&str, &str), &str> = rows
+        .iter()
+        .map(|(q, k, s)| ((q.as_str(), k.as_str()), s.as_str()))
+        .collect();
     let mut tx = pool.begin().await?;
     sqlx::query(
         "INSERT INTO qbridge.redis_releases (queue, key, structure) \
@@ -35,9 +40,9 @@ pub async fn record(pool: &PgPool, rows: &[(String, String, String)]) -> Result<
          ON CONFLICT (queue, key) DO UPDATE \
             SET structure = excluded.structure, released_at = now()",
     )
-    .bind(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.1.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.2.as_str()).collect::<Vec<_>>())
+    .bind(rows.keys().map(|k| k.0).collect::<Vec<_>>())
+    .bind(rows.keys().map(|k| k.1).collect::<Vec<_>>())
+    .bind(rows.values().copied().collect::<Vec<_>>())
     .execute(&mut *tx)
     .await?;
     sqlx::query(PRUNE_SQL).execute(&mut *tx).await?;

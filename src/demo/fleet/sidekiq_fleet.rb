@@ -69,6 +69,8 @@ Sidekiq.configure_server do |c|
 end
 
 if $PROGRAM_NAME == __FILE__
+  # Each jid as it is pushed: a producer cut short still names its jobs.
+  $stdout.sync = true
   case ARGV[0]
   when "produce" then ARGV[1].to_i.times { |i| puts QbdDeliver.perform_async(i) }
   when "schedule" then ARGV[1].to_i.times { |i| puts QbdDeliver.perform_in(ARGV[2].to_f, i) }

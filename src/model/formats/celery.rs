@@ -82,13 +82,17 @@ pub(super) fn job_priority(payload: &Value) -> i32 {
         .map_or(0, |p| -(p.clamp(0, 255) as i32))
 }
 
-/// The message's `eta` header (ISO 8601, as Celery writes it); `None` when
-/// absent, null or not a time.
+/// The message's `eta` header (ISO 8601, as Celery writes it; one without
+/// an offset read as UTC, Celery's default `timezone`); `None` when absent,
+/// null or not a time.
 pub(super) fn eta(payload: &Value) -> Option<chrono::DateTime<chrono::Utc>> {
     let text = payload.pointer("/envelope/headers/eta")?.as_str()?;
-    chrono::DateTime::parse_from_rfc3339(text)
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Some(t.with_timezone(&chrono::Utc));
+    }
+    text.parse::<chrono::NaiveDateTime>()
         .ok()
-        .map(|t| t.with_timezone(&chrono::Utc))
+        .map(|t| t.and_utc())
 }
 
 /// The member as an object; a missing or null member as `empty` (kombu
@@ -140,6 +144,8 @@ mod priority_tests {
             |eta: serde_json::Value| super::eta(&json!({"envelope": {"headers": {"eta": eta}}}));
         let got = at(json!("2026-11-26T10:00:00.250000+00:00")).unwrap();
         assert_eq!(got.to_rfc3339(), "2026-11-26T10:00:00.250+00:00");
+        let naive = at(json!("2026-11-26T10:00:00.250000")).unwrap();
+        assert_eq!(naive, got, "an eta without an offset is UTC");
         assert_eq!(at(json!(null)), None);
         assert_eq!(at(json!("tomorrow")), None);
     }

@@ -282,3 +282,67 @@ async fn a_celery_retry_after_the_flip_keeps_its_attempts_and_eta(pool: PgPool) 
         .unwrap();
     side.stop().await;
 }
+
+/// The same retry pushed before the fleet's failure report arrives: held
+/// (no evidence yet), then released by the settle pass once the report is
+/// there — still due at its eta and from the attempts Celery used. Before
+/// the fix a released re-push ran at once, from attempt 0.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_held_celery_retry_keeps_its_attempts_and_eta_when_released(pool: PgPool) {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (route_name, queue) = (format!("ch{}", &id[..12]), format!("qbt_celery_{id}"));
+    let ledger = format!("qbt:{id}:ledger");
+    let toml = format!(
+        "[[routes]]\nname = \"{route_name}\"\nredis_key = \"{queue}\"\nqueue = \"{route_name}\"\n\
+         format = \"celery\"\nphase = \"postgres_only\"\nredis_side = \"fleet\"\n"
+    );
+    // The task's mirror copy, from before the flip.
+    let side = ProxySide::start(&pool, &toml).await;
+    let task = uuid::Uuid::new_v4().to_string();
+    sqlx::query(
+        "INSERT INTO qbridge.job_keys (queue, key, copy, via) VALUES ($1, $2, 'mirror', 'proxy')",
+    )
+    .bind(&route_name)
+    .bind(&task)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let args = [
+        "produce_retry".to_string(),
+        task.clone(),
+        "2".into(),
+        "600".into(),
+    ];
+    crate::exactly_once::fleet::producer(&side.url(), &queue, &ledger, &args).await;
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM qbridge.held_repushes WHERE key = $1")
+        .bind(&task)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(held, 1, "held: no evidence yet");
+    sqlx::query("SELECT qbridge.report_outcome($1, $2, 'failed', 'ConnectionError')")
+        .bind(&route_name)
+        .bind(&task)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let settled = qbridge::ingest::settle_held_once(&pool, 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(settled.released, 1);
+    let (attempts, ahead): (i32, f64) = sqlx::query_as(
+        "SELECT attempts, extract(epoch FROM run_at - now())::float8 FROM qbridge.jobs \
+          WHERE queue = $1 AND key = $2 AND copy = 'live'",
+    )
+    .bind(&route_name)
+    .bind(&task)
+    .fetch_one(&pool)
+    .await
+    .expect("released live");
+    assert_eq!(attempts, 2, "the attempts Celery used");
+    assert!(
+        (500.0..=600.0).contains(&ahead),
+        "due at its eta, not in {ahead} s"
+    );
+    side.stop().await;
+}
