@@ -31,6 +31,16 @@ pub struct DrillOptions {
     pub as_json: bool,
 }
 
+/// Prints the time each phase took and the total (both drills' summaries).
+pub(super) fn print_times(phases: &[PhaseTime], seconds: f64) {
+    let phases: Vec<String> = phases
+        .iter()
+        .map(|p| format!("{} {:.1}s", p.phase, p.seconds))
+        .collect();
+    println!("time per phase: {}", phases.join(", "));
+    println!("total: {seconds:.1}s");
+}
+
 /// Time spent in one phase.
 #[derive(Debug, Clone, Serialize)]
 pub struct PhaseTime {

@@ -254,13 +254,7 @@ fn print_summary(s: &Summary) {
         "advances forced past a gate: {}; rollbacks: {}",
         s.forced_advances, s.rollbacks
     );
-    let phases: Vec<String> = s
-        .phases
-        .iter()
-        .map(|p| format!("{} {:.1}s", p.phase, p.seconds))
-        .collect();
-    println!("time per phase: {}", phases.join(", "));
-    println!("total: {:.1}s", s.seconds);
+    drill::print_times(&s.phases, s.seconds);
 }
 
 #[cfg(test)]

@@ -92,6 +92,41 @@ impl ProxySide {
             .expect("consumers");
     }
 
+    /// Forces `route` forward (audited, as `cutover advance --force`) until
+    /// it is in `phase`, and waits (10 s at most) until the proxy follows.
+    pub async fn force_to(&self, route: &str, redis_url: &str, phase: qbridge::model::Phase) {
+        let routes = self.side_routes();
+        let route = routes.by_name(route).expect("the route").clone();
+        let mut redis = qbridge::redis::connect::connect_redis(redis_url)
+            .await
+            .unwrap();
+        let req = qbridge::ops::operate::Request {
+            by: "test@ops",
+            reason: Some("the test's flip"),
+            force: true,
+            percent: None,
+        };
+        while qbridge::ops::operate::state_of(&self.db, &route, "test@ops")
+            .await
+            .unwrap()
+            .phase
+            != phase
+        {
+            qbridge::ops::operate::advance(&self.db, Some(&mut redis), &route, &req, 1 << 20)
+                .await
+                .map_err(|_| "refused")
+                .unwrap();
+        }
+        let started = std::time::Instant::now();
+        while routes.phase(&route) != phase {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the proxy follows the flip"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn url(&self) -> String {
         format!("redis://{}/0", self.addr)
     }

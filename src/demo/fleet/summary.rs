@@ -102,13 +102,7 @@ pub fn report(s: &FleetSummary, servers: String, as_json: bool) -> Result<()> {
         println!("duplicates (run live twice): {}", s.duplicates);
         println!("lost: {}", s.lost);
         println!("advances forced past a gate: {}", s.forced_advances);
-        let phases: Vec<String> = s
-            .phases
-            .iter()
-            .map(|p| format!("{} {:.1}s", p.phase, p.seconds))
-            .collect();
-        println!("time per phase: {}", phases.join(", "));
-        println!("total: {:.1}s", s.seconds);
+        crate::demo::drill::print_times(&s.phases, s.seconds);
     }
     if failed {
         return Err(Error::CheckFailed(format!(

@@ -151,29 +151,8 @@ async fn a_countdown_task_is_due_at_its_eta(pool: PgPool) {
         1,
     )
     .await;
-    let routes = side.side_routes();
-    let route = routes.by_name(&route_name).unwrap().clone();
+    side.force_to(&route_name, REDIS, Phase::PostgresOnly).await;
     let mut redis = connect_redis(REDIS).await.unwrap();
-    let req = qbridge::ops::operate::Request {
-        by: "test@ops",
-        reason: Some("flip with a countdown task"),
-        force: true,
-        percent: None,
-    };
-    for _ in 0..2 {
-        qbridge::ops::operate::advance(&pool, Some(&mut redis), &route, &req, 1 << 20)
-            .await
-            .map_err(|_| "refused")
-            .unwrap();
-    }
-    let started = std::time::Instant::now();
-    while routes.phase(&route) != Phase::PostgresOnly {
-        assert!(
-            started.elapsed().as_secs() < 10,
-            "the proxy follows the flip"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
     let live = crate::exactly_once::fleet::producer(&side.url(), &queue, &ledger, &args).await;
     for (task, copy) in [(&mirrored[0], "mirror"), (&live[0], "live")] {
         let ahead: f64 = sqlx::query_scalar(
@@ -231,29 +210,8 @@ async fn a_celery_retry_after_the_flip_keeps_its_attempts_and_eta(pool: PgPool) 
         .execute(&pool)
         .await
         .unwrap();
-    let routes = side.side_routes();
-    let route = routes.by_name(&route_name).unwrap().clone();
+    side.force_to(&route_name, REDIS, Phase::PostgresOnly).await;
     let mut redis = connect_redis(REDIS).await.unwrap();
-    let req = qbridge::ops::operate::Request {
-        by: "test@ops",
-        reason: Some("flip before the retry"),
-        force: true,
-        percent: None,
-    };
-    for _ in 0..2 {
-        qbridge::ops::operate::advance(&pool, Some(&mut redis), &route, &req, 1 << 20)
-            .await
-            .map_err(|_| "refused")
-            .unwrap();
-    }
-    let started = std::time::Instant::now();
-    while routes.phase(&route) != Phase::PostgresOnly {
-        assert!(
-            started.elapsed().as_secs() < 10,
-            "the proxy follows the flip"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
     let args = [
         "produce_retry".to_string(),
         task.clone(),

@@ -151,29 +151,11 @@ async fn a_job_scheduled_before_the_flip_and_moved_after_it_runs_live_in_postgre
     )
     .await;
 
-    let routes = side.side_routes();
-    let route = routes.by_name("mail").unwrap().clone();
+    side.force_to("mail", &redis.url(), qbridge::model::Phase::PostgresOnly)
+        .await;
     let mut conn = qbridge::redis::connect::connect_redis(&redis.url())
         .await
         .unwrap();
-    let req = qbridge::ops::operate::Request {
-        by: "test@ops",
-        reason: Some("the flip, jobs still scheduled in Redis"),
-        force: true,
-        percent: None,
-    };
-    qbridge::ops::operate::advance(&pool, Some(&mut conn), &route, &req, 1 << 20)
-        .await
-        .map_err(|_| "refused")
-        .unwrap();
-    let started = std::time::Instant::now();
-    while routes.phase(&route) != qbridge::model::Phase::PostgresOnly {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the proxy follows the flip"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let moved = ruby("sidekiq_schedule_then_move.rb", &["move"], &side.url()).await;
     assert_eq!(moved, ["moved"]);
