@@ -103,6 +103,13 @@ async fn recorded_runs_digest_the_body_and_classify_failures() {
         ok.digest.as_deref(),
         Some("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
     );
+    // 204: done with nothing to compare (a runner's shadow "skip"): no
+    // digest, so the diff compares the outcome alone.
+    let skipped = h(204)
+        .run_recorded(&job(json!({})), Mode::Shadow, &Digester::default())
+        .await;
+    assert_eq!(skipped.result, HandlerResult::Done);
+    assert_eq!(skipped.digest, None);
     assert_eq!(
         h(503)
             .run_recorded(&job(json!({})), Mode::Live, &Digester::default())

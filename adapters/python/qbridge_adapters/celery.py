@@ -1,0 +1,125 @@
+"""Celery (5.x, kombu's Redis transport): the fleet's outcome reporter and
+the Postgres side's task runner.
+
+Fleet side, in the module that creates the app::
+
+    from qbridge_adapters.celery import report_outcomes
+    report_outcomes(app)          # settings from QBRIDGE_* (see settings)
+
+Outcomes, keyed by the task id (qbridge's key for the ``celery`` format):
+``task_success`` → ok (detail: the return value, ``canonical``),
+``task_retry`` → failed (Celery runs it again), ``task_failure`` → dead
+(Celery's failure is final: no retry is left or none was asked for),
+``task_revoked`` → dead.
+
+Postgres side: ``python -m qbridge_adapters.runner celery --app pkg.mod:app``
+runs each job's task by name with its args and kwargs (see ``run_job``).
+"""
+
+import threading
+
+from celery import signals
+from celery.exceptions import Retry
+
+from . import shadow as shadows
+from .answer import Outcome
+from .reporter import Reporter, canonical
+from .settings import Settings
+
+_installed = []
+
+
+def report_outcomes(app, reporter=None):
+    """Connects the reporter to ``app``'s task signals (once per process)."""
+    if reporter is None:
+        reporter = Reporter(Settings.from_env(redis_url=app.conf.broker_url))
+    _installed.append(reporter)
+
+    def ok(sender=None, result=None, **_):
+        reporter.report(sender.request.id, "ok", canonical(result))
+
+    def retried(request=None, reason=None, **_):
+        reporter.report(getattr(request, "id", None), "failed", type(reason).__name__)
+
+    def failed(task_id=None, exception=None, **_):
+        reporter.report(task_id, "dead", type(exception).__name__)
+
+    def revoked(request=None, **_):
+        reporter.report(getattr(request, "id", None), "dead", "revoked")
+
+    # weak=False: the handlers are closures that would be collected at once.
+    signals.task_success.connect(ok, weak=False)
+    signals.task_retry.connect(retried, weak=False)
+    signals.task_failure.connect(failed, weak=False)
+    signals.task_revoked.connect(revoked, weak=False)
+    signals.worker_shutdown.connect(lambda **_: reporter.close(), weak=False)
+    return reporter
+
+
+_asked = threading.local()
+
+
+def _watch_retries(app):
+    """Notes when a task calls ``self.retry()``: called directly (as the
+    runner calls it) Celery raises the task's exception from ``retry``, and
+    the runner must still tell a retry from a failure."""
+    if getattr(app, "_qbridge_retry_watched", False):
+        return
+    base = app.Task
+    original = base.retry
+
+    def retry(self, *args, **kwargs):
+        _asked.max_retries = kwargs.get("max_retries", self.max_retries)
+        _asked.retry = True
+        return original(self, *args, **kwargs)
+
+    base.retry = retry
+    app._qbridge_retry_watched = True
+
+
+def run_job(app, payload, mode, attempt, key):
+    """Runs one qbridge job of the ``celery`` format: returns (status, body).
+
+    The task is found by name (``headers.task``) in ``app``'s registry and
+    called directly with the message's args and kwargs, its request id the
+    Celery task id, ``request.retries`` the attempts before this one. A
+    failure is retried by qbridge (503) when Celery would retry it — the
+    task called ``self.retry()`` or raised one of its ``autoretry_for`` — and
+    its ``max_retries`` is not spent; otherwise it is final (422). qbridge's
+    route decides when the retry runs (its backoff), not the task's
+    countdown.
+    """
+    _watch_retries(app)
+    envelope = payload.get("envelope") or {}
+    headers = envelope.get("headers") or {}
+    name = headers.get("task")
+    task_id = headers.get("id") or key
+    body = payload.get("body")
+    if not name or name not in app.tasks:
+        raise Outcome(422, f"unknown task {name!r}")
+    if not isinstance(body, list) or len(body) < 2:
+        raise Outcome(422, "the message body is not Celery's JSON [args, kwargs, embed] (use the json serializer)")
+    args, kwargs = body[0], body[1]
+    task = app.tasks[name]
+    if mode == "shadow":
+        behaviour = shadows.of(task)
+        if behaviour == shadows.REFUSE:
+            raise Outcome(422, f"task {name} refuses shadow calls (declare qbridge_shadow)")
+        if behaviour == shadows.SKIP:
+            raise Outcome(204, "")
+        return 200, canonical(behaviour(*args, **kwargs))
+    _asked.retry = False
+    task.push_request(id=task_id, args=args, kwargs=kwargs, retries=max(attempt - 1, 0), delivery_info={})
+    try:
+        result = task.run(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - the task's own failure
+        asked = getattr(_asked, "retry", False) or isinstance(error, Retry)
+        autoretry = tuple(getattr(task, "autoretry_for", ()) or ())
+        limit = getattr(_asked, "max_retries", task.max_retries) if asked else task.max_retries
+        retryable = asked or (autoretry and isinstance(error, autoretry))
+        if retryable and (limit is None or attempt - 1 < limit):
+            raise Outcome(503, type(error).__name__) from None
+        raise Outcome(422, type(error).__name__) from None
+    finally:
+        task.pop_request()
+    return 200, canonical(result)

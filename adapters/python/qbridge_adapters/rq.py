@@ -1,0 +1,116 @@
+"""RQ: the fleet's outcome reporter (a worker class) and the Postgres
+side's job runner.
+
+Fleet side: run the workers with the reporting class, e.g.
+``rq worker -w qbridge_adapters.rq.ReportingWorker`` (or
+``ReportingSimpleWorker``), settings from QBRIDGE_* (see settings).
+Outcomes, keyed by the RQ job id (qbridge's key for the ``rq`` format):
+success → ok (detail: the return value, ``canonical``); a failure with
+retries left (``Retry``) → failed; a final one → dead.
+
+Postgres side: ``python -m qbridge_adapters.runner rq`` rebuilds each job
+from the ``rq:job:<id>`` hash qbridge mirrored with it and runs it with
+RQ's own ``Job.perform`` (see ``run_job``). RQ's default serializer is
+pickle: the runner unpickles what the team's own producers wrote, exactly
+as their RQ workers do, so it must only listen where qbridge can reach it.
+"""
+
+import base64
+
+from redis import Redis
+from rq.job import Job
+from rq.worker import SimpleWorker, Worker
+
+from . import shadow as shadows
+from .answer import Outcome
+from .reporter import Reporter, canonical
+from .settings import Settings
+
+
+class _Reporting:
+    """Mixin: reports each job's outcome after RQ handled it."""
+
+    _qbridge = None
+
+    def _reporter(self):
+        if _Reporting._qbridge is None:
+            kwargs = self.connection.connection_pool.connection_kwargs
+            url = "redis://{}:{}/{}".format(kwargs.get("host", "127.0.0.1"), kwargs.get("port", 6379), kwargs.get("db", 0))
+            _Reporting._qbridge = Reporter(Settings.from_env(redis_url=url))
+        return _Reporting._qbridge
+
+    def handle_job_success(self, job, *args, **kwargs):
+        done = super().handle_job_success(job, *args, **kwargs)
+        self._reporter().report(job.id, "ok", canonical(job._result))
+        return done
+
+    def handle_job_failure(self, job, *args, **kwargs):
+        final = not job.should_retry
+        done = super().handle_job_failure(job, *args, **kwargs)
+        self._reporter().report(job.id, "dead" if final else "failed", "failed")
+        return done
+
+
+class ReportingWorker(_Reporting, Worker):
+    """RQ's forking worker that reports outcomes to qbridge.
+
+    The success of a job is handled in the work horse (a child process), so
+    each horse flushes its reports before it exits."""
+
+    def perform_job(self, *args, **kwargs):
+        try:
+            return super().perform_job(*args, **kwargs)
+        finally:
+            if getattr(self, "_is_horse", False) and _Reporting._qbridge is not None:
+                _Reporting._qbridge.flush()
+
+
+class ReportingSimpleWorker(_Reporting, SimpleWorker):
+    """RQ's in-process worker that reports outcomes to qbridge."""
+
+
+def _hash_of(payload):
+    """The ``rq:job:<id>`` hash as qbridge mirrored it, as bytes."""
+    fields = payload.get("rq_job")
+    if not isinstance(fields, dict) or "data" not in fields:
+        raise Outcome(422, "the job carries no rq:job hash (was it mirrored from RQ's queue?)")
+    raw = {}
+    for field, value in fields.items():
+        if isinstance(value, dict) and "base64" in value:
+            raw[field.encode()] = base64.b64decode(value["base64"])
+        else:
+            raw[field.encode()] = str(value).encode()
+    return raw
+
+
+def run_job(connection, payload, mode, attempt, key):
+    """Runs one qbridge job of the ``rq`` format: returns (status, body).
+
+    The job is restored from its hash (function, args, kwargs, retries) and
+    run by ``Job.perform`` (so ``get_current_job()`` works). A failure is
+    retried by qbridge (503) while the job's ``Retry`` allows more attempts,
+    else final (422); qbridge's route decides when the retry runs.
+    """
+    job = Job(id=payload.get("rq_job_id") or key, connection=connection or Redis())
+    try:
+        job.restore(_hash_of(payload))
+        func = job.func
+    except Outcome:
+        raise
+    except Exception as error:  # noqa: BLE001 - a hash that does not load
+        raise Outcome(422, f"cannot load the RQ job: {type(error).__name__}") from None
+    if mode == "shadow":
+        behaviour = shadows.of(func)
+        if behaviour == shadows.REFUSE:
+            raise Outcome(422, f"{job.func_name} refuses shadow calls (declare @shadow)")
+        if behaviour == shadows.SKIP:
+            raise Outcome(204, "")
+        return 200, canonical(behaviour(*job.args, **job.kwargs))
+    # RQ's retries_left counts the retries left when the job was enqueued.
+    retries = job.retries_left or 0
+    try:
+        result = job.perform()
+    except Exception as error:  # noqa: BLE001 - the job's own failure
+        status = 503 if attempt - 1 < retries else 422
+        raise Outcome(status, type(error).__name__) from None
+    return 200, canonical(result)

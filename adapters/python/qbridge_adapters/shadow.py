@@ -1,0 +1,45 @@
+"""What a task does when qbridge calls it in shadow mode.
+
+In ``shadow`` the Postgres side runs every job a second time for comparison
+while the fleet still runs it for real, so a task must not repeat its side
+effects. Each task declares one of:
+
+- ``"refuse"`` (the default for a task that declares nothing): the runner
+  does not call it and answers 422, so the diff shows a mismatch and the
+  shadow gate refuses. For tasks that cannot run twice: take such a route
+  through shadow with ``shadow = { enabled = false }``, or declare one of
+  the others.
+- ``"skip"``: the runner does not call it and answers 204 (done, nothing to
+  compare): the diff compares the outcome only.
+- a callable (a *dry run*): called with the task's arguments instead of the
+  task; it must not have side effects, and its return value is compared with
+  the fleet's.
+
+Declare it with ``@shadow(...)`` on a function (RQ), or as the task option
+``qbridge_shadow=...`` (Celery: ``@app.task(qbridge_shadow="skip")``).
+"""
+
+REFUSE = "refuse"
+SKIP = "skip"
+
+
+def shadow(behaviour):
+    """Decorator: ``@shadow("skip")``, ``@shadow(dry_run_function)``."""
+    check(behaviour)
+
+    def mark(fn):
+        fn.qbridge_shadow = behaviour
+        return fn
+
+    return mark
+
+
+def check(behaviour):
+    if behaviour not in (REFUSE, SKIP) and not callable(behaviour):
+        raise ValueError(f'qbridge_shadow must be "refuse", "skip" or a callable, not {behaviour!r}')
+    return behaviour
+
+
+def of(target):
+    """The declared behaviour of a function or a task (default: refuse)."""
+    return check(getattr(target, "qbridge_shadow", None) or REFUSE)

@@ -1,0 +1,200 @@
+# frozen_string_literal: true
+
+# One path for every outcome a fleet reports: batched, bounded, and never in
+# the way of the job. #report only appends to a bounded queue (no I/O in the
+# job's thread); a background thread sends batches over HTTP
+# (POST /v1/outcomes, one transaction per batch) or SQL
+# (qbridge.report_outcome, needs the pg gem), retrying a few times. What
+# cannot be delivered is added to the route's qbridge:ran:<route> set in
+# Redis (the set qbridge's own consumer keeps), so the diff counts those jobs
+# as run with an unknown outcome and repair never pushes them back. Only when
+# Redis refuses that too is a report lost: counted and logged (counts, never
+# keys or payloads).
+require "json"
+require "net/http"
+require "uri"
+
+module Qbridge
+  OUTCOMES = %w[ok failed dead].freeze
+  # Mirrors qbridge's RAN_RETENTION_MS.
+  RAN_RETENTION_MS = 7 * 24 * 3600 * 1000
+
+  # A setting is missing or malformed.
+  class SettingsError < StandardError; end
+
+  # The adapters' settings, one environment variable each (see README).
+  Settings = Struct.new(:outcomes, :route, :queue, :token, keyword_init: true) do
+    def self.from_env(env = ENV)
+      outcomes = env.fetch("QBRIDGE_OUTCOMES", "").strip
+      route = env.fetch("QBRIDGE_ROUTE", "").strip
+      raise SettingsError, "QBRIDGE_OUTCOMES is not set: give qbridge's HTTP listener (http://host:port) or its database (postgres://...)" if outcomes.empty?
+      raise SettingsError, "QBRIDGE_OUTCOMES must start with http://, https://, postgres:// or postgresql://" unless outcomes.match?(%r{\A(https?|postgres(ql)?)://})
+      raise SettingsError, "QBRIDGE_ROUTE is not set: give the name of the route in qbridge.toml" if route.empty?
+      queue = env.fetch("QBRIDGE_QUEUE", "").strip
+      new(outcomes: outcomes, route: route, queue: queue.empty? ? route : queue, token: env["QBRIDGE_TOKEN"])
+    end
+
+    def over_sql?
+      outcomes.match?(%r{\Apostgres(ql)?://})
+    end
+
+    def outcomes_url
+      base = outcomes.chomp("/")
+      base.end_with?("/v1/outcomes") ? base : "#{base}/v1/outcomes"
+    end
+
+    def ran_key
+      "qbridge:ran:#{route}"
+    end
+  end
+
+  # The text both sides' digests compare: compact JSON with sorted keys.
+  def self.canonical(value)
+    JSON.generate(sorted(value))
+  end
+
+  def self.sorted(value)
+    case value
+    when Hash then value.keys.map(&:to_s).sort.to_h { |k| [k, sorted(value[k] || value[k.to_sym])] }
+    when Array then value.map { |v| sorted(v) }
+    when nil, true, false, Numeric, String then value
+    else value.to_s
+    end
+  end
+
+  # Sends the outcomes of one route. Thread-safe; one per process.
+  class Reporter
+    attr_reader :delivered, :recorded_unknown, :lost
+
+    # redis: a callable yielding a Redis connection (Sidekiq.method(:redis)).
+    def initialize(settings, redis:, logger:, capacity: 10_000, batch: 200, interval: 0.1, retries: 3, timeout: 5)
+      @settings = settings
+      @redis = redis
+      @logger = logger
+      @capacity = capacity
+      @batch = batch
+      @interval = interval
+      @retries = retries
+      @timeout = timeout
+      @delivered = @recorded_unknown = @lost = 0
+      @lock = Mutex.new
+      start
+    end
+
+    # Queues one outcome; returns at once; never raises.
+    def report(key, outcome, detail = nil)
+      start if @pid != Process.pid # a forked child has the queue, not the thread
+      return @logger.warn("qbridge: ignored an outcome that is not ok, failed or dead") unless OUTCOMES.include?(outcome) && key
+
+      entry = { "queue" => @settings.queue, "key" => key.to_s, "outcome" => outcome }
+      entry["detail"] = detail unless detail.nil?
+      @lock.synchronize do
+        if @buffer.size < @capacity then @buffer << entry
+        elsif @spilled.size < @capacity * 10 then @spilled << entry["key"]
+        else @lost += 1
+        end
+      end
+    rescue StandardError
+      nil
+    end
+
+    # Sends what is buffered, for up to deadline seconds.
+    def flush(deadline = 5)
+      stop_at = Process.clock_gettime(Process::CLOCK_MONOTONIC) + deadline
+      sleep 0.02 while pending? && Process.clock_gettime(Process::CLOCK_MONOTONIC) < stop_at
+      !pending?
+    end
+
+    def pending?
+      @lock.synchronize { !@buffer.empty? || !@spilled.empty? || @sending }
+    end
+
+    private
+
+    def start
+      @pid = Process.pid
+      @buffer = []
+      @spilled = []
+      @sending = false
+      @thread = Thread.new { loop { sleep @interval; drain } }
+      @thread.name = "qbridge-reporter" if @thread.respond_to?(:name=)
+      at_exit { flush(3) }
+    end
+
+    def drain
+      loop do
+        batch, spilled = @lock.synchronize do
+          @sending = true
+          [@buffer.shift(@batch), @spilled.shift(@batch * 10)]
+        end
+        record_unknown(spilled) unless spilled.empty?
+        break if batch.empty?
+
+        if deliver(batch) then @delivered += batch.size
+        else record_unknown(batch.map { |e| e["key"] })
+        end
+      end
+    ensure
+      @lock.synchronize { @sending = false }
+    end
+
+    def deliver(batch)
+      @retries.times do |attempt|
+        @settings.over_sql? ? send_sql(batch) : send_http(batch)
+        return true
+      rescue Refused => e
+        @logger.warn("qbridge: outcomes refused (#{e.message}); recording them as unknown")
+        return false
+      rescue StandardError, LoadError => e
+        if attempt + 1 < @retries then sleep(0.2 * (2**attempt))
+        else @logger.warn("qbridge: cannot deliver #{batch.size} outcomes (#{e.class}); recording them as unknown")
+        end
+      end
+      false
+    end
+
+    # A 4xx other than 408/429: sending it again cannot help.
+    class Refused < StandardError; end
+
+    def send_http(batch)
+      uri = URI(@settings.outcomes_url)
+      headers = { "content-type" => "application/json" }
+      headers["authorization"] = "Bearer #{@settings.token}" if @settings.token
+      response = Net::HTTP.start(uri.host, uri.port, use_ssl: uri.scheme == "https",
+                                                     open_timeout: @timeout, read_timeout: @timeout) do |http|
+        http.post(uri.path, JSON.generate(batch), headers)
+      end
+      code = response.code.to_i
+      return if code.between?(200, 299)
+      raise Refused, code.to_s if code.between?(400, 499) && ![408, 429].include?(code)
+
+      raise "HTTP #{code}"
+    end
+
+    def send_sql(batch)
+      require "pg"
+      @sql ||= PG.connect(@settings.outcomes)
+      @sql.transaction do |tx|
+        batch.each do |e|
+          tx.exec_params("SELECT qbridge.report_outcome($1, $2, $3, $4)", [e["queue"], e["key"], e["outcome"], e["detail"]])
+        end
+      end
+    rescue StandardError
+      @sql&.close
+      @sql = nil
+      raise
+    end
+
+    def record_unknown(keys)
+      now = (Time.now.to_f * 1000).to_i
+      @redis.call do |conn|
+        conn.zadd(@settings.ran_key, keys.map { |k| [now, k] })
+        conn.zremrangebyscore(@settings.ran_key, "-inf", now - RAN_RETENTION_MS)
+      end
+      @recorded_unknown += keys.size
+    rescue StandardError => e
+      @lost += keys.size
+      @logger.warn("qbridge: could not record #{keys.size} undelivered outcomes in Redis either (#{e.class})")
+    end
+  end
+end
