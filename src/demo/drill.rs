@@ -233,6 +233,38 @@ impl Drill {
         }
     }
 
+    /// Steps the route back one phase, with a reason (no gate), and waits
+    /// for this process to follow.
+    pub(super) async fn rollback(&mut self, reason: &str) -> Result<()> {
+        let from = self.routes.phase(&self.route);
+        let req = Request {
+            by: "qbridge-demo",
+            reason: Some(reason),
+            force: false,
+            percent: None,
+        };
+        let state = operate::rollback(&self.db, &self.route, &req).await?;
+        self.close_phase(from);
+        self.say(&format!("-> {from} → {} (rollback: {reason})", state.phase));
+        self.wait_for_view(state.phase).await;
+        Ok(())
+    }
+
+    /// Changes the share flipped to Postgres in `postgres_only`.
+    pub(super) async fn ramp(&mut self, percent: u8) -> Result<()> {
+        let req = Request {
+            by: "qbridge-demo",
+            reason: Some("demo: the flipped share ran clean"),
+            force: false,
+            percent: Some(percent),
+        };
+        operate::ramp(&self.db, &self.route, percent, &req).await?;
+        self.say(&format!("-> flipped share {percent}%"));
+        // Processes follow the flag within a poll.
+        self.hold(Duration::from_secs(1)).await;
+        Ok(())
+    }
+
     /// Until this process's producers see `phase` (they poll the flag).
     pub(super) async fn wait_for_view(&self, phase: Phase) {
         let until = Instant::now() + Duration::from_secs(5);

@@ -16,6 +16,7 @@
 //! and written to a temporary directory; the interpreter and the framework
 //! come from the machine ([`Framework::check`] names what to install).
 
+mod adapters;
 mod framework;
 mod summary;
 
@@ -187,8 +188,10 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
     let name = format!("demo_{id}");
     let ledger = Ledger::default();
     let ledger_url = handler::serve(ledger.clone()).await?;
-    let (proxy_port, http_port) = (free_port(), free_port());
-    let toml = fleet_config(fw, &name, &ledger_url, (proxy_port, http_port), opts.step)?;
+    let (proxy_port, http_port, runner_port) = (free_port(), free_port(), free_port());
+    let adapters = adapters::write(dir.path())?;
+    let runner_url = format!("http://127.0.0.1:{runner_port}/");
+    let toml = fleet_config(fw, &name, &runner_url, (proxy_port, http_port), opts.step)?;
     let config = with_servers(toml, database_url, redis_url)?;
     let db = crate::db::connect(database_url, 6).await?;
     crate::db::migrate(&db).await?;
@@ -226,6 +229,9 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
         route_queue: name.clone(),
         ledger_url: ledger_url.clone(),
         outcomes_url: outcomes,
+        route: name.clone(),
+        adapters,
+        runner_port,
     };
     let driven = drive(&mut drill, fw, env, (proxy_port, http_port), opts).await;
     drill.bar.finish_and_clear();
@@ -235,6 +241,12 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
     if let Some(task) = watch_task {
         let _ = task.await;
     }
+    let shadow_calls: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM qbridge.outcomes WHERE queue = $1 AND side = 'postgres' AND mode = 'shadow'",
+    )
+    .bind(&name)
+    .fetch_one(&db)
+    .await?;
     db.close().await;
     let (produced, scheduled) = driven?;
     Ok(summary::tally(
@@ -242,6 +254,7 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
         drill,
         &ledger,
         (&produced, scheduled),
+        shadow_calls as u64,
         started,
     ))
 }
@@ -258,7 +271,9 @@ async fn drive(
 ) -> Result<(BTreeSet<String>, u64)> {
     wait_for_port(proxy_port).await?;
     wait_for_port(http_port).await?;
-    let worker = start_worker(fw, &env).await?;
+    let runner = start_process(fw.runner(&env), &env, "runner", fw).await?;
+    wait_for_port(env.runner_port).await?;
+    let worker = start_process(fw.worker(&env), &env, "worker", fw).await?;
     let fleet = Fleet {
         framework: fw,
         env,
@@ -272,6 +287,7 @@ async fn drive(
         (p.0.clone(), p.1)
     };
     fleet.stop().await;
+    drop(runner); // killed on drop
     walked.map(|()| produced)
 }
 
@@ -288,21 +304,25 @@ fn python_path(python: &str) -> String {
     python.to_string()
 }
 
-/// Starts the framework's worker (its output in `worker.log` beside the
-/// application) and fails with its last line if it exits at once.
-async fn start_worker(fw: Framework, env: &FleetEnv) -> Result<tokio::process::Child> {
-    let log_path = env.dir.join("worker.log");
+/// Starts the framework's worker or runner (`what`; its output in
+/// `<what>.log` beside the application) and fails with its last line if it
+/// exits at once.
+async fn start_process(
+    mut cmd: tokio::process::Command,
+    env: &FleetEnv,
+    what: &str,
+    fw: Framework,
+) -> Result<tokio::process::Child> {
+    let log_path = env.dir.join(format!("{what}.log"));
     let log = std::fs::File::create(&log_path)
-        .map_err(|e| Error::Environment(format!("cannot write the worker's log: {e}")))?;
+        .map_err(|e| Error::Environment(format!("cannot write the {what}'s log: {e}")))?;
     let err = log
         .try_clone()
-        .map_err(|e| Error::Environment(format!("cannot write the worker's log: {e}")))?;
-    let mut worker = fw
-        .worker(env)
-        .stdout(log)
-        .stderr(err)
-        .spawn()
-        .map_err(|e| Error::Environment(format!("cannot start the {} worker: {e}", fw.name())))?;
+        .map_err(|e| Error::Environment(format!("cannot write the {what}'s log: {e}")))?;
+    let mut worker =
+        cmd.stdout(log).stderr(err).spawn().map_err(|e| {
+            Error::Environment(format!("cannot start the {} {what}: {e}", fw.name()))
+        })?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     if let Ok(Some(status)) = worker.try_wait() {
         let text = std::fs::read_to_string(&log_path).unwrap_or_default();
@@ -312,7 +332,7 @@ async fn start_worker(fw: Framework, env: &FleetEnv) -> Result<tokio::process::C
             .find(|l| !l.trim().is_empty())
             .unwrap_or("");
         return Err(Error::Environment(format!(
-            "the {} worker exited at start ({status}): {last}",
+            "the {} {what} exited at start ({status}): {last}",
             fw.name()
         )));
     }
@@ -346,7 +366,17 @@ async fn walk(drill: &mut Drill, fleet: &Fleet, opts: &FleetOptions) -> Result<(
         fleet.push(5, Some(step * 3)).await?;
         drill.hold(step).await;
         drill.print_diff().await?;
-        drill.advance(None, patience).await?;
+        drill.advance(Some(50), patience).await?;
+        drill.say(&format!(
+            "== postgres_only at 50%: half the job keys run in Postgres through the runner ({fw}'s own task code), the rest still on {fw}"
+        ));
+        drill.hold(step).await;
+        drill.rollback("demo: practising the way back").await?;
+        drill.say("== shadow again: the flipped jobs already in Postgres still run there once");
+        drill.hold(step).await;
+        drill.advance(Some(50), patience).await?;
+        drill.hold(step).await;
+        drill.ramp(100).await?;
         drill.say(&format!(
             "== postgres_only: new jobs run in Postgres; {fw} drains what it holds, and its jobs scheduled before the flip run once due"
         ));

@@ -8,13 +8,29 @@ use std::sync::{Arc, Mutex};
 
 use axum::http::HeaderMap;
 
-/// Calls per job key: (live, shadow), and the live runs of a framework's
-/// own workers on the Redis side (`qbridge demo --framework`), which call
-/// in with `qbd-side: redis`.
+/// Calls per job key: (live, shadow), the live runs of a framework's own
+/// workers on the Redis side (`qbridge demo --framework`), which call in
+/// with `qbd-side: redis`, and the keys whose first attempt was made to
+/// fail (`qbd-flaky: 1`, asked before the side effect).
 #[derive(Clone, Default)]
-pub struct Ledger(Arc<Mutex<HashMap<String, (u32, u32)>>>, Arc<Mutex<u64>>);
+pub struct Ledger(
+    Arc<Mutex<HashMap<String, (u32, u32)>>>,
+    Arc<Mutex<u64>>,
+    Arc<Mutex<std::collections::HashSet<String>>>,
+);
 
 impl Ledger {
+    /// Whether this attempt of `key` must fail: only its first.
+    fn fail_once(&self, key: &str) -> bool {
+        let mut failed = self.2.lock().unwrap_or_else(|e| e.into_inner());
+        failed.insert(key.to_string())
+    }
+
+    /// Jobs whose first attempt failed on purpose.
+    pub fn failed_once(&self) -> usize {
+        self.2.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     fn record(&self, key: &str, shadow: bool, on_redis: bool) {
         let mut calls = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let entry = calls.entry(key.to_string()).or_default();
@@ -82,11 +98,24 @@ pub async fn serve(ledger: Ledger) -> std::io::Result<String> {
             async move {
                 let header = |name: &str| header_text(&headers, name);
                 let key = header("qbridge-job-key");
+                // A task asking whether this attempt fails (its first does):
+                // 409 if so; not a run either way.
+                if header("qbd-flaky") == "1" {
+                    let code = if ledger.fail_once(&key) {
+                        axum::http::StatusCode::CONFLICT
+                    } else {
+                        axum::http::StatusCode::OK
+                    };
+                    return (code, String::new());
+                }
                 // Shadow mode: compute the same answer, cause no side effect.
                 let on_redis = header("qbd-side") == "redis";
                 ledger.record(&key, header("qbridge-mode") == "shadow", on_redis);
                 let at = chrono::Utc::now().to_rfc3339();
-                format!(r#"{{"ok":true,"key":"{key}","processed_at":"{at}"}}"#)
+                (
+                    axum::http::StatusCode::OK,
+                    format!(r#"{{"ok":true,"key":"{key}","processed_at":"{at}"}}"#),
+                )
             }
         }),
     );

@@ -15,6 +15,6 @@ Configuration is read from the environment (see ``settings``).
 
 from .reporter import Reporter, canonical
 from .settings import Settings
-from .shadow import shadow
+from .shadow_mode import shadow
 
 __all__ = ["Reporter", "Settings", "canonical", "shadow"]

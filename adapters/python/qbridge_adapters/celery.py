@@ -21,7 +21,7 @@ import threading
 from celery import signals
 from celery.exceptions import Retry
 
-from . import shadow as shadows
+from . import shadow_mode as shadows
 from .answer import Outcome
 from .reporter import Reporter, canonical
 from .settings import Settings

@@ -21,7 +21,7 @@ from redis import Redis
 from rq.job import Job
 from rq.worker import SimpleWorker, Worker
 
-from . import shadow as shadows
+from . import shadow_mode as shadows
 from .answer import Outcome
 from .reporter import Reporter, canonical
 from .settings import Settings

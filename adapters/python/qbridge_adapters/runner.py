@@ -11,7 +11,7 @@ exits (``handler = { type = "command", program = "python", args = ["-m",
 permanent_exit_codes = [65] }``): exit 0 done, 75 retry, 65 failed for good.
 
 ``Qbridge-Mode: shadow`` (``QBRIDGE_MODE`` for a command) runs the task's
-declared shadow behaviour instead of the task (see ``shadow``). Nothing here
+declared shadow behaviour instead of the task (see ``shadow_mode``). Nothing here
 logs a payload or an error's message.
 """
 
@@ -69,7 +69,6 @@ def run_one(runner, body, mode, attempt, key):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    runner = None
     protocol_version = "HTTP/1.1"
 
     def do_POST(self):  # noqa: N802 - http.server's name
@@ -78,7 +77,7 @@ class _Handler(BaseHTTPRequestHandler):
         mode = (self.headers.get("qbridge-mode") or "live").lower()
         attempt = int(self.headers.get("qbridge-attempt") or 1)
         key = self.headers.get("qbridge-job-key") or ""
-        status, text = run_one(self.runner, body, mode, attempt, key)
+        status, text = run_one(self.server.runner, body, mode, attempt, key)
         data = text.encode() if status != 204 else b""
         self.send_response(status)
         if status != 204:
@@ -115,8 +114,8 @@ def main(argv=None):
         sys.stderr.write(text + "\n")
         return EXIT_RETRY if status >= 500 else EXIT_DEAD
     host, _, port = args.listen.rpartition(":")
-    _Handler.runner = runner
     server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), _Handler)
+    server.runner = runner
     server.daemon_threads = True
     print(f"qbridge runner ({args.framework}) listening on {args.listen}", flush=True)
     try:

@@ -35,6 +35,13 @@ pub(super) struct FleetEnv {
     pub route_queue: String,
     pub ledger_url: String,
     pub outcomes_url: String,
+    /// The route's name (the fleet's reporter records undeliverable
+    /// outcomes in its ran set).
+    pub route: String,
+    /// The fleet adapters, written out.
+    pub adapters: super::adapters::Written,
+    /// Where the Postgres side's runner listens.
+    pub runner_port: u16,
 }
 
 impl Framework {
@@ -120,7 +127,47 @@ impl Framework {
         cmd
     }
 
-    /// The fleet's worker, four jobs at a time, moving due scheduled jobs.
+    /// The Postgres side's handler: the framework's runner from the fleet
+    /// adapters, calling the same task code.
+    pub(super) fn runner(self, env: &FleetEnv) -> Command {
+        let (file, _) = self.script();
+        let listen = format!("127.0.0.1:{}", env.runner_port);
+        let mut cmd = match self {
+            Framework::Sidekiq => {
+                let mut cmd = Command::new("ruby");
+                cmd.arg(&env.adapters.sidekiq_runner).args([
+                    "-r",
+                    &format!("./{file}"),
+                    "--listen",
+                    &listen,
+                ]);
+                cmd
+            }
+            Framework::Celery => {
+                let mut cmd = Command::new(&env.python);
+                cmd.args(["-m", "qbridge_adapters.runner", "celery"]).args([
+                    "--app",
+                    "qbd_celery:app",
+                    "--listen",
+                    &listen,
+                ]);
+                cmd
+            }
+            Framework::Rq => {
+                let mut cmd = Command::new(&env.python);
+                cmd.args(["-m", "qbridge_adapters.runner", "rq"])
+                    .args(["--import", "qbd_rq", "--redis-url", &env.proxy_url])
+                    .args(["--listen", &listen]);
+                cmd
+            }
+        };
+        self.environment(&mut cmd, env);
+        cmd.env("QBD_SIDE", "postgres");
+        cmd
+    }
+
+    /// The fleet's worker, four jobs at a time, moving due scheduled jobs,
+    /// reporting outcomes through the fleet adapter.
     pub(super) fn worker(self, env: &FleetEnv) -> Command {
         let (file, _) = self.script();
         let mut cmd = match self {
@@ -155,6 +202,10 @@ impl Framework {
             }
         };
         self.environment(&mut cmd, env);
+        cmd.env("QBD_SIDE", "redis")
+            .env("QBRIDGE_OUTCOMES", &env.outcomes_url)
+            .env("QBRIDGE_ROUTE", &env.route)
+            .env("QBRIDGE_QUEUE", &env.route_queue);
         cmd
     }
 
@@ -164,7 +215,18 @@ impl Framework {
             .env("QBD_QUEUE", &env.queue)
             .env("QBD_ROUTE_QUEUE", &env.route_queue)
             .env("QBD_LEDGER", &env.ledger_url)
-            .env("QBD_OUTCOMES", &env.outcomes_url)
+            .env("QBD_ADAPTERS", &env.adapters.ruby_lib)
+            .env("PYTHONPATH", python_path(&env.adapters.python))
             .kill_on_drop(true);
     }
+}
+
+/// `PYTHONPATH` with the adapters first.
+fn python_path(adapters: &Path) -> std::ffi::OsString {
+    let mut path = adapters.as_os_str().to_os_string();
+    if let Some(rest) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(rest);
+    }
+    path
 }

@@ -5,65 +5,69 @@ proxy. Written out by the demo and run as:
     python qbd_celery.py produce N            N delay();    prints task ids
     python qbd_celery.py schedule N SECONDS   N countdown;  prints task ids
     python -m celery -A qbd_celery worker ... the fleet's worker
+    python -m qbridge_adapters.runner celery --app qbd_celery:app ...
+                                              the Postgres side's handler
 
-Each task tells the demo's ledger it ran (the stand-in for its side
-effect); task_success / task_failure handlers report the outcome to qbridge
-(POST /v1/outcomes), the way issue 15's reporter will.
+The task is the team's code, unchanged on both sides: it tells the demo's
+ledger it ran (its side effect; QBD_SIDE says which side ran it), and every
+fifth job fails its first attempt (the ledger says so) and is retried. The
+fleet reports outcomes with qbridge_adapters.celery.report_outcomes; in
+shadow, qbridge's runner calls the task's dry run instead.
 
 Environment: QBD_REDIS_URL (the proxy), QBD_QUEUE (the Celery queue),
-QBD_ROUTE_QUEUE (the route's Postgres queue), QBD_LEDGER, QBD_OUTCOMES.
+QBD_LEDGER, QBD_SIDE, and the fleet's QBRIDGE_* settings.
 """
 
-import json
 import os
 import sys
+import urllib.error
 import urllib.request
 
 from celery import Celery
-from celery.signals import task_failure, task_success
 
 app = Celery("qbd_celery", broker=os.environ["QBD_REDIS_URL"])
 app.conf.task_default_queue = os.environ["QBD_QUEUE"]
 app.conf.broker_connection_retry_on_startup = True
 app.conf.worker_hijack_root_logger = False
 
+if os.environ.get("QBRIDGE_OUTCOMES"):
+    # The fleet's whole configuration for qbridge: one line.
+    from qbridge_adapters.celery import report_outcomes
 
-def _post(url, body, headers=None):
-    request = urllib.request.Request(url, data=body.encode(), method="POST")
-    request.add_header("content-type", "application/json")
-    for name, value in (headers or {}).items():
-        request.add_header(name, value)
-    with urllib.request.urlopen(request, timeout=10) as response:
-        response.read()
+    report_outcomes(app)
 
 
-def answer(key):
-    """What a task "returns": the response both sides' digests compare."""
-    return json.dumps({"key": key, "ok": True}, separators=(",", ":"), sort_keys=True)
+class Flaky(Exception):
+    """A first attempt that fails (the ledger decides which)."""
 
 
-@app.task(name="qbd.deliver", bind=True)
-def deliver(self, n):
-    _post(os.environ["QBD_LEDGER"], "", {"qbridge-job-key": self.request.id, "qbd-side": "redis"})
-    return n
-
-
-def _report(key, outcome, detail):
-    body = {"queue": os.environ["QBD_ROUTE_QUEUE"], "key": key, "outcome": outcome, "detail": detail}
+def _ledger(key, flaky=False):
+    request = urllib.request.Request(os.environ["QBD_LEDGER"], data=b"", method="POST")
+    request.add_header("qbridge-job-key", key)
+    request.add_header("qbd-side", os.environ.get("QBD_SIDE", "redis"))
+    if flaky:
+        request.add_header("qbd-flaky", "1")
     try:
-        _post(os.environ["QBD_OUTCOMES"], json.dumps(body))
-    except OSError as error:  # never fail the task for its report
-        print(f"outcome report failed: {type(error).__name__}", file=sys.stderr)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+    except urllib.error.HTTPError as error:
+        if error.code == 409:
+            raise Flaky() from None
+        raise
 
 
-@task_success.connect
-def _ok(sender=None, **_):
-    _report(sender.request.id, "ok", answer(sender.request.id))
+def answer(n):
+    """What the task returns: the response both sides' digests compare."""
+    return {"n": n, "ok": True}
 
 
-@task_failure.connect
-def _failed(sender=None, task_id=None, exception=None, **_):
-    _report(task_id, "failed", type(exception).__name__)
+@app.task(name="qbd.deliver", bind=True, autoretry_for=(Flaky,), max_retries=3,
+          default_retry_delay=1, qbridge_shadow=lambda n: answer(n))
+def deliver(self, n):
+    if n % 5 == 4:
+        _ledger(self.request.id, flaky=True)
+    _ledger(self.request.id)
+    return answer(n)
 
 
 if __name__ == "__main__":

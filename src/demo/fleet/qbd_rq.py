@@ -3,71 +3,67 @@ talking to Redis through qbridge's proxy. Written out by the demo and run as:
 
     python qbd_rq.py produce N            N enqueue();     prints job ids
     python qbd_rq.py schedule N SECONDS   N enqueue_in();  prints job ids
-    python qbd_rq.py worker               the fleet's worker (with RQ's
-                                          scheduler, which moves due jobs)
+    python qbd_rq.py worker               the fleet's worker (a reporting
+                                          SimpleWorker, with RQ's scheduler)
+    python -m qbridge_adapters.runner rq --import qbd_rq ...
+                                          the Postgres side's handler
 
-Each job tells the demo's ledger it ran (the stand-in for its side effect);
-its on_success / on_failure callbacks report the outcome to qbridge
-(POST /v1/outcomes), the way issue 15's reporter will.
+The job function is the team's code, unchanged on both sides: it tells the
+demo's ledger it ran (its side effect; QBD_SIDE says which side ran it), and
+every fifth job fails its first attempt (the ledger says so) and is retried
+(Retry(max=3)). In shadow, qbridge's runner calls its dry run instead.
 
 Environment: QBD_REDIS_URL (the proxy), QBD_QUEUE (the RQ queue),
-QBD_ROUTE_QUEUE (the route's Postgres queue), QBD_LEDGER, QBD_OUTCOMES.
+QBD_LEDGER, QBD_SIDE, and the fleet's QBRIDGE_* settings.
 """
 
 import datetime
-import json
 import os
 import sys
+import urllib.error
 import urllib.request
 
+from qbridge_adapters import shadow
 from redis import Redis
-from rq import Callback, Queue, get_current_job
-from rq.worker import SimpleWorker
+from rq import Queue, Retry, get_current_job
 
 
-def _post(url, body, headers=None):
-    request = urllib.request.Request(url, data=body.encode(), method="POST")
-    request.add_header("content-type", "application/json")
-    for name, value in (headers or {}).items():
-        request.add_header(name, value)
-    with urllib.request.urlopen(request, timeout=10) as response:
-        response.read()
+class Flaky(Exception):
+    """A first attempt that fails (the ledger decides which)."""
 
 
-def answer(key):
-    """What a job "returns": the response both sides' digests compare."""
-    return json.dumps({"key": key, "ok": True}, separators=(",", ":"), sort_keys=True)
+def _ledger(key, flaky=False):
+    request = urllib.request.Request(os.environ["QBD_LEDGER"], data=b"", method="POST")
+    request.add_header("qbridge-job-key", key)
+    request.add_header("qbd-side", os.environ.get("QBD_SIDE", "redis"))
+    if flaky:
+        request.add_header("qbd-flaky", "1")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+    except urllib.error.HTTPError as error:
+        if error.code == 409:
+            raise Flaky() from None
+        raise
 
 
+def answer(n):
+    """What the job returns: the response both sides' digests compare."""
+    return {"n": n, "ok": True}
+
+
+@shadow(answer)
 def deliver(n):
     key = get_current_job().id
-    _post(os.environ["QBD_LEDGER"], "", {"qbridge-job-key": key, "qbd-side": "redis"})
-    return n
-
-
-def _report(key, outcome, detail):
-    body = {"queue": os.environ["QBD_ROUTE_QUEUE"], "key": key, "outcome": outcome, "detail": detail}
-    try:
-        _post(os.environ["QBD_OUTCOMES"], json.dumps(body))
-    except OSError as error:  # never fail the job for its report
-        print(f"outcome report failed: {type(error).__name__}", file=sys.stderr)
-
-
-def report_ok(job, connection, result, *args, **kwargs):
-    _report(job.id, "ok", answer(job.id))
-
-
-def report_failed(job, connection, type, value, traceback):
-    _report(job.id, "failed", type.__name__)
+    if n % 5 == 4:
+        _ledger(key, flaky=True)
+    _ledger(key)
+    return answer(n)
 
 
 def _queue():
     connection = Redis.from_url(os.environ["QBD_REDIS_URL"])
     return Queue(os.environ["QBD_QUEUE"], connection=connection)
-
-
-def _callbacks():
-    return {"on_success": Callback(report_ok), "on_failure": Callback(report_failed)}
 
 
 if __name__ == "__main__":
@@ -78,14 +74,17 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["produce"]:
         queue = _queue()
         for i in range(int(sys.argv[2])):
-            print(queue.enqueue(qbd_rq.deliver, i, **qbd_rq._callbacks()).id, flush=True)
+            print(queue.enqueue(qbd_rq.deliver, i, retry=Retry(max=3)).id, flush=True)
     elif sys.argv[1:2] == ["schedule"]:
         queue = _queue()
         delay = datetime.timedelta(seconds=float(sys.argv[3]))
         for i in range(int(sys.argv[2])):
-            print(queue.enqueue_in(delay, qbd_rq.deliver, i, **qbd_rq._callbacks()).id, flush=True)
+            print(queue.enqueue_in(delay, qbd_rq.deliver, i, retry=Retry(max=3)).id, flush=True)
     elif sys.argv[1:2] == ["worker"]:
+        # The fleet's whole configuration for qbridge: its worker class.
+        from qbridge_adapters.rq import ReportingSimpleWorker
+
         queue = _queue()
-        SimpleWorker([queue], connection=queue.connection).work(with_scheduler=True)
+        ReportingSimpleWorker([queue], connection=queue.connection).work(with_scheduler=True)
     else:
         sys.exit("usage: produce N | schedule N SECONDS | worker")

@@ -25,7 +25,11 @@ pub struct FleetSummary {
     /// Postgres workers.
     pub ran_on_redis: u64,
     pub ran_on_postgres: u64,
+    /// Shadow calls the runner answered on the Postgres side (recorded
+    /// outcomes of mode shadow), compared with the fleet's reports.
     pub shadow_calls: u64,
+    /// Jobs whose first attempt failed on purpose and were retried.
+    pub failed_first_attempts: u64,
     pub duplicates: u64,
     pub lost: u64,
     pub duplicate_keys: Vec<String>,
@@ -41,6 +45,7 @@ pub(super) fn tally(
     drill: Drill,
     ledger: &Ledger,
     (produced, scheduled): (&BTreeSet<String>, u64),
+    shadow_calls: u64,
     started: Instant,
 ) -> FleetSummary {
     let runs: Vec<(&String, u32)> = produced.iter().map(|k| (k, ledger.live(k))).collect();
@@ -51,7 +56,7 @@ pub(super) fn tally(
             .collect()
     };
     let (lost, twice) = (keys(&|n| n == 0), keys(&|n| n > 1));
-    let (_, live_calls, shadow_calls, _) = ledger.totals();
+    let (_, live_calls, _, _) = ledger.totals();
     let ran_on_redis = ledger.ran_on_redis();
     FleetSummary {
         framework,
@@ -61,6 +66,7 @@ pub(super) fn tally(
         ran_on_redis,
         ran_on_postgres: live_calls.saturating_sub(ran_on_redis),
         shadow_calls,
+        failed_first_attempts: ledger.failed_once() as u64,
         duplicates: twice.len() as u64,
         lost: lost.len() as u64,
         duplicate_keys: twice.into_iter().take(10).collect(),
@@ -96,8 +102,8 @@ pub fn report(s: &FleetSummary, servers: String, as_json: bool) -> Result<()> {
             s.produced, s.scheduled
         );
         println!(
-            "run live: {} jobs ({} by {fw}'s workers from Redis, {} by qbridge from Postgres); run in shadow: {} calls",
-            s.run_live, s.ran_on_redis, s.ran_on_postgres, s.shadow_calls
+            "run live: {} jobs ({} by {fw}'s workers from Redis, {} by qbridge from Postgres through the runner); shadow calls compared: {}; first attempts failed and retried: {}",
+            s.run_live, s.ran_on_redis, s.ran_on_postgres, s.shadow_calls, s.failed_first_attempts
         );
         println!("duplicates (run live twice): {}", s.duplicates);
         println!("lost: {}", s.lost);

@@ -42,4 +42,9 @@ def check(behaviour):
 
 def of(target):
     """The declared behaviour of a function or a task (default: refuse)."""
-    return check(getattr(target, "qbridge_shadow", None) or REFUSE)
+    behaviour = getattr(target, "qbridge_shadow", None) or REFUSE
+    # A task option becomes a class attribute, so a dry run read from the
+    # task comes back bound to it: call the function as declared.
+    if getattr(behaviour, "__self__", None) is target:
+        behaviour = behaviour.__func__
+    return check(behaviour)
