@@ -12,7 +12,7 @@
 
 mod drill;
 mod fleet;
-pub(crate) mod handler;
+pub mod handler;
 pub mod servers;
 
 use std::time::Duration;

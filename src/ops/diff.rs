@@ -101,6 +101,11 @@ pub struct Diff {
     pub unaccounted: i64,
     pub unaccounted_reason: Option<String>,
     pub sample_unaccounted: Vec<String>,
+    /// Ran on Redis (in the route's ran set) with no outcome reported: the
+    /// report was lost or could not be delivered (qbridge down while a
+    /// fleet's reporter ran). Not compared, never pushed back.
+    pub ran_outcome_unknown: i64,
+    pub sample_ran_outcome_unknown: Vec<String>,
     /// Re-pushes after the flip held back until the Redis side shows it let
     /// go of the original (see `crate::ingest`), with a sample of keys.
     pub held_repushes: i64,
@@ -221,6 +226,8 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
     let (noise_samples, noise_disagreed) = queries::noise(db, &window).await?;
     let (ran_both_sides, both_sample) =
         queries::ran_both_sides(db, window.queue, window.since, &input.held.ran, samples).await?;
+    let (ran_outcome_unknown, unknown_sample) =
+        queries::ran_unreported(db, window.queue, window.since, &input.held.ran, samples).await?;
 
     // Redis-side jobs: reported ones plus those held now (a key can be both:
     // a failed attempt waits for its retry).
@@ -258,6 +265,8 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
         unaccounted: accounting.unaccounted.len() as i64,
         unaccounted_reason: accounting.reason.clone(),
         sample_unaccounted: accounting.unaccounted.into_iter().take(samples).collect(),
+        ran_outcome_unknown,
+        sample_ran_outcome_unknown: unknown_sample.into_iter().take(samples).collect(),
         held_repushes,
         sample_held_repushes: sample_held_repushes.into_iter().take(samples).collect(),
         sample_only_redis: one_sided

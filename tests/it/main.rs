@@ -16,6 +16,7 @@ mod enqueue;
 mod exactly_once;
 mod examples;
 mod fence;
+mod fleet_adapters;
 mod http_enqueue;
 mod keys;
 mod lock_key;

@@ -5,8 +5,9 @@ in the way of the job.
 thread); a background thread sends the buffer in batches, over HTTP
 (``POST /v1/outcomes``, one transaction per batch) or SQL
 (``qbridge.report_outcome``), retrying a few times. What cannot be delivered
-— qbridge down, the buffer full — is not dropped silently: the job keys are
-added to the route's ``qbridge:ran:<route>`` set in Redis, the set qbridge's
+— qbridge down, the buffer full — is not dropped silently: the keys of jobs
+that finished (ok or dead) are added to the route's ``qbridge:ran:<route>``
+set in Redis, the set qbridge's
 own consumer keeps, so the diff counts those jobs as run with an unknown
 outcome and repair never pushes them back. Only when Redis refuses that too
 is a report lost, and then it is counted and logged (counts, never keys or
@@ -80,6 +81,8 @@ class Reporter:
         with self._lock:
             if len(self._buffer) < self.capacity:
                 self._buffer.append(entry)
+            elif outcome == "failed":
+                self.lost += 1  # the job runs again; its final outcome follows
             elif len(self._spilled) < self.capacity * 10:
                 self._spilled.append(entry["key"])
             else:
@@ -122,7 +125,12 @@ class Reporter:
             if self._deliver(batch):
                 self.delivered += len(batch)
             else:
-                self._record_unknown([e["key"] for e in batch])
+                # Only a final outcome says the job is done with; a failed
+                # attempt runs again and its final outcome is reported then.
+                final = [e["key"] for e in batch if e["outcome"] != "failed"]
+                self.lost += len(batch) - len(final)
+                if final:
+                    self._record_unknown(final)
 
     def _deliver(self, batch):
         for attempt in range(self.retries):

@@ -414,3 +414,39 @@ pub(crate) async fn ran_both_sides(
             .await?,
     ))
 }
+
+/// Keys the Redis side finished by its ran set (`$4`) — mirrored in the
+/// window, with no final Redis outcome reported: they ran, and what came of
+/// them is unknown (a report lost, qbridge down while a fleet ran them).
+const RAN_UNREPORTED_SQL: &str = r#"
+SELECT count(*) OVER (), k.key FROM qbridge.job_keys k
+ WHERE k.queue = $1 AND k.copy = 'mirror' AND k.seen_at >= $2 AND k.key = ANY($4::text[])
+   AND NOT EXISTS (SELECT 1 FROM qbridge.outcomes o
+                    WHERE o.queue = k.queue AND o.key = k.key AND o.side = 'redis'
+                      AND o.outcome IN ('ok', 'dead'))
+ ORDER BY k.key LIMIT $3
+"#;
+
+/// Jobs the Redis side ran whose outcome is unknown, with a sample.
+/// `ran`: the keys in the route's ran set.
+pub(crate) async fn ran_unreported(
+    db: &PgPool,
+    queue: &str,
+    since: DateTime<Utc>,
+    ran: &[String],
+    samples: usize,
+) -> Result<(i64, Vec<String>)> {
+    if ran.is_empty() {
+        return Ok((0, Vec::new()));
+    }
+    Ok(count_and_sample(
+        sqlx::query_as(RAN_UNREPORTED_SQL)
+            .bind(queue)
+            .bind(since)
+            // LIMIT 0 would lose the count with the rows.
+            .bind(samples.max(1) as i64)
+            .bind(ran)
+            .fetch_all(db)
+            .await?,
+    ))
+}

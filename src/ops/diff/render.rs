@@ -33,6 +33,12 @@ pub(super) fn verdict(d: &Diff) -> String {
             "; the Redis side reported no outcomes, so 'only on postgres' may count jobs Redis ran",
         );
     }
+    if d.ran_outcome_unknown > 0 {
+        line.push_str(&format!(
+            "; ran on Redis, outcome unknown: {} (in the route's ran set, no outcome reported; not compared, never pushed back)",
+            d.ran_outcome_unknown
+        ));
+    }
     if d.held_repushes > 0 {
         line.push_str(&format!(
             "; {} re-pushes after the flip held back until the Redis side shows it let go of the original",
@@ -184,6 +190,11 @@ fn samples(d: &Diff, out: &mut String) {
     list("only on postgres (sample)", &d.sample_only_postgres, out);
     list("unaccounted (sample)", &d.sample_unaccounted, out);
     list("held re-pushes (sample)", &d.sample_held_repushes, out);
+    list(
+        "ran on redis, outcome unknown (sample)",
+        &d.sample_ran_outcome_unknown,
+        out,
+    );
     list("ran more than once (sample)", &d.sample_ran_twice, out);
     list(
         "ran live on both sides (sample)",

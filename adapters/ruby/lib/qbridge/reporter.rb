@@ -4,9 +4,9 @@
 # the way of the job. #report only appends to a bounded queue (no I/O in the
 # job's thread); a background thread sends batches over HTTP
 # (POST /v1/outcomes, one transaction per batch) or SQL
-# (qbridge.report_outcome, needs the pg gem), retrying a few times. What
-# cannot be delivered is added to the route's qbridge:ran:<route> set in
-# Redis (the set qbridge's own consumer keeps), so the diff counts those jobs
+# (qbridge.report_outcome, needs the pg gem), retrying a few times. The keys
+# of finished jobs (ok or dead) whose outcome cannot be delivered are added
+# to the route's qbridge:ran:<route> set in Redis (the set qbridge's own consumer keeps), so the diff counts those jobs
 # as run with an unknown outcome and repair never pushes them back. Only when
 # Redis refuses that too is a report lost: counted and logged (counts, never
 # keys or payloads).
@@ -90,6 +90,7 @@ module Qbridge
       entry["detail"] = detail unless detail.nil?
       @lock.synchronize do
         if @buffer.size < @capacity then @buffer << entry
+        elsif outcome == "failed" then @lost += 1 # it runs again; its final outcome follows
         elsif @spilled.size < @capacity * 10 then @spilled << entry["key"]
         else @lost += 1
         end
@@ -131,7 +132,12 @@ module Qbridge
         break if batch.empty?
 
         if deliver(batch) then @delivered += batch.size
-        else record_unknown(batch.map { |e| e["key"] })
+        else
+          # Only a final outcome says the job is done with; a failed attempt
+          # runs again and its final outcome is reported then.
+          final = batch.reject { |e| e["outcome"] == "failed" }.map { |e| e["key"] }
+          @lost += batch.size - final.size
+          record_unknown(final) unless final.empty?
         end
       end
     ensure
