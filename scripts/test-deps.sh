@@ -31,6 +31,9 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv \
 # Sidekiq 6.4 from Debian for the Sidekiq tests (tests/ruby/*.rb).
 ruby -e 'require "sidekiq"' >/dev/null 2>&1 || apt_install ruby-sidekiq \
   || die "Ruby with Sidekiq is needed for the Sidekiq tests (Debian: apt-get install -y ruby-sidekiq)"
+# The pg gem for the Sidekiq adapter's SQL reporting path (adapters/ruby).
+ruby -e 'require "pg"' >/dev/null 2>&1 || apt_install ruby-pg \
+  || die "Ruby's pg gem is needed for the Sidekiq adapter's tests (Debian: apt-get install -y ruby-pg)"
 req=tests/python/requirements.txt
 stamp=.venv/.installed
 if [ ! -x .venv/bin/python ]; then

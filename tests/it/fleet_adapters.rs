@@ -241,3 +241,50 @@ async fn celery_tasks_run_while_qbridge_is_down_and_are_never_pushed_back(pool: 
 async fn rq_jobs_run_while_qbridge_is_down_and_are_never_pushed_back(pool: PgPool) {
     qbridge_down_while_the_fleet_runs(pool, Fleet::Rq).await;
 }
+
+/// Runs one of the adapters' own test suites against this test's migrated
+/// database and the shared Redis; fails on a failure or a skipped test.
+async fn adapter_suite(pool: &PgPool, mut cmd: tokio::process::Command, what: &str) {
+    cmd.current_dir(REPO)
+        .env("QBRIDGE_TEST_DATABASE_URL", support::db_url(pool))
+        .env("QBRIDGE_TEST_REDIS_URL", crate::exactly_once::REDIS)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(180), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("the {what} tests finished within 180 s"))
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the {what} tests failed:\n{text}");
+    assert!(!text.to_lowercase().contains("skipped"), "{text}");
+    assert!(
+        !text.contains(", 0 skips") || text.contains("0 failures"),
+        "{text}"
+    );
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn the_python_adapters_own_tests_pass(pool: PgPool) {
+    let mut cmd = tokio::process::Command::new(support::python());
+    cmd.args(["-m", "unittest", "-v", "test_reporter", "test_runner"])
+        .env(
+            "PYTHONPATH",
+            format!("{REPO}/adapters/python:{REPO}/adapters/python/tests"),
+        );
+    adapter_suite(&pool, cmd, "Python adapters'").await;
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn the_sidekiq_adapters_own_tests_pass(pool: PgPool) {
+    let mut cmd = tokio::process::Command::new("ruby");
+    cmd.args([
+        "-Iadapters/ruby/lib",
+        "-e",
+        "Dir['adapters/ruby/test/*_test.rb'].sort.each { |f| require File.expand_path(f) }",
+    ]);
+    adapter_suite(&pool, cmd, "Sidekiq adapter's").await;
+}

@@ -1,0 +1,146 @@
+# frozen_string_literal: true
+
+# The Sidekiq adapter's reporter and middleware against a real HTTP listener,
+# a real Redis (Sidekiq's own connection) and a real qbridge schema. Run by
+# the Rust suite (tests/it/fleet_adapters.rs), which gives
+# QBRIDGE_TEST_DATABASE_URL (a migrated database) and QBRIDGE_TEST_REDIS_URL.
+require "minitest/autorun"
+require "securerandom"
+require "socket"
+require "qbridge/sidekiq"
+
+Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch("QBRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379") } }
+Sidekiq.logger.level = Logger::ERROR
+
+# A stand-in for qbridge's HTTP listener that records each POST.
+class Listener
+  attr_reader :requests, :url
+
+  def initialize(status: 201)
+    @requests = Queue.new
+    @server = TCPServer.new("127.0.0.1", 0)
+    @url = "http://127.0.0.1:#{@server.addr[1]}"
+    @thread = Thread.new do
+      loop do
+        client = @server.accept
+        headers = {}
+        client.gets
+        while (line = client.gets) && line != "\r\n"
+          name, value = line.split(":", 2)
+          headers[name.downcase] = value.strip
+        end
+        @requests << [headers, JSON.parse(client.read(headers["content-length"].to_i))]
+        client.write("HTTP/1.1 #{status} X\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+        client.close
+      end
+    end
+  end
+
+  def all
+    out = []
+    out << @requests.pop until @requests.empty?
+    out
+  end
+
+  def close
+    @thread.kill
+    @server.close
+  end
+end
+
+class ReporterTest < Minitest::Test
+  def settings(outcomes, token: nil)
+    route = "rbt#{SecureRandom.hex(5)}"
+    Qbridge::Settings.new(outcomes: outcomes, route: route, queue: route, token: token)
+  end
+
+  def reporter(settings, **opts)
+    Qbridge::Reporter.new(settings, redis: Sidekiq.method(:redis), logger: Sidekiq.logger, **opts)
+  end
+
+  def ran(settings)
+    Sidekiq.redis { |c| c.zrange(settings.ran_key, 0, -1) }.sort
+  end
+
+  def test_outcomes_go_in_batches_with_the_token
+    listener = Listener.new
+    s = settings(listener.url, token: "s3cret")
+    r = reporter(s, batch: 100, interval: 0.05)
+    250.times { |i| r.report("k#{i}", "ok", '{"n":1}') }
+    assert r.flush(10)
+    requests = listener.all
+    listener.close
+    sent = requests.flat_map { |_, batch| batch }
+    assert_equal((0...250).map { |i| "k#{i}" }, sent.map { |e| e["key"] })
+    assert(requests.all? { |_, batch| batch.size <= 100 })
+    assert(requests.all? { |h, _| h["authorization"] == "Bearer s3cret" })
+    assert_equal({ "queue" => s.queue, "key" => "k0", "outcome" => "ok", "detail" => '{"n":1}' }, sent.first)
+    assert_equal 250, r.delivered
+  end
+
+  def test_undeliverable_outcomes_are_recorded_as_run_but_failed_attempts_are_not
+    s = settings("http://127.0.0.1:9") # nothing listens: qbridge is down
+    r = reporter(s, interval: 0.01, retries: 2)
+    r.report("done-1", "ok", "{}")
+    r.report("gave-up-1", "dead", "Boom")
+    r.report("will-retry-1", "failed", "Boom")
+    assert r.flush(10)
+    assert_equal %w[done-1 gave-up-1], ran(s)
+    assert_equal 2, r.recorded_unknown
+  end
+
+  def test_a_refused_batch_is_recorded_at_once_without_retries
+    listener = Listener.new(status: 401)
+    s = settings(listener.url)
+    r = reporter(s, interval: 0.01, retries: 5)
+    r.report("k1", "ok")
+    assert r.flush(5)
+    assert_equal 1, listener.all.size
+    listener.close
+    assert_equal %w[k1], ran(s)
+  end
+
+  def test_reporting_never_waits
+    s = settings("http://10.255.255.1:9") # unroutable: every send hangs until its timeout
+    r = reporter(s, interval: 0.01)
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    1000.times { |i| r.report("k#{i}", "ok") }
+    assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - started, :<, 0.5
+  end
+
+  def test_outcomes_over_sql_land_in_qbridges_table
+    url = ENV.fetch("QBRIDGE_TEST_DATABASE_URL") { flunk "set QBRIDGE_TEST_DATABASE_URL to a database qbridge migrated" }
+    s = settings(url)
+    r = reporter(s, interval: 0.01)
+    r.report("sql-1", "ok", '{"n":1}')
+    r.report("sql-2", "dead", "Boom")
+    assert r.flush(10)
+    rows = PG.connect(url).exec_params(
+      "SELECT key, outcome, side FROM qbridge.outcomes WHERE queue = $1 ORDER BY key", [s.queue]
+    ).values
+    assert_equal [%w[sql-1 ok redis], %w[sql-2 dead redis]], rows
+    assert_equal 2, r.delivered
+  end
+
+  def test_missing_settings_name_the_variable
+    err = assert_raises(Qbridge::SettingsError) { Qbridge::Settings.from_env("QBRIDGE_ROUTE" => "r") }
+    assert_match(/QBRIDGE_OUTCOMES is not set/, err.message)
+    err = assert_raises(Qbridge::SettingsError) { Qbridge::Settings.from_env("QBRIDGE_OUTCOMES" => "http://q") }
+    assert_match(/QBRIDGE_ROUTE is not set/, err.message)
+    s = Qbridge::Settings.from_env("QBRIDGE_OUTCOMES" => "http://q:8080/", "QBRIDGE_ROUTE" => "emails")
+    assert_equal ["http://q:8080/v1/outcomes", "emails", "qbridge:ran:emails"], [s.outcomes_url, s.queue, s.ran_key]
+  end
+end
+
+class FinalFailureTest < Minitest::Test
+  # Sidekiq's JobRetry: failures numbered 0, 1, … retried while below max.
+  def test_a_failure_is_final_when_sidekiq_would_not_retry_it
+    refute Qbridge::Sidekiq.final_failure?("retry" => 3)
+    refute Qbridge::Sidekiq.final_failure?("retry" => 3, "retry_count" => 1)
+    assert Qbridge::Sidekiq.final_failure?("retry" => 3, "retry_count" => 2)
+    assert Qbridge::Sidekiq.final_failure?("retry" => false)
+    assert Qbridge::Sidekiq.final_failure?("retry" => 0)
+    refute Qbridge::Sidekiq.final_failure?("retry" => true, "retry_count" => 23)
+    assert Qbridge::Sidekiq.final_failure?("retry" => true, "retry_count" => 24)
+  end
+end
