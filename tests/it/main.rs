@@ -15,6 +15,7 @@ mod dlq;
 mod enqueue;
 mod exactly_once;
 mod examples;
+mod examples_fleets;
 mod fence;
 mod fleet_adapters;
 mod http_enqueue;
