@@ -6,9 +6,9 @@ effects. Each task declares one of:
 
 - ``"refuse"`` (the default for a task that declares nothing): the runner
   does not call it and answers 422, so the diff shows a mismatch and the
-  shadow gate refuses. For tasks that cannot run twice: take such a route
-  through shadow with ``shadow = { enabled = false }``, or declare one of
-  the others.
+  shadow gate refuses. For a route of tasks that cannot run twice, declare
+  one of the others, or give it a no-op shadow handler
+  (``shadow = { handler = { type = "noop" } }``).
 - ``"skip"``: the runner does not call it and answers 204 (done, nothing to
   compare): the diff compares the outcome only.
 - a callable (a *dry run*): called with the task's arguments instead of the

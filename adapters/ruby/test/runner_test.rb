@@ -4,40 +4,10 @@
 # HTTP (keep-alive, as qbridge's client uses it).
 require "minitest/autorun"
 require "net/http"
+require "open3"
 require "qbridge/sidekiq_runner"
 
-class RbtFlaky < StandardError; end
-
-class RbtAdd
-  include Sidekiq::Worker
-  sidekiq_options retry: 2, qbridge_shadow: "dry_run"
-  CALLS = [] # rubocop:disable Style/MutableConstant
-
-  def perform(a, b)
-    CALLS << [jid, a, b]
-    { "sum" => a + b }
-  end
-
-  def perform_shadow(a, b)
-    { "sum" => a + b }
-  end
-end
-
-class RbtFailing
-  include Sidekiq::Worker
-  sidekiq_options retry: 2
-
-  def perform
-    raise RbtFlaky
-  end
-end
-
-class RbtSkip
-  include Sidekiq::Worker
-  sidekiq_options qbridge_shadow: "skip"
-
-  def perform; end
-end
+require_relative "workers"
 
 class RunnerTest < Minitest::Test
   def job(klass, args = [], retry_opt: 2)
@@ -75,6 +45,18 @@ class RunnerTest < Minitest::Test
     assert_equal 422, run_job(job("NoSuchWorker")).first
     assert_equal 422, run_job("not json").first
     assert_equal 422, run_job("[1]").first
+  end
+
+  def test_the_command_form_answers_with_its_exit_code
+    bin = File.expand_path("../bin/qbridge-sidekiq-runner", __dir__)
+    command = lambda do |body, attempt|
+      out, _err, status = Open3.capture3({ "QBRIDGE_MODE" => "live", "QBRIDGE_ATTEMPT" => attempt.to_s },
+                                         "ruby", bin, "-r", File.expand_path("workers.rb", __dir__), "--command", stdin_data: body)
+      [status.exitstatus, out]
+    end
+    assert_equal [0, '{"sum":3}'], command.call(job("RbtAdd", [1, 2]), 1)
+    assert_equal 75, command.call(job("RbtFailing"), 1).first
+    assert_equal 65, command.call(job("RbtFailing"), 3).first
   end
 
   def test_over_http_on_one_connection
