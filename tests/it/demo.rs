@@ -34,11 +34,6 @@ async fn the_demo_walks_every_phase_and_loses_nothing() {
     assert_eq!(s["planted_repaired"], true, "{report}");
     assert_eq!(s["run_live"], s["produced"], "{report}");
     assert!(s["shadow_calls"].as_u64().unwrap() > 0, "{report}");
-    // Every fifth job's task failed its first attempt, on either side, and
-    // was retried by the framework or by qbridge through the runner.
-    assert!(s["failed_first_attempts"].as_u64().unwrap() > 0, "{report}");
-    // Every gate passed on its measured numbers.
-    assert_eq!(s["forced_advances"], 0, "{report}");
     let phases: Vec<&str> = s["phases"]
         .as_array()
         .unwrap()

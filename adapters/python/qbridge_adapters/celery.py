@@ -19,10 +19,11 @@ runs each job's task by name with its args and kwargs (see ``run_job``).
 import threading
 
 from celery import signals
-from celery.exceptions import Retry
+from celery.app.task import Task
+from celery.exceptions import Ignore, Retry
 
 from . import shadow_mode as shadows
-from .answer import Outcome
+from .answer import Outcome, done
 from .reporter import Reporter, canonical
 from .settings import Settings
 
@@ -53,28 +54,30 @@ def report_outcomes(app, reporter=None):
     signals.task_failure.connect(failed, weak=False)
     signals.task_revoked.connect(revoked, weak=False)
     signals.worker_shutdown.connect(lambda **_: reporter.close(), weak=False)
+    # A prefork child exits with os._exit: it flushes (or records) first.
+    signals.worker_process_shutdown.connect(lambda **_: reporter.flush(), weak=False)
     return reporter
 
 
 _asked = threading.local()
 
 
-def _watch_retries(app):
+def _watch_retries():
     """Notes when a task calls ``self.retry()``: called directly (as the
     runner calls it) Celery raises the task's exception from ``retry``, and
-    the runner must still tell a retry from a failure."""
-    if getattr(app, "_qbridge_retry_watched", False):
+    the runner must still tell a retry from a failure. Patched on Celery's
+    base ``Task``, so tasks with a custom base class are seen too."""
+    if getattr(Task.retry, "_qbridge_watched", False):
         return
-    base = app.Task
-    original = base.retry
+    original = Task.retry
 
     def retry(self, *args, **kwargs):
-        _asked.max_retries = kwargs.get("max_retries", self.max_retries)
+        _asked.max_retries = kwargs.get("max_retries") or self.max_retries
         _asked.retry = True
         return original(self, *args, **kwargs)
 
-    base.retry = retry
-    app._qbridge_retry_watched = True
+    retry._qbridge_watched = True
+    Task.retry = retry
 
 
 def run_job(app, payload, mode, attempt, key):
@@ -89,7 +92,7 @@ def run_job(app, payload, mode, attempt, key):
     route decides when the retry runs (its backoff), not the task's
     countdown.
     """
-    _watch_retries(app)
+    _watch_retries()
     envelope = payload.get("envelope") or {}
     headers = envelope.get("headers") or {}
     name = headers.get("task")
@@ -102,24 +105,35 @@ def run_job(app, payload, mode, attempt, key):
     args, kwargs = body[0], body[1]
     task = app.tasks[name]
     if mode == "shadow":
-        behaviour = shadows.of(task)
+        try:
+            behaviour = shadows.of(task)
+        except ValueError as error:
+            raise Outcome(422, f"task {name}: {error}") from None
         if behaviour == shadows.REFUSE:
             raise Outcome(422, f"task {name} refuses shadow calls (declare qbridge_shadow)")
         if behaviour == shadows.SKIP:
             raise Outcome(204, "")
-        return 200, canonical(behaviour(*args, **kwargs))
+        return done(behaviour(*args, **kwargs))
     _asked.retry = False
     task.push_request(id=task_id, args=args, kwargs=kwargs, retries=max(attempt - 1, 0), delivery_info={})
     try:
         result = task.run(*args, **kwargs)
+    except Ignore:
+        # Celery acknowledges an ignored task: done, with no result.
+        raise Outcome(204, "") from None
     except Exception as error:  # noqa: BLE001 - the task's own failure
         asked = getattr(_asked, "retry", False) or isinstance(error, Retry)
         autoretry = tuple(getattr(task, "autoretry_for", ()) or ())
+        never = tuple(getattr(task, "dont_autoretry_for", ()) or ())
         limit = getattr(_asked, "max_retries", task.max_retries) if asked else task.max_retries
-        retryable = asked or (autoretry and isinstance(error, autoretry))
+        retryable = asked or (autoretry and isinstance(error, autoretry) and not isinstance(error, never))
         if retryable and (limit is None or attempt - 1 < limit):
             raise Outcome(503, type(error).__name__) from None
-        raise Outcome(422, type(error).__name__) from None
+        # As the fleet's task_failure names it: a retry() without an
+        # exception that ran out of retries is MaxRetriesExceededError.
+        name = "MaxRetriesExceededError" if isinstance(error, Retry) else type(error).__name__
+        raise Outcome(422, name) from None
     finally:
         task.pop_request()
-    return 200, canonical(result)
+    return done(result)
+

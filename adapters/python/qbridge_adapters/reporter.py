@@ -29,14 +29,23 @@ log = logging.getLogger("qbridge_adapters")
 
 OUTCOMES = ("ok", "failed", "dead")
 
+# A detail longer than this is not sent (the outcome is, without it): one
+# large result must not push a batch past the listener's body limit.
+MAX_DETAIL = 64 * 1024
+
 # Mirrors qbridge's RAN_RETENTION_MS: how long the ran set remembers a job.
 RAN_RETENTION_MS = 7 * 24 * 3600 * 1000
 
 
 def canonical(value):
     """The text both sides' digests compare: a task's return value as
-    compact JSON with sorted keys (``str`` for what JSON cannot hold)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    compact JSON with sorted keys (``str`` for what JSON cannot hold), or
+    None when it cannot be written as JSON at all (keys of mixed types):
+    then there is nothing to compare, and reporting still never fails."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    except (TypeError, ValueError):
+        return None
 
 
 class Reporter:
@@ -62,6 +71,7 @@ class Reporter:
     def _start(self):
         self._buffer = deque()
         self._spilled = deque()  # keys only: outcomes that did not fit
+        self._in_flight = []  # the batch being sent
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -72,11 +82,17 @@ class Reporter:
 
     def report(self, key, outcome, detail=None):
         """Queues one outcome; returns at once. Never raises."""
+        try:
+            self._queue(key, outcome, detail)
+        except Exception as error:  # noqa: BLE001 - a report never fails its job
+            log.warning("qbridge: could not queue an outcome (%s)", type(error).__name__)
+
+    def _queue(self, key, outcome, detail):
         if outcome not in OUTCOMES or not key:
             log.warning("qbridge: ignored an outcome that is not ok, failed or dead")
             return
         entry = {"queue": self.settings.queue, "key": str(key), "outcome": outcome}
-        if detail is not None:
+        if detail is not None and len(detail) <= MAX_DETAIL:
             entry["detail"] = detail
         with self._lock:
             if len(self._buffer) < self.capacity:
@@ -90,19 +106,37 @@ class Reporter:
         if len(self._buffer) >= self.batch:
             self._wake.set()
 
+    def pending(self):
+        with self._lock:
+            return bool(self._buffer or self._spilled or self._in_flight)
+
     def flush(self, deadline=5.0):
-        """Sends what is buffered, for up to ``deadline`` seconds."""
+        """Sends what is buffered and waits for it, for up to ``deadline``
+        seconds. What is still unsent then — qbridge unreachable — is
+        recorded in the ran set at once (the finished jobs' keys), so a
+        process about to exit (RQ's work horse, a pool child) loses none of
+        it silently. True when everything was delivered or recorded."""
         until = time.monotonic() + deadline
-        while time.monotonic() < until and (self._buffer or self._spilled):
+        while time.monotonic() < until and self.pending():
             self._wake.set()
             time.sleep(0.02)
-        return not (self._buffer or self._spilled)
+        if not self.pending():
+            return True
+        with self._lock:
+            entries = list(self._buffer) + list(self._in_flight)
+            spilled = list(self._spilled)
+            self._buffer.clear()
+            self._spilled.clear()
+        final = [e["key"] for e in entries if e["outcome"] != "failed"] + spilled
+        log.warning("qbridge: %d outcomes unsent at the deadline; recording them as unknown", len(final))
+        return self._record_unknown(final) if final else True
 
     def close(self, deadline=5.0):
         self.flush(deadline)
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=deadline)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=1.0)
 
     # The background thread.
 
@@ -118,10 +152,19 @@ class Reporter:
             with self._lock:
                 batch = [self._buffer.popleft() for _ in range(min(self.batch, len(self._buffer)))]
                 spilled = [self._spilled.popleft() for _ in range(min(self.batch * 10, len(self._spilled)))]
-            if spilled:
-                self._record_unknown(spilled)
-            if not batch:
+                self._in_flight = batch + [{"key": k, "outcome": "ok"} for k in spilled]
+            try:
+                self._send(batch, spilled)
+            finally:
+                with self._lock:
+                    self._in_flight = []
+            if not batch and not spilled:
                 return
+
+    def _send(self, batch, spilled):
+        if spilled:
+            self._record_unknown(spilled)
+        if batch:
             if self._deliver(batch):
                 self.delivered += len(batch)
             else:
@@ -165,7 +208,7 @@ class Reporter:
         import psycopg  # only for QBRIDGE_OUTCOMES=postgres://
 
         if self._sql is None or self._sql.closed:
-            self._sql = psycopg.connect(self.settings.outcomes, connect_timeout=int(self.timeout))
+            self._sql = psycopg.connect(self.settings.outcomes, connect_timeout=max(int(self.timeout), 1))
         try:
             with self._sql.transaction():
                 with self._sql.cursor() as cur:
@@ -193,6 +236,8 @@ class Reporter:
             pipe.zremrangebyscore(self.settings.ran_key, "-inf", now - RAN_RETENTION_MS)
             pipe.execute()
             self.recorded_unknown += len(keys)
+            return True
         except Exception as error:  # noqa: BLE001 - the last resort: count it
             self.lost += len(keys)
             log.warning("qbridge: could not record %d undelivered outcomes in Redis either (%s)", len(keys), type(error).__name__)
+            return False

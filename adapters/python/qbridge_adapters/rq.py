@@ -16,15 +16,38 @@ as their RQ workers do, so it must only listen where qbridge can reach it.
 """
 
 import base64
+from urllib.parse import quote
 
 from redis import Redis
+from rq import Retry
 from rq.job import Job
 from rq.worker import SimpleWorker, Worker
 
 from . import shadow_mode as shadows
-from .answer import Outcome
+from .answer import Outcome, done
 from .reporter import Reporter, canonical
 from .settings import Settings
+
+
+def _url_of(connection):
+    """The URL of the worker's own Redis (credentials and TLS included), the
+    default place for outcomes that could not be delivered."""
+    kwargs = connection.connection_pool.connection_kwargs
+    scheme = "rediss" if connection.connection_pool.connection_class.__name__ == "SSLConnection" else "redis"
+    user, password = kwargs.get("username"), kwargs.get("password")
+    auth = ""
+    if password:
+        auth = "{}:{}@".format(quote(user or "", safe=""), quote(password, safe=""))
+    host = kwargs.get("host", "127.0.0.1")
+    return f"{scheme}://{auth}{host}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+def _class_of(exc_string):
+    """The exception's class name from RQ's traceback text (its last line,
+    ``module.Class: message``), as the runner names it; never the message."""
+    lines = [line for line in exc_string.strip().splitlines() if line.strip()]
+    head = lines[-1].split(":", 1)[0].strip() if lines else ""
+    return head.rsplit(".", 1)[-1] or "failed"
 
 
 class _Reporting:
@@ -34,20 +57,31 @@ class _Reporting:
 
     def _reporter(self):
         if _Reporting._qbridge is None:
-            kwargs = self.connection.connection_pool.connection_kwargs
-            url = "redis://{}:{}/{}".format(kwargs.get("host", "127.0.0.1"), kwargs.get("port", 6379), kwargs.get("db", 0))
-            _Reporting._qbridge = Reporter(Settings.from_env(redis_url=url))
+            _Reporting._qbridge = Reporter(Settings.from_env(redis_url=_url_of(self.connection)))
         return _Reporting._qbridge
+
+    def work(self, *args, **kwargs):
+        # Settings are read at start: a missing one stops the worker here,
+        # with one line, not at its first job.
+        self._reporter()
+        return super().work(*args, **kwargs)
 
     def handle_job_success(self, job, *args, **kwargs):
         done = super().handle_job_success(job, *args, **kwargs)
-        self._reporter().report(job.id, "ok", canonical(job._result))
+        self._reporter().report(job.id, "ok", canonical(getattr(job, "_result", None)))
         return done
 
     def handle_job_failure(self, job, *args, **kwargs):
         final = not job.should_retry
         done = super().handle_job_failure(job, *args, **kwargs)
-        self._reporter().report(job.id, "dead" if final else "failed", "failed")
+        self._reporter().report(job.id, "dead" if final else "failed", _class_of(kwargs.get("exc_string", "")))
+        return done
+
+    def handle_job_retry(self, job, queue, retry, *args, **kwargs):
+        # A job that returned rq.Retry: final once its retries are spent.
+        final = bool(job.number_of_retries and job.number_of_retries >= retry.max)
+        done = super().handle_job_retry(job, queue, retry, *args, **kwargs)
+        self._reporter().report(job.id, "dead" if final else "failed", "Retry")
         return done
 
 
@@ -55,14 +89,16 @@ class ReportingWorker(_Reporting, Worker):
     """RQ's forking worker that reports outcomes to qbridge.
 
     The success of a job is handled in the work horse (a child process), so
-    each horse flushes its reports before it exits."""
+    each horse flushes its reports before it exits (one second at most; what
+    is unsent then is recorded in the ran set)."""
 
     def perform_job(self, *args, **kwargs):
         try:
             return super().perform_job(*args, **kwargs)
         finally:
             if getattr(self, "_is_horse", False) and _Reporting._qbridge is not None:
-                _Reporting._qbridge.flush()
+                # The horse exits with os._exit: deliver now, or record.
+                _Reporting._qbridge.flush(1.0)
 
 
 class ReportingSimpleWorker(_Reporting, SimpleWorker):
@@ -100,12 +136,15 @@ def run_job(connection, payload, mode, attempt, key):
     except Exception as error:  # noqa: BLE001 - a hash that does not load
         raise Outcome(422, f"cannot load the RQ job: {type(error).__name__}") from None
     if mode == "shadow":
-        behaviour = shadows.of(func)
+        try:
+            behaviour = shadows.of(func)
+        except ValueError as error:
+            raise Outcome(422, f"{job.func_name}: {error}") from None
         if behaviour == shadows.REFUSE:
             raise Outcome(422, f"{job.func_name} refuses shadow calls (declare @shadow)")
         if behaviour == shadows.SKIP:
             raise Outcome(204, "")
-        return 200, canonical(behaviour(*job.args, **job.kwargs))
+        return done(behaviour(*job.args, **job.kwargs))
     # RQ's retries_left counts the retries left when the job was enqueued.
     retries = job.retries_left or 0
     try:
@@ -113,4 +152,7 @@ def run_job(connection, payload, mode, attempt, key):
     except Exception as error:  # noqa: BLE001 - the job's own failure
         status = 503 if attempt - 1 < retries else 422
         raise Outcome(status, type(error).__name__) from None
-    return 200, canonical(result)
+    if isinstance(result, Retry):
+        # The job asked to be retried (RQ 2+): while its Retry allows.
+        raise Outcome(503 if attempt - 1 < result.max else 422, "Retry")
+    return done(result)

@@ -57,6 +57,8 @@ def make_runner(args):
 
 def run_one(runner, body, mode, attempt, key):
     """One job: (status, body text). Never raises."""
+    if mode not in ("live", "shadow"):
+        return 400, "Qbridge-Mode must be live or shadow"
     try:
         payload = json.loads(body or b"null")
         if not isinstance(payload, dict):

@@ -29,6 +29,22 @@ def auto():
     raise Flaky()
 
 
+class Base(app.Task):
+    """A team's own base class for its tasks."""
+
+
+@app.task(name="t.custom_base", bind=True, base=Base, max_retries=1)
+def custom_base(self):
+    raise self.retry(exc=Flaky())
+
+
+@app.task(name="t.ignored")
+def ignored():
+    from celery.exceptions import Ignore
+
+    raise Ignore()
+
+
 @app.task(name="t.broken")
 def broken():
     raise ValueError("not retried by Celery")

@@ -87,6 +87,37 @@ class ReporterTest(unittest.TestCase):
         self.assertLess(time.monotonic() - started, 0.5)
         listener.close()
 
+    def test_flush_waits_for_the_batch_in_flight(self):
+        listener = Listener(delay=0.5)
+        reporter = Reporter(settings(listener.url), interval=0.01)
+        reporter.report("k1", "ok")
+        time.sleep(0.1)  # the batch is on its way, the buffer empty
+        self.assertTrue(reporter.flush(5))
+        self.assertEqual(reporter.delivered, 1, "flush returned only once it was delivered")
+        listener.close()
+
+    def test_what_is_unsent_at_the_deadline_is_recorded_at_once(self):
+        listener = Listener(delay=3.0)  # qbridge hangs
+        s = settings(listener.url)
+        reporter = Reporter(s, interval=0.01)
+        reporter.report("k1", "ok")
+        reporter.report("k2", "failed")
+        time.sleep(0.1)
+        self.assertTrue(reporter.flush(0.3))
+        self.assertEqual(ran(s), {"k1"})
+        listener.close()
+
+    def test_a_result_json_cannot_hold_is_reported_without_a_detail(self):
+        from qbridge_adapters import canonical
+
+        self.assertIsNone(canonical({1: "a", "b": 2}))
+        listener = Listener()
+        reporter = Reporter(settings(listener.url), interval=0.01)
+        reporter.report("k1", "ok", canonical({1: "a", "b": 2}))
+        self.assertTrue(reporter.flush(5))
+        listener.close()
+        self.assertEqual(listener.requests[0][2][0].get("detail"), None)
+
     def test_undeliverable_outcomes_are_recorded_as_run_but_failed_attempts_are_not(self):
         s = settings("http://127.0.0.1:9")  # nothing listens: qbridge is down
         reporter = Reporter(s, interval=0.01, retries=2)

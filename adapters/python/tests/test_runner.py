@@ -55,6 +55,9 @@ class CeleryRunnerTest(unittest.TestCase):
         self.assertEqual(self.run_task(celery_payload("t.auto"), attempt=1), (503, "Flaky"))
         self.assertEqual(self.run_task(celery_payload("t.auto"), attempt=2), (422, "Flaky"))
         self.assertEqual(self.run_task(celery_payload("t.broken")), (422, "ValueError"))
+        self.assertEqual(self.run_task(celery_payload("t.custom_base"), attempt=1), (503, "Flaky"))
+        self.assertEqual(self.run_task(celery_payload("t.custom_base"), attempt=2), (422, "Flaky"))
+        self.assertEqual(self.run_task(celery_payload("t.ignored")), (204, ""))
 
     def test_bad_jobs_fail_for_good_with_a_short_reason(self):
         self.assertEqual(self.run_task(celery_payload("t.nope")), (422, "unknown task 't.nope'"))

@@ -132,6 +132,51 @@ class ReporterTest < Minitest::Test
   end
 end
 
+# A reporter that only records what it was given.
+class Recorded
+  attr_reader :reports
+
+  def initialize
+    @reports = []
+  end
+
+  def report(*args)
+    @reports << args
+  end
+end
+
+class MiddlewareTest < Minitest::Test
+  class Plain
+    include Sidekiq::Worker
+  end
+
+  def call(job, &block)
+    recorded = Recorded.new
+    begin
+      Qbridge::Sidekiq::ReportOutcome.new(recorded).call(Plain.new, job, "q", &block)
+    rescue Exception # rubocop:disable Lint/RescueException
+      nil
+    end
+    recorded.reports
+  end
+
+  def test_outcomes_by_sidekiqs_rules
+    assert_equal [["j", "ok", '{"a":false,"b":1}']], call("jid" => "j") { { b: 1, a: false } }
+    assert_equal [%w[j failed RuntimeError]], call("jid" => "j", "retry" => 3) { raise "x" }
+    assert_equal [%w[j dead RuntimeError]], call("jid" => "j", "retry" => false) { raise "x" }
+    # No retry option in the job: the worker class's (Sidekiq's default: retry).
+    assert_equal [%w[j failed RuntimeError]], call("jid" => "j") { raise "x" }
+  end
+
+  def test_a_shutdown_is_not_a_failure
+    assert_empty(call("jid" => "j", "retry" => false) { raise ::Sidekiq::Shutdown })
+  end
+
+  def test_a_result_json_cannot_hold_is_reported_without_a_detail
+    assert_equal [["j", "ok", nil]], call("jid" => "j") { Float::NAN }
+  end
+end
+
 class FinalFailureTest < Minitest::Test
   # Sidekiq's JobRetry: failures numbered 0, 1, … retried while below max.
   def test_a_failure_is_final_when_sidekiq_would_not_retry_it

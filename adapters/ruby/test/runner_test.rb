@@ -39,6 +39,10 @@ class RunnerTest < Minitest::Test
     assert_equal 422, status
     assert_match(/refuses shadow/, body)
     assert_empty RbtAdd::CALLS
+    status, body = run_job(job("RbtNoDryRun"), "shadow")
+    assert_equal 422, status
+    assert_match(/no perform_shadow/, body)
+    assert_equal 400, run_job(job("RbtAdd", [1, 1]), "replay").first
   end
 
   def test_bad_jobs_fail_for_good
@@ -72,6 +76,10 @@ class RunnerTest < Minitest::Test
       assert_equal "204", skip_answer.code
       retry_answer = http.post("/", job("RbtFailing"), "qbridge-mode" => "live", "qbridge-attempt" => "1")
       assert_equal "503", retry_answer.code
+    end
+    TCPSocket.open("127.0.0.1", port) do |sock|
+      sock.write("POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+      assert_match(/\AHTTP\/1.1 411/, sock.gets)
     end
   ensure
     thread&.kill

@@ -36,3 +36,10 @@ class RbtSkip
 
   def perform; end
 end
+
+class RbtNoDryRun
+  include Sidekiq::Worker
+  sidekiq_options qbridge_shadow: "dry_run"
+
+  def perform; end
+end

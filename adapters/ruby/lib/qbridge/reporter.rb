@@ -16,6 +16,9 @@ require "uri"
 
 module Qbridge
   OUTCOMES = %w[ok failed dead].freeze
+  # A detail longer than this is not sent (the outcome is, without it): one
+  # large result must not push a batch past the listener's body limit.
+  MAX_DETAIL = 64 * 1024
   # Mirrors qbridge's RAN_RETENTION_MS.
   RAN_RETENTION_MS = 7 * 24 * 3600 * 1000
 
@@ -48,14 +51,18 @@ module Qbridge
     end
   end
 
-  # The text both sides' digests compare: compact JSON with sorted keys.
+  # The text both sides' digests compare: compact JSON with sorted keys, or
+  # nil when it cannot be written as JSON (NaN, invalid UTF-8): then there is
+  # nothing to compare, and reporting still never fails.
   def self.canonical(value)
     JSON.generate(sorted(value))
+  rescue JSON::GeneratorError, EncodingError
+    nil
   end
 
   def self.sorted(value)
     case value
-    when Hash then value.keys.map(&:to_s).sort.to_h { |k| [k, sorted(value[k] || value[k.to_sym])] }
+    when Hash then value.to_h { |k, v| [k.to_s, sorted(v)] }.sort.to_h
     when Array then value.map { |v| sorted(v) }
     when nil, true, false, Numeric, String then value
     else value.to_s
@@ -87,7 +94,7 @@ module Qbridge
       return @logger.warn("qbridge: ignored an outcome that is not ok, failed or dead") unless OUTCOMES.include?(outcome) && key
 
       entry = { "queue" => @settings.queue, "key" => key.to_s, "outcome" => outcome }
-      entry["detail"] = detail unless detail.nil?
+      entry["detail"] = detail unless detail.nil? || detail.bytesize > MAX_DETAIL
       @lock.synchronize do
         if @buffer.size < @capacity then @buffer << entry
         elsif outcome == "failed" then @lost += 1 # it runs again; its final outcome follows
@@ -99,15 +106,27 @@ module Qbridge
       nil
     end
 
-    # Sends what is buffered, for up to deadline seconds.
+    # Sends what is buffered and waits for it, for up to deadline seconds.
+    # What is still unsent then (qbridge unreachable) is recorded in the ran
+    # set at once, so a process about to exit loses none of it silently.
     def flush(deadline = 5)
       stop_at = Process.clock_gettime(Process::CLOCK_MONOTONIC) + deadline
       sleep 0.02 while pending? && Process.clock_gettime(Process::CLOCK_MONOTONIC) < stop_at
-      !pending?
+      return true unless pending?
+
+      entries, spilled = @lock.synchronize do
+        taken = [@buffer + @in_flight, @spilled.dup]
+        @buffer.clear
+        @spilled.clear
+        taken
+      end
+      final = entries.reject { |e| e["outcome"] == "failed" }.map { |e| e["key"] } + spilled
+      @logger.warn("qbridge: #{final.size} outcomes unsent at the deadline; recording them as unknown")
+      final.empty? || record_unknown(final)
     end
 
     def pending?
-      @lock.synchronize { !@buffer.empty? || !@spilled.empty? || @sending }
+      @lock.synchronize { !@buffer.empty? || !@spilled.empty? || !@in_flight.empty? }
     end
 
     private
@@ -116,7 +135,7 @@ module Qbridge
       @pid = Process.pid
       @buffer = []
       @spilled = []
-      @sending = false
+      @in_flight = [] # the batch being sent
       @thread = Thread.new { loop { sleep @interval; drain } }
       @thread.name = "qbridge-reporter" if @thread.respond_to?(:name=)
       at_exit { flush(3) }
@@ -125,23 +144,33 @@ module Qbridge
     def drain
       loop do
         batch, spilled = @lock.synchronize do
-          @sending = true
-          [@buffer.shift(@batch), @spilled.shift(@batch * 10)]
+          taken = [@buffer.shift(@batch), @spilled.shift(@batch * 10)]
+          @in_flight = taken[0] + taken[1].map { |k| { "key" => k, "outcome" => "ok" } }
+          taken
         end
-        record_unknown(spilled) unless spilled.empty?
-        break if batch.empty?
-
-        if deliver(batch) then @delivered += batch.size
-        else
-          # Only a final outcome says the job is done with; a failed attempt
-          # runs again and its final outcome is reported then.
-          final = batch.reject { |e| e["outcome"] == "failed" }.map { |e| e["key"] }
-          @lost += batch.size - final.size
-          record_unknown(final) unless final.empty?
+        begin
+          send_batch(batch, spilled)
+        ensure
+          @lock.synchronize { @in_flight = [] }
         end
+        break if batch.empty? && spilled.empty?
       end
-    ensure
-      @lock.synchronize { @sending = false }
+    rescue StandardError => e
+      @logger.warn("qbridge: the reporter's pass failed (#{e.class}); it goes on")
+    end
+
+    def send_batch(batch, spilled)
+      record_unknown(spilled) unless spilled.empty?
+      return if batch.empty?
+
+      if deliver(batch) then @delivered += batch.size
+      else
+        # Only a final outcome says the job is done with; a failed attempt
+        # runs again and its final outcome is reported then.
+        final = batch.reject { |e| e["outcome"] == "failed" }.map { |e| e["key"] }
+        @lost += batch.size - final.size
+        record_unknown(final) unless final.empty?
+      end
     end
 
     def deliver(batch)
@@ -179,7 +208,7 @@ module Qbridge
 
     def send_sql(batch)
       require "pg"
-      @sql ||= PG.connect(@settings.outcomes)
+      @sql ||= PG.connect(@settings.outcomes, connect_timeout: [@timeout.to_i, 1].max)
       @sql.transaction do |tx|
         batch.each do |e|
           tx.exec_params("SELECT qbridge.report_outcome($1, $2, $3, $4)", [e["queue"], e["key"], e["outcome"], e["detail"]])
@@ -198,9 +227,11 @@ module Qbridge
         conn.zremrangebyscore(@settings.ran_key, "-inf", now - RAN_RETENTION_MS)
       end
       @recorded_unknown += keys.size
+      true
     rescue StandardError => e
       @lost += keys.size
       @logger.warn("qbridge: could not record #{keys.size} undelivered outcomes in Redis either (#{e.class})")
+      false
     end
   end
 end

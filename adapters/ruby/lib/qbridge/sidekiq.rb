@@ -33,31 +33,65 @@ module Qbridge
       reporter
     end
 
-    # Whether this failure is the job's last: Sidekiq's JobRetry numbers a
-    # job's failures 0, 1, … (retry_count) and retries while that number is
-    # below the job's max.
-    def self.final_failure?(job)
+    # Whether this failure is the job's last, by Sidekiq's JobRetry: the
+    # job's retry option (its worker class's when the job has none; true
+    # when neither says), an Integer its max, true the configured
+    # max_retries (25 by default); failures are numbered 0, 1, …
+    # (retry_count) and retried while that number is below the max.
+    def self.final_failure?(job, klass = nil)
       retry_opt = job["retry"]
-      return true if retry_opt == false || retry_opt.nil?
+      retry_opt = klass.get_sidekiq_options["retry"] if retry_opt.nil? && klass.respond_to?(:get_sidekiq_options)
+      retry_opt = true if retry_opt.nil?
+      return true if retry_opt == false
 
-      max = retry_opt.is_a?(Integer) ? retry_opt : DEFAULT_MAX_RETRIES
+      max = retry_opt.is_a?(Integer) ? retry_opt : ::Sidekiq.options.fetch(:max_retries, DEFAULT_MAX_RETRIES)
       count = job["retry_count"].nil? ? 0 : job["retry_count"].to_i + 1
       count >= max
     end
 
-    # The server middleware: reports after the job ran (or raised).
+    # Whether Sidekiq is shutting the job down (it goes back to the queue:
+    # not a failure, as Sidekiq's own JobRetry says).
+    def self.shutdown?(error)
+      seen = 0
+      while error && seen < 16
+        return true if error.is_a?(::Sidekiq::Shutdown)
+
+        error = error.cause
+        seen += 1
+      end
+      false
+    end
+
+    # The server middleware: reports after the job ran (or raised). A report
+    # never changes what the job did: its own errors are logged, never raised.
     class ReportOutcome
       def initialize(reporter)
         @reporter = reporter
       end
 
-      def call(_worker, job, _queue)
-        result = yield
-        @reporter.report(job["jid"], "ok", Qbridge.canonical(result))
+      def call(worker, job, _queue)
+        begin
+          result = yield
+        rescue Exception => e # rubocop:disable Lint/RescueException - reported, then raised again
+          failed(worker, job, e) unless Sidekiq.shutdown?(e)
+          raise
+        end
+        report(job["jid"], "ok", Qbridge.canonical(result))
         result
-      rescue Exception => e # rubocop:disable Lint/RescueException - reported, then raised again
-        @reporter.report(job["jid"], Sidekiq.final_failure?(job) ? "dead" : "failed", e.class.name)
-        raise
+      end
+
+      private
+
+      def failed(worker, job, error)
+        report(job["jid"], Sidekiq.final_failure?(job, worker.class) ? "dead" : "failed", error.class.name)
+      rescue StandardError
+        nil
+      end
+
+      def report(jid, outcome, detail)
+        @reporter.report(jid, outcome, detail)
+      rescue StandardError
+        nil
       end
     end
   end

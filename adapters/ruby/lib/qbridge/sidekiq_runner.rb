@@ -33,11 +33,12 @@ module Qbridge
         worker.jid = job["jid"] if worker.respond_to?(:jid=)
         args = job["args"] || []
         return shadow(klass, worker, args) if mode == "shadow"
+        return [400, "Qbridge-Mode must be live or shadow"] unless mode == "live"
 
-        perform(worker, job, args, attempt)
+        perform(klass, worker, job, args, attempt)
       rescue JSON::ParserError
         [422, "the job's payload is not JSON"]
-      rescue StandardError => e
+      rescue StandardError, ScriptError => e
         [503, e.class.name]
       end
 
@@ -45,21 +46,31 @@ module Qbridge
         behaviour = (klass.get_sidekiq_options["qbridge_shadow"] || "refuse").to_s
         case behaviour
         when "skip" then [204, ""]
-        when "dry_run" then [200, Qbridge.canonical(worker.perform_shadow(*args))]
+        when "dry_run"
+          return [422, "#{klass} declares a dry run but has no perform_shadow"] unless worker.respond_to?(:perform_shadow)
+
+          done(worker.perform_shadow(*args))
         else [422, "#{klass} refuses shadow calls (sidekiq_options qbridge_shadow)"]
         end
       end
 
-      def self.perform(worker, job, args, attempt)
-        [200, Qbridge.canonical(worker.perform(*args))]
-      rescue StandardError => e
+      def self.perform(klass, worker, job, args, attempt)
+        done(worker.perform(*args))
+      rescue StandardError, ScriptError => e
         # Failures before this attempt, as Sidekiq's retry_count would say.
         seen = job.merge("retry_count" => attempt > 1 ? attempt - 2 : nil)
-        [Sidekiq.final_failure?(seen) ? 422 : 503, e.class.name]
+        [Sidekiq.final_failure?(seen, klass) ? 422 : 503, e.class.name]
       end
 
-      REASONS = { 200 => "OK", 204 => "No Content", 422 => "Unprocessable Entity", 503 => "Service Unavailable",
-                  400 => "Bad Request" }.freeze
+      # A finished job's answer: its canonical result, or 204 when it cannot
+      # be written as JSON (nothing to compare, as on the fleet's side).
+      def self.done(result)
+        text = Qbridge.canonical(result)
+        text.nil? ? [204, ""] : [200, text]
+      end
+
+      REASONS = { 200 => "OK", 204 => "No Content", 400 => "Bad Request", 422 => "Unprocessable Entity",
+                  503 => "Service Unavailable" }.freeze
 
       # Serves qbridge's POSTs on host:port, one thread per connection.
       def self.serve(host, port, out: $stdout)
@@ -75,7 +86,13 @@ module Qbridge
       def self.connection(client)
         while (request = read_request(client))
           headers, body = request
-          status, text = run(body, headers["qbridge-mode"] || "live", (headers["qbridge-attempt"] || 1).to_i)
+          if body.nil?
+            # No Content-Length (a chunked body): answer, and close, rather
+            # than read its bytes as the next request.
+            client.write("HTTP/1.1 411 Length Required\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            break
+          end
+          status, text = run(body, (headers["qbridge-mode"] || "live").downcase, (headers["qbridge-attempt"] || 1).to_i)
           data = status == 204 ? "" : text
           head = +"HTTP/1.1 #{status} #{REASONS.fetch(status, 'Error')}\r\n"
           head << "content-type: #{status < 300 ? 'application/json' : 'text/plain'}\r\ncontent-length: #{data.bytesize}\r\n" unless status == 204
@@ -98,6 +115,8 @@ module Qbridge
           name, value = h.split(":", 2)
           headers[name.strip.downcase] = value.to_s.strip
         end
+        return [headers, nil] unless headers.key?("content-length")
+
         length = headers["content-length"].to_i
         [headers, length.positive? ? client.read(length) : ""]
       end
