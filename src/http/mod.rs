@@ -9,7 +9,9 @@
 //!   they could do with the Redis list;
 //! - admin, behind the bearer token ([`auth`]): `GET /v1/routes/{route}/diff`
 //!   (the cutover diff, see [`diff`]: it reveals job keys) and the admin API
-//!   ([`admin`]: phase changes, repair, dead-letter requeue).
+//!   ([`admin`]: phase changes, repair, dead-letter requeue);
+//! - the web console at `/ui` ([`ui`]): the same token, through a login
+//!   form and a cookie session with CSRF tokens.
 //!
 //! The listener binds `127.0.0.1:9187` unless told otherwise; on any other
 //! address without an admin token it logs a warning at start-up.
@@ -19,6 +21,7 @@ pub mod auth;
 mod diff;
 mod enqueue;
 mod outcomes;
+mod ui;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -53,6 +56,8 @@ pub struct AppState {
     pub admin_token: Option<Secret>,
     /// Whether enqueue and outcomes need the admin token too.
     pub enqueue_requires_token: bool,
+    /// The web console's signed-in sessions (`/ui`).
+    pub console: ui::session::Sessions,
 }
 
 impl AppState {
@@ -67,6 +72,7 @@ impl AppState {
             max_body: cfg.http.max_body.0,
             admin_token: cfg.admin_token.clone(),
             enqueue_requires_token: cfg.http.enqueue_requires_token,
+            console: ui::session::Sessions::default(),
         }
     }
 
@@ -80,6 +86,7 @@ impl AppState {
             max_body: 16 << 20,
             admin_token: None,
             enqueue_requires_token: false,
+            console: ui::session::Sessions::default(),
         }
     }
 }
@@ -142,6 +149,7 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .merge(producers)
         .merge(admin)
+        .merge(ui::router(state.clone()))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }

@@ -90,3 +90,66 @@ pub async fn db_health(pool: &PgPool) -> Result<DbHealth> {
         notify_queue_usage: usage,
     })
 }
+
+/// Where each database health number starts to need attention — the
+/// levels README's metrics section gives for alerts, shown by the console:
+/// dead tuples past this share of live ones (and at least 100,000) mean
+/// vacuum is not keeping up; a transaction open this long, or an xmin this
+/// many ids old, holds vacuum back; a NOTIFY queue this full is near the
+/// point where NOTIFY fails.
+pub const DEAD_TUPLE_SHARE: f64 = 0.2;
+pub const OLDEST_XACT_SECONDS: f64 = 300.0;
+pub const OLDEST_XMIN_AGE: i64 = 100_000_000;
+pub const NOTIFY_QUEUE_USAGE: f64 = 0.5;
+
+/// `health` as (what, measured value with its threshold, over it?).
+pub fn health_checks(h: &DbHealth) -> Vec<(&'static str, String, bool)> {
+    let dead_bad = h.jobs_dead_tuples >= 100_000
+        && h.jobs_dead_tuples as f64 > DEAD_TUPLE_SHARE * h.jobs_live_tuples.max(1) as f64;
+    vec![
+        (
+            "dead tuples in qbridge.jobs",
+            format!(
+                "{} dead, {} live (attention past {:.0}% of live and 100,000)",
+                h.jobs_dead_tuples,
+                h.jobs_live_tuples,
+                DEAD_TUPLE_SHARE * 100.0
+            ),
+            dead_bad,
+        ),
+        (
+            "last vacuum of qbridge.jobs",
+            if h.jobs_seconds_since_vacuum < 0.0 {
+                "never".to_string()
+            } else {
+                format!("{:.0} s ago", h.jobs_seconds_since_vacuum)
+            },
+            false,
+        ),
+        (
+            "oldest open transaction",
+            format!(
+                "{:.0} s (attention past {OLDEST_XACT_SECONDS:.0} s)",
+                h.oldest_xact_seconds
+            ),
+            h.oldest_xact_seconds > OLDEST_XACT_SECONDS,
+        ),
+        (
+            "oldest xmin age",
+            format!(
+                "{} ids (attention past {OLDEST_XMIN_AGE})",
+                h.oldest_xmin_age
+            ),
+            h.oldest_xmin_age > OLDEST_XMIN_AGE,
+        ),
+        (
+            "NOTIFY queue use",
+            format!(
+                "{:.1}% (attention past {:.0}%)",
+                h.notify_queue_usage * 100.0,
+                NOTIFY_QUEUE_USAGE * 100.0
+            ),
+            h.notify_queue_usage > NOTIFY_QUEUE_USAGE,
+        ),
+    ]
+}

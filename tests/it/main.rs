@@ -6,6 +6,7 @@ mod admin_http;
 mod bad_input;
 mod claim;
 mod cli;
+mod console;
 mod cutover;
 mod cutover_cli;
 mod cutover_proxy;

@@ -1,0 +1,336 @@
+//! The console's queue pages: every queue's counts and lag with a chart of
+//! the last hour's completions and the database's health (`/ui/queues`), a
+//! job by id or key with both sides' outcomes and its payload
+//! (`/ui/jobs`), and the dead letters, filtered by queue and error text,
+//! requeued by selection at a bounded rate (`/ui/dead`) through
+//! `queue::dlq`, as `qbridge dlq requeue`.
+
+use std::fmt::Write as _;
+
+use axum::extract::{Form, Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::Extension;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+use super::html::{esc, page, Html};
+use super::session::Session;
+use super::{csrf_ok, html};
+use crate::http::AppState;
+use crate::queue::{dlq, stats};
+
+fn failed(session: &Session, what: &str, e: impl std::fmt::Display) -> Response {
+    html(
+        StatusCode::SERVICE_UNAVAILABLE,
+        page(
+            "Unavailable",
+            Some(&session.csrf),
+            &format!(
+                "<p class=\"error\">Cannot read {}: {}</p>",
+                esc(what),
+                esc(&e.to_string())
+            ),
+        ),
+    )
+}
+
+fn when(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
+/// Completions per minute over the last hour, per queue (from the history
+/// table), oldest first: 60 numbers.
+async fn last_hour(db: &sqlx::PgPool) -> crate::error::Result<Vec<(String, Vec<i64>)>> {
+    let rows: Vec<(String, Vec<i64>)> = sqlx::query_as(
+        "SELECT queue, array_agg(coalesce(n, 0) ORDER BY m) FROM ( \
+           SELECT q.queue, m, c.n FROM (SELECT DISTINCT queue FROM qbridge.jobs_done \
+                                         WHERE finished_at > now() - interval '1 hour') q \
+           CROSS JOIN generate_series(0, 59) AS m \
+           LEFT JOIN (SELECT queue, 59 - floor(extract(epoch FROM now() - finished_at) / 60)::int AS m, count(*) AS n \
+                        FROM qbridge.jobs_done WHERE finished_at > now() - interval '1 hour' GROUP BY 1, 2) c \
+                  USING (queue, m)) t GROUP BY queue",
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows)
+}
+
+/// A 60-point sparkline as inline SVG (numbers only: nothing to escape).
+fn sparkline(points: &[i64]) -> String {
+    let max = points.iter().copied().max().unwrap_or(0).max(1) as f64;
+    let path: Vec<String> = points
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("{},{:.1}", i * 2, 20.0 - 20.0 * (*n as f64) / max))
+        .collect();
+    format!(
+        "<svg width=\"120\" height=\"22\" viewBox=\"0 0 120 22\" role=\"img\" aria-label=\"completions per minute, last hour\">\
+         <polyline fill=\"none\" stroke=\"#0969da\" stroke-width=\"1.5\" points=\"{}\"/></svg>",
+        path.join(" ")
+    )
+}
+
+pub(super) async fn queues(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+) -> Response {
+    let (queues, health, hour) = match tokio::try_join!(
+        stats::queues(&state.db),
+        stats::db_health(&state.db),
+        last_hour(&state.db)
+    ) {
+        Ok(all) => all,
+        Err(e) => return failed(&session, "the queues", e),
+    };
+    let mut out = Html::default();
+    out.raw("<h1>Queues</h1><table id=\"queues\"><thead><tr><th>queue</th><th>ready</th><th>running</th><th>scheduled</th><th>dead</th><th>lag</th><th>done per minute, last hour</th></tr></thead><tbody>");
+    for q in &queues {
+        let spark = hour
+            .iter()
+            .find(|(name, _)| name == &q.queue)
+            .map(|(_, p)| sparkline(p))
+            .unwrap_or_default();
+        let total: i64 = hour
+            .iter()
+            .find(|(name, _)| name == &q.queue)
+            .map_or(0, |(_, p)| p.iter().sum());
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><a href=\"/ui/dead?queue={}\">{}</a></td><td>{:.1} s</td><td>{} {}</td></tr>",
+            esc(&q.queue), q.ready, q.running, q.scheduled, esc(&q.queue), q.dead, q.lag_seconds, spark, total
+        );
+    }
+    out.raw("</tbody></table><h2>Database</h2><table id=\"health\"><tbody>");
+    for (name, value, bad) in stats::health_checks(&health) {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td class=\"{}\">{}</td></tr>",
+            esc(name),
+            if bad { "fail" } else { "pass" },
+            esc(&value)
+        );
+    }
+    out.raw("</tbody></table>");
+    html(
+        StatusCode::OK,
+        page("Queues", Some(&session.csrf), &out.into_string()),
+    )
+}
+
+#[derive(Deserialize, Default)]
+pub(super) struct Find {
+    #[serde(default)]
+    q: String,
+}
+
+/// side, mode, outcome, error class, digest, attempt, when.
+type OutcomeRow = (
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<i32>,
+    DateTime<Utc>,
+);
+
+/// id, queue, key, state, attempts, max attempts, last error, payload, created.
+type JobRow = (
+    i64,
+    String,
+    Option<String>,
+    String,
+    i32,
+    i32,
+    Option<String>,
+    serde_json::Value,
+    DateTime<Utc>,
+);
+
+pub(super) async fn find(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Query(f): Query<Find>,
+) -> Response {
+    let mut out = Html::default();
+    let _ = write!(
+        out,
+        "<h1>Find a job</h1><form method=\"get\" action=\"/ui/jobs\"><label>Id or key <input name=\"q\" id=\"q\" value=\"{}\"></label> <button id=\"find\">Find</button></form>",
+        esc(&f.q)
+    );
+    let q = f.q.trim();
+    if !q.is_empty() {
+        match job_sections(&state, q, &mut out).await {
+            Ok(0) => {
+                out.raw("<p class=\"muted\" id=\"none\">No job with this id or key.</p>");
+            }
+            Ok(_) => {}
+            Err(e) => return failed(&session, "the job", e),
+        }
+    }
+    html(
+        StatusCode::OK,
+        page("Jobs", Some(&session.csrf), &out.into_string()),
+    )
+}
+
+/// The job's rows (live table, dead letters), its key's record and both
+/// sides' outcomes; how many rows were found.
+async fn job_sections(state: &AppState, q: &str, out: &mut Html) -> crate::error::Result<usize> {
+    let id: Option<i64> = q.parse().ok();
+    let mut found = 0;
+    for (table, title) in [
+        ("qbridge.jobs", "In the queue"),
+        ("qbridge.jobs_dead", "Dead letter"),
+    ] {
+        let sql = format!(
+            "SELECT id, queue, key, {state}, attempts, max_attempts, last_error, payload, created_at FROM {table} \
+             WHERE id = $1 OR key = $2 ORDER BY id DESC LIMIT 20",
+            state = if table == "qbridge.jobs" { "state || ' (' || copy || ')'" } else { "'dead'" }
+        );
+        let rows: Vec<JobRow> = sqlx::query_as(&sql)
+            .bind(id.unwrap_or(-1))
+            .bind(q)
+            .fetch_all(&state.db)
+            .await?;
+        for (id, queue, key, st, attempts, max, error, payload, created) in rows {
+            found += 1;
+            let _ = write!(
+                out,
+                "<h2>{} #{}</h2><table class=\"job\"><tbody><tr><td>queue</td><td>{}</td></tr><tr><td>key</td><td class=\"key\">{}</td></tr>\
+                 <tr><td>state</td><td>{}</td></tr><tr><td>attempts</td><td>{} of {}</td></tr><tr><td>last error</td><td class=\"last-error\">{}</td></tr>\
+                 <tr><td>created</td><td>{}</td></tr></tbody></table><h3>Payload</h3><pre class=\"payload\">{}</pre>",
+                esc(title), id, esc(&queue), esc(key.as_deref().unwrap_or("—")), esc(&st), attempts, max,
+                esc(error.as_deref().unwrap_or("—")), esc(&when(created)),
+                esc(&serde_json::to_string_pretty(&payload).unwrap_or_default())
+            );
+        }
+    }
+    let outcomes: Vec<OutcomeRow> = sqlx::query_as(
+        "SELECT side, mode, outcome, error_class, digest, attempt, recorded_at FROM qbridge.outcomes \
+         WHERE key = $1 ORDER BY recorded_at DESC, id DESC LIMIT 50",
+    )
+    .bind(q)
+    .fetch_all(&state.db)
+    .await?;
+    if !outcomes.is_empty() {
+        found += outcomes.len();
+        out.raw("<h2>Outcomes, both sides</h2><table id=\"outcomes\"><thead><tr><th>when</th><th>side</th><th>mode</th><th>outcome</th><th>attempt</th><th>digest</th></tr></thead><tbody>");
+        for (side, mode, outcome, class, digest, attempt, at) in outcomes {
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}{}</td><td>{}</td><td><code>{}</code></td></tr>",
+                esc(&when(at)), esc(&side), esc(&mode), esc(&outcome),
+                class.map(|c| format!(" ({})", esc(&c))).unwrap_or_default(),
+                attempt.map(|a| a.to_string()).unwrap_or_else(|| "—".into()),
+                esc(digest.as_deref().map(|d| &d[..d.len().min(16)]).unwrap_or("—"))
+            );
+        }
+        out.raw("</tbody></table>");
+    }
+    Ok(found)
+}
+
+#[derive(Deserialize, Default)]
+pub(super) struct DeadFilter {
+    #[serde(default)]
+    queue: String,
+    #[serde(default)]
+    error: String,
+    #[serde(default)]
+    msg: Option<String>,
+}
+
+fn selector(queue: &str, error: &str) -> dlq::Selector {
+    dlq::Selector {
+        ids: None,
+        queue: Some(queue.trim().to_string()).filter(|q| !q.is_empty()),
+        error_contains: Some(error.trim().to_string()).filter(|e| !e.is_empty()),
+    }
+}
+
+pub(super) async fn dead(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Query(f): Query<DeadFilter>,
+) -> Response {
+    let sel = selector(&f.queue, &f.error);
+    let (rows, total) =
+        match tokio::try_join!(dlq::list(&state.db, &sel, 100), dlq::count(&state.db, &sel)) {
+            Ok(all) => all,
+            Err(e) => return failed(&session, "the dead letters", e),
+        };
+    let mut out = Html::default();
+    out.raw("<h1>Dead letters</h1>");
+    if let Some(m) = &f.msg {
+        out.raw("<p class=\"flash\" id=\"flash\">")
+            .text(m)
+            .raw("</p>");
+    }
+    let _ = write!(
+        out,
+        "<form method=\"get\" action=\"/ui/dead\"><label>Queue <input name=\"queue\" value=\"{}\"></label> \
+         <label>Error contains <input name=\"error\" value=\"{}\"></label> <button>Filter</button></form>\
+         <p>{} dead letters match; the newest {} are listed.</p>\
+         <form method=\"post\" action=\"/ui/dead/requeue\" id=\"requeue-form\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+         <table id=\"dead\"><thead><tr><th></th><th>id</th><th>queue</th><th>key</th><th>attempts</th><th>last error</th><th>failed</th></tr></thead><tbody>",
+        esc(&f.queue), esc(&f.error), total, rows.len(), esc(&session.csrf)
+    );
+    for d in &rows {
+        let _ = write!(
+            out,
+            "<tr><td><input type=\"checkbox\" name=\"id\" value=\"{0}\" class=\"pick\"></td><td><a href=\"/ui/jobs?q={0}\">{0}</a></td><td>{1}</td><td>{2}</td><td>{3}</td><td class=\"last-error\">{4}</td><td>{5}</td></tr>",
+            d.id, esc(&d.queue), esc(d.key.as_deref().unwrap_or("—")), d.attempts,
+            esc(d.last_error.as_deref().unwrap_or("—")), esc(&when(d.failed_at))
+        );
+    }
+    out.raw("</tbody></table><label>Rate <input name=\"rate\" type=\"number\" min=\"1\" max=\"1000\" value=\"100\"> jobs/s</label> <button id=\"requeue\">Requeue the selected</button></form>");
+    html(
+        StatusCode::OK,
+        page("Dead letters", Some(&session.csrf), &out.into_string()),
+    )
+}
+
+pub(super) async fn requeue(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Form(fields): Form<Vec<(String, String)>>,
+) -> Response {
+    let field = |name: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or("")
+    };
+    if let Err(refused) = csrf_ok(&session, field("csrf")) {
+        return *refused;
+    }
+    let ids: Vec<i64> = fields
+        .iter()
+        .filter(|(k, _)| k == "id")
+        .filter_map(|(_, v)| v.parse().ok())
+        .collect();
+    let rate: u32 = field("rate").parse().unwrap_or(100).clamp(1, 1000);
+    let msg = if ids.is_empty() {
+        "Nothing selected: tick the dead letters to requeue.".to_string()
+    } else {
+        let sel = dlq::Selector {
+            ids: Some(ids.clone()),
+            queue: None,
+            error_contains: None,
+        };
+        match dlq::requeue(&state.db, &sel, rate, |_| {}).await {
+            Ok(moved) => {
+                tracing::info!(by = %session.who, selected = ids.len(), moved, "console: requeued dead letters");
+                format!("Requeued {moved} of {} selected at {rate} jobs/s (a job whose key is in flight again stays dead).", ids.len())
+            }
+            Err(e) => format!("Requeue failed: {e}"),
+        }
+    };
+    axum::response::IntoResponse::into_response(axum::response::Redirect::to(&format!(
+        "/ui/dead?msg={}",
+        super::routes::urlencode(&msg)
+    )))
+}

@@ -1,0 +1,240 @@
+//! The web console at `/ui`: where each route stands and why a gate
+//! refuses, the queues, a job by id or key, and the dead letters, with the
+//! operator's actions (advance, rollback, flipped share, requeue).
+//!
+//! How it is built, and why: server-rendered HTML written by Rust functions
+//! ([`html`]) and one small script of our own (`console.js`, served from the
+//! binary) that refreshes the parts of a page marked `data-refresh` every
+//! few seconds. No build step, no template or front-end dependency, nothing
+//! fetched from the internet at run time; every dynamic value is escaped by
+//! construction. It reads and acts through the same functions as the CLI
+//! and the admin API (`ops::gates`, `ops::operate`, `ops::diff`,
+//! `queue::dlq`): one implementation of gates, diff and actions.
+//!
+//! Security ([`session`]): off, with a page saying how to turn it on, when
+//! no admin token is configured; otherwise a login form takes the token and
+//! opens a cookie session (HttpOnly, SameSite=Strict, idle and absolute
+//! expiry); every POST carries the session's CSRF token; every action needs
+//! a reason and is audited as `console:<peer>` like the CLI's changes; no
+//! payload, token or password reaches a log.
+
+mod html;
+mod jobs;
+mod routes;
+pub mod session;
+
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Form, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{Html as HtmlBody, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Deserialize;
+
+use super::AppState;
+use html::{esc, page};
+use session::{Session, LOGIN_COOKIE, SESSION_COOKIE};
+
+/// The console's routes (merged into the listener's router).
+pub(super) fn router(state: AppState) -> Router<AppState> {
+    let signed_in = Router::new()
+        .route("/ui", get(routes::overview))
+        .route("/ui/fragment/routes", get(routes::overview_fragment))
+        .route("/ui/routes/{route}", get(routes::detail))
+        .route("/ui/routes/{route}/advance", post(routes::advance))
+        .route("/ui/routes/{route}/rollback", post(routes::rollback))
+        .route("/ui/routes/{route}/percent", post(routes::percent))
+        .route("/ui/queues", get(jobs::queues))
+        .route("/ui/jobs", get(jobs::find))
+        .route("/ui/dead", get(jobs::dead))
+        .route("/ui/dead/requeue", post(jobs::requeue))
+        .route("/ui/logout", post(logout))
+        .layer(axum::middleware::from_fn_with_state(state, require_session));
+    Router::new()
+        .route("/ui/login", get(login_form).post(login))
+        .route("/ui/static/console.js", get(script))
+        .merge(signed_in)
+}
+
+/// An HTML response.
+pub(super) fn html(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [
+            (header::CACHE_CONTROL, "no-store"),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; style-src 'unsafe-inline'; script-src 'self'; frame-ancestors 'none'",
+            ),
+        ],
+        HtmlBody(body),
+    )
+        .into_response()
+}
+
+/// What turns the console on, when it is off.
+const OFF: &str = "The console is off: no admin token is configured. Set QBRIDGE_ADMIN_TOKEN \
+    (or [http] admin_token_file) and restart qbridge; then log in here with that token.";
+
+/// Every signed-in page: the session, or the login form (a GET) / 403 (a
+/// POST without a session). With no admin token, the page that says so.
+async fn require_session(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    if state.admin_token.is_none() {
+        return html(
+            StatusCode::FORBIDDEN,
+            page(
+                "Console off",
+                None,
+                &format!("<p class=\"error\">{}</p>", esc(OFF)),
+            ),
+        );
+    }
+    match state.console.get(req.headers()) {
+        Some(session) => {
+            req.extensions_mut().insert(session);
+            next.run(req).await
+        }
+        None if req.method() == axum::http::Method::GET => Redirect::to("/ui/login").into_response(),
+        None => html(
+            StatusCode::FORBIDDEN,
+            page("Signed out", None, "<p class=\"error\">Your session ended: <a href=\"/ui/login\">log in</a> again.</p>"),
+        ),
+    }
+}
+
+/// A POST's CSRF field checked against the session's.
+pub(super) fn csrf_ok(session: &Session, offered: &str) -> Result<(), Box<Response>> {
+    if session::same(offered, &session.csrf) {
+        Ok(())
+    } else {
+        Err(Box::new(html(
+            StatusCode::FORBIDDEN,
+            page("Refused", Some(&session.csrf), "<p class=\"error\">Refused: the form's CSRF token is missing or wrong. Reload the page and try again.</p>"),
+        )))
+    }
+}
+
+async fn login_form(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if state.admin_token.is_none() {
+        return html(
+            StatusCode::FORBIDDEN,
+            page(
+                "Console off",
+                None,
+                &format!("<p class=\"error\">{}</p>", esc(OFF)),
+            ),
+        );
+    }
+    login_page(&headers, StatusCode::OK, None)
+}
+
+/// The login form. Its guard is the browser's login cookie when it has one
+/// (two tabs, or a reload, keep one guard), else a new one.
+fn login_page(headers: &HeaderMap, status: StatusCode, error: Option<&str>) -> Response {
+    let guard = session::cookie(headers, LOGIN_COOKIE)
+        .filter(|g| g.len() == 64 && g.bytes().all(|b| b.is_ascii_hexdigit()))
+        .unwrap_or_else(session::random_token);
+    let mut body = String::from("<h1>Log in</h1>");
+    if let Some(e) = error {
+        body.push_str(&format!("<p class=\"error\">{}</p>", esc(e)));
+    }
+    body.push_str(&format!(
+        "<form method=\"post\" action=\"/ui/login\"><input type=\"hidden\" name=\"csrf\" value=\"{guard}\">\
+         <label>Admin token <input type=\"password\" name=\"token\" id=\"token\" autocomplete=\"current-password\" required></label> \
+         <button id=\"login\">Log in</button></form>"
+    ));
+    let mut resp = html(status, page("Log in", None, &body));
+    resp.headers_mut().append(
+        header::SET_COOKIE,
+        session::set_cookie(LOGIN_COOKIE, &guard, std::time::Duration::from_secs(600)),
+    );
+    resp
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    #[serde(default)]
+    token: String,
+    #[serde(default)]
+    csrf: String,
+}
+
+async fn login(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    let Some(token) = state.admin_token.as_ref() else {
+        return html(
+            StatusCode::FORBIDDEN,
+            page(
+                "Console off",
+                None,
+                &format!("<p class=\"error\">{}</p>", esc(OFF)),
+            ),
+        );
+    };
+    let guard = session::cookie(&headers, LOGIN_COOKIE).unwrap_or_default();
+    if guard.is_empty() || !session::same(&form.csrf, &guard) {
+        return login_page(
+            &headers,
+            StatusCode::FORBIDDEN,
+            Some("The login form expired: try again."),
+        );
+    }
+    if !token.matches(form.token.as_bytes()) {
+        // The peer, never the offered token.
+        tracing::warn!(peer = %peer, "console: refused a login with a wrong token");
+        return login_page(&headers, StatusCode::UNAUTHORIZED, Some("Wrong token."));
+    }
+    let id = state.console.open(format!("console:{peer}"));
+    let mut resp = Redirect::to("/ui").into_response();
+    resp.headers_mut().append(
+        header::SET_COOKIE,
+        session::set_cookie(SESSION_COOKIE, &id, session::LIFETIME),
+    );
+    resp.headers_mut().append(
+        header::SET_COOKIE,
+        session::set_cookie(LOGIN_COOKIE, "", std::time::Duration::ZERO),
+    );
+    resp
+}
+
+#[derive(Deserialize)]
+struct CsrfOnly {
+    #[serde(default)]
+    csrf: String,
+}
+
+async fn logout(
+    State(state): State<AppState>,
+    axum::Extension(session): axum::Extension<Session>,
+    headers: HeaderMap,
+    Form(form): Form<CsrfOnly>,
+) -> Response {
+    if let Err(refused) = csrf_ok(&session, &form.csrf) {
+        return *refused;
+    }
+    state.console.close(&headers);
+    let mut resp = Redirect::to("/ui/login").into_response();
+    resp.headers_mut().append(
+        header::SET_COOKIE,
+        session::set_cookie(SESSION_COOKIE, "", std::time::Duration::ZERO),
+    );
+    resp
+}
+
+async fn script() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        include_str!("console.js"),
+    )
+        .into_response()
+}

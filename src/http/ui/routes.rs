@@ -1,0 +1,467 @@
+//! The console's route pages: every route with its phase and next gate
+//! (`/ui`), one route in full (`/ui/routes/{route}`: the gate's checks with
+//! their measured values and thresholds, the latest diff, what Redis still
+//! holds elsewhere, the audit timeline) and its actions — advance (the
+//! gate's numbers shown first; a refusal says why), rollback, the flipped
+//! share — each with a required reason, audited as `console:<peer>` through
+//! `ops::operate`, as the CLI's.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::extract::{Form, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Extension;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+use super::html::{esc, page, Html};
+use super::session::Session;
+use super::{csrf_ok, html};
+use crate::http::AppState;
+use crate::ops::gates::{self, Gate};
+use crate::ops::operate::{self, Refusal, Request};
+use crate::routes::Route;
+
+/// `?msg=` / `?err=`: the outcome of the last action, shown once.
+#[derive(Deserialize, Default)]
+pub(super) struct Flash {
+    msg: Option<String>,
+    err: Option<String>,
+}
+
+fn flash(f: &Flash, out: &mut Html) {
+    if let Some(m) = &f.msg {
+        out.raw("<p class=\"flash\" id=\"flash\">")
+            .text(m)
+            .raw("</p>");
+    }
+    if let Some(e) = &f.err {
+        out.raw("<p class=\"error\" id=\"flash\">")
+            .text(e)
+            .raw("</p>");
+    }
+}
+
+fn unavailable(session: &Session, what: &str, e: impl std::fmt::Display) -> Response {
+    html(
+        StatusCode::SERVICE_UNAVAILABLE,
+        page(
+            "Unavailable",
+            Some(&session.csrf),
+            &format!(
+                "<p class=\"error\">Cannot read {}: {}</p>",
+                esc(what),
+                esc(&e.to_string())
+            ),
+        ),
+    )
+}
+
+fn routes_of(state: &AppState) -> Vec<Arc<Route>> {
+    state
+        .producer
+        .as_ref()
+        .map(|p| p.routes().iter().cloned().collect())
+        .unwrap_or_default()
+}
+
+fn find(state: &AppState, name: &str) -> Option<Arc<Route>> {
+    state.producer.as_ref()?.routes().by_name(name).cloned()
+}
+
+/// The routes table (also the live fragment).
+async fn routes_table(state: &AppState, who: &str) -> crate::error::Result<String> {
+    let mut out = Html::default();
+    out.raw("<table id=\"routes\" data-refresh=\"/ui/fragment/routes\"><thead><tr><th>route</th><th>phase</th><th>since</th><th>by</th><th>next gate</th></tr></thead><tbody>");
+    let mut redis = state.producer.as_ref().and_then(|p| p.redis().cloned());
+    for route in routes_of(state) {
+        let current = operate::state_of(&state.db, &route, who).await?;
+        let gate = gates::evaluate(&state.db, redis.as_mut(), &route, &current).await?;
+        let phase = if current.phase == crate::model::Phase::PostgresOnly && current.percent < 100 {
+            format!("{} ({}%)", current.phase, current.percent)
+        } else {
+            current.phase.to_string()
+        };
+        let _ = write!(
+            out,
+            "<tr><td><a href=\"/ui/routes/{0}\">{0}</a></td><td class=\"phase\">{1}</td><td>{2}</td><td>{3}</td><td>{4}</td></tr>",
+            esc(&route.name),
+            esc(&phase),
+            esc(&when(current.since)),
+            esc(&current.changed_by),
+            gate_summary(gate.as_ref())
+        );
+    }
+    out.raw("</tbody></table>");
+    Ok(out.into_string())
+}
+
+fn when(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
+fn gate_summary(gate: Option<&Gate>) -> String {
+    match gate {
+        None => "<span class=\"muted\">none (last phase)</span>".into(),
+        Some(g) if g.passed() => format!(
+            "<span class=\"pass\">→ {}: passes</span>",
+            esc(&g.to.to_string())
+        ),
+        Some(g) => {
+            let failing = g.checks.iter().filter(|c| !c.passed).count();
+            format!(
+                "<span class=\"fail\">→ {}: {} of {} checks fail</span>",
+                esc(&g.to.to_string()),
+                failing,
+                g.checks.len()
+            )
+        }
+    }
+}
+
+pub(super) async fn overview(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Query(f): Query<Flash>,
+) -> Response {
+    let mut out = Html::default();
+    out.raw("<h1>Routes</h1>");
+    flash(&f, &mut out);
+    match routes_table(&state, &session.who).await {
+        Ok(table) => {
+            out.raw(&table);
+            html(
+                StatusCode::OK,
+                page("Routes", Some(&session.csrf), &out.into_string()),
+            )
+        }
+        Err(e) => unavailable(&session, "the routes", e),
+    }
+}
+
+pub(super) async fn overview_fragment(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+) -> Response {
+    match routes_table(&state, &session.who).await {
+        Ok(table) => html(StatusCode::OK, table),
+        Err(e) => html(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("<p class=\"error\">{}</p>", esc(&e.to_string())),
+        ),
+    }
+}
+
+pub(super) async fn detail(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Path(name): Path<String>,
+    Query(f): Query<Flash>,
+) -> Response {
+    let Some(route) = find(&state, &name) else {
+        return html(
+            StatusCode::NOT_FOUND,
+            page(
+                "No such route",
+                Some(&session.csrf),
+                &format!("<p class=\"error\">No route named {}.</p>", esc(&name)),
+            ),
+        );
+    };
+    match detail_body(&state, &route, &session, &f).await {
+        Ok(body) => html(
+            StatusCode::OK,
+            page(&route.name, Some(&session.csrf), &body),
+        ),
+        Err(e) => unavailable(&session, "the route", e),
+    }
+}
+
+async fn detail_body(
+    state: &AppState,
+    route: &Route,
+    session: &Session,
+    f: &Flash,
+) -> crate::error::Result<String> {
+    let current = operate::state_of(&state.db, route, &session.who).await?;
+    let mut redis = state.producer.as_ref().and_then(|p| p.redis().cloned());
+    let gate = gates::evaluate(&state.db, redis.as_mut(), route, &current).await?;
+    let mut out = Html::default();
+    out.raw("<h1>Route ").text(&route.name).raw("</h1>");
+    flash(f, &mut out);
+    let _ = write!(
+        out,
+        "<p>Redis <code>{}</code> → Postgres queue <code>{}</code> ({} format). Phase <strong id=\"phase\">{}</strong>{} since {}, by {}: {}</p>",
+        esc(&String::from_utf8_lossy(&route.redis_key)),
+        esc(&route.queue),
+        esc(route.format.name()),
+        esc(&current.phase.to_string()),
+        if current.percent < 100 { format!(" ({}% flipped)", current.percent) } else { String::new() },
+        esc(&when(current.since)),
+        esc(&current.changed_by),
+        esc(&current.reason)
+    );
+    gate_section(gate.as_ref(), &mut out);
+    actions(route, session, gate.as_ref(), &mut out);
+    if let Some(diff) = gate.as_ref().and_then(|g| g.diff.as_ref()) {
+        out.raw("<h2>Latest diff</h2><p id=\"diff\">")
+            .text(&diff.verdict)
+            .raw("</p>");
+        if !diff.sample_unaccounted.is_empty() {
+            out.raw("<p>Unaccounted (sample): ")
+                .text(&diff.sample_unaccounted.join(", "))
+                .raw("</p>");
+        }
+    }
+    audit(state, route, &mut out).await?;
+    Ok(out.into_string())
+}
+
+fn gate_section(gate: Option<&Gate>, out: &mut Html) {
+    let Some(g) = gate else {
+        out.raw("<h2>Next gate</h2><p class=\"muted\">None: this is the last phase.</p>");
+        return;
+    };
+    let _ = write!(
+        out,
+        "<h2>Next gate: {} → {} {}</h2><table id=\"gate\"><thead><tr><th>check</th><th>measured</th><th>needs</th><th></th></tr></thead><tbody>",
+        esc(&g.from.to_string()),
+        esc(&g.to.to_string()),
+        gate_summary(Some(g))
+    );
+    for c in &g.checks {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>",
+            esc(&c.name),
+            esc(&c.value),
+            esc(&c.needs),
+            if c.passed { "pass" } else { "fail" },
+            if c.passed { "pass" } else { "FAIL" }
+        );
+    }
+    out.raw("</tbody></table>");
+}
+
+fn actions(route: &Route, session: &Session, gate: Option<&Gate>, out: &mut Html) {
+    let name = esc(&route.name);
+    out.raw("<h2>Actions</h2>");
+    if let Some(g) = gate {
+        let _ = write!(
+            out,
+            "<form method=\"post\" action=\"/ui/routes/{name}/advance\" class=\"inline\" id=\"advance-form\">\
+             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+             <label>Reason <input name=\"reason\" id=\"advance-reason\" required></label> \
+             <label><input type=\"checkbox\" name=\"force\" value=\"true\"> force past the gate</label> \
+             <button id=\"advance\">Advance to {to}</button></form>",
+            csrf = esc(&session.csrf),
+            to = esc(&g.to.to_string())
+        );
+    }
+    let _ = write!(
+        out,
+        "<form method=\"post\" action=\"/ui/routes/{name}/rollback\" class=\"inline\" id=\"rollback-form\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+         <label>Reason <input name=\"reason\" id=\"rollback-reason\" required></label> \
+         <button id=\"rollback\">Roll back one phase</button></form>\
+         <form method=\"post\" action=\"/ui/routes/{name}/percent\" class=\"inline\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+         <label>Flipped share <input name=\"percent\" type=\"number\" min=\"0\" max=\"100\" required>%</label> \
+         <label>Reason <input name=\"reason\" required></label> <button>Set</button></form>",
+        csrf = esc(&session.csrf)
+    );
+}
+
+/// when, from, to, by, reason, forced.
+type AuditRow = (DateTime<Utc>, Option<String>, String, String, String, bool);
+
+async fn audit(state: &AppState, route: &Route, out: &mut Html) -> crate::error::Result<()> {
+    let rows: Vec<AuditRow> = sqlx::query_as(
+        "SELECT changed_at, from_phase, to_phase, changed_by, reason, forced FROM qbridge.phase_audit \
+         WHERE route = $1 ORDER BY changed_at DESC, id DESC LIMIT 50",
+    )
+    .bind(&route.name)
+    .fetch_all(&state.db)
+    .await?;
+    out.raw("<h2>Audit</h2><table id=\"audit\"><thead><tr><th>when</th><th>change</th><th>by</th><th>reason</th></tr></thead><tbody>");
+    for (at, from, to, by, reason, forced) in rows {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{} → {}{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&when(at)),
+            esc(from.as_deref().unwrap_or("—")),
+            esc(&to),
+            if forced {
+                " <span class=\"fail\">(forced)</span>"
+            } else {
+                ""
+            },
+            esc(&by),
+            esc(&reason)
+        );
+    }
+    out.raw("</tbody></table>");
+    Ok(())
+}
+
+#[derive(Deserialize)]
+pub(super) struct ActionForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    force: Option<String>,
+    #[serde(default)]
+    percent: Option<String>,
+}
+
+/// Back to the route's page with the outcome (see-other: a reload does
+/// not post again).
+fn back(route: &str, result: Result<String, String>) -> Response {
+    let (key, text) = match result {
+        Ok(m) => ("msg", m),
+        Err(e) => ("err", e),
+    };
+    Redirect::to(&format!(
+        "/ui/routes/{}?{key}={}",
+        urlencode(route),
+        urlencode(&text)
+    ))
+    .into_response()
+}
+
+/// `s` percent-encoded for a URL's path segment or query value.
+pub(super) fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn checked<'a>(
+    state: &AppState,
+    session: &Session,
+    name: &str,
+    form: &'a ActionForm,
+) -> Result<(Arc<Route>, &'a str), Box<Response>> {
+    csrf_ok(session, &form.csrf)?;
+    let route = find(state, name)
+        .ok_or_else(|| Box::new(back(name, Err(format!("no route named {name}")))))?;
+    let reason = form.reason.trim();
+    if reason.is_empty() {
+        return Err(Box::new(back(
+            name,
+            Err("a reason is required: it goes into the audit log".into()),
+        )));
+    }
+    Ok((route, reason))
+}
+
+pub(super) async fn advance(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Path(name): Path<String>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    let (route, reason) = match checked(&state, &session, &name, &form) {
+        Ok(ok) => ok,
+        Err(resp) => return *resp,
+    };
+    let req = Request {
+        by: &session.who,
+        reason: Some(reason),
+        force: form.force.as_deref() == Some("true"),
+        percent: None,
+    };
+    let mut redis = state.producer.as_ref().and_then(|p| p.redis().cloned());
+    let result = match operate::advance(
+        &state.db,
+        redis.as_mut(),
+        &route,
+        &req,
+        state.payload_limit,
+    )
+    .await
+    {
+        Ok(done) => Ok(format!(
+            "{} → {}{}",
+            done.gate.from,
+            done.gate.to,
+            if done.forced {
+                " (forced)"
+            } else {
+                " (gate passed)"
+            }
+        )),
+        Err(Refusal::Gate(gate)) => {
+            let failing: Vec<String> = gate
+                .checks
+                .iter()
+                .filter(|c| !c.passed)
+                .map(|c| format!("{}: {} (needs {})", c.name, c.value, c.needs))
+                .collect();
+            Err(format!(
+                "the gate {} → {} refuses: {}",
+                gate.from,
+                gate.to,
+                failing.join("; ")
+            ))
+        }
+        Err(Refusal::Error(e)) => Err(e.to_string()),
+    };
+    back(&route.name, result)
+}
+
+pub(super) async fn rollback(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Path(name): Path<String>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    let (route, reason) = match checked(&state, &session, &name, &form) {
+        Ok(ok) => ok,
+        Err(resp) => return *resp,
+    };
+    let req = Request::new(&session.who, Some(reason));
+    let result = operate::rollback(&state.db, &route, &req)
+        .await
+        .map(|s| format!("rolled back to {}", s.phase))
+        .map_err(|e| e.to_string());
+    back(&route.name, result)
+}
+
+pub(super) async fn percent(
+    State(state): State<AppState>,
+    Extension(session): Extension<Session>,
+    Path(name): Path<String>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    let (route, reason) = match checked(&state, &session, &name, &form) {
+        Ok(ok) => ok,
+        Err(resp) => return *resp,
+    };
+    let Some(percent) = form
+        .percent
+        .as_deref()
+        .and_then(|p| p.trim().parse::<u8>().ok())
+        .filter(|p| *p <= 100)
+    else {
+        return back(
+            &route.name,
+            Err("the flipped share must be 0 to 100".into()),
+        );
+    };
+    let req = Request::new(&session.who, Some(reason));
+    let result = operate::ramp(&state.db, &route, percent, &req)
+        .await
+        .map(|_| format!("flipped share set to {percent}%"))
+        .map_err(|e| e.to_string());
+    back(&route.name, result)
+}
