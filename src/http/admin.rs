@@ -297,32 +297,21 @@ pub(super) async fn repair(
         ));
     };
     let mut redis = redis.clone();
-    // The stored phase, as `qbridge diff --repair` reads it: this process's
-    // view may be up to a poll behind a flip made a moment ago.
-    let phase = operate::state_of(&state.db, &route, &caller.0)
-        .await
-        .map_err(service_error)?
-        .phase;
     let since = match &req.since {
-        Some(text) => crate::ops::window::parse_since(text).map_err(|e| bad(&e.to_string()))?,
-        None => gates::default_since(&state.db, &route)
-            .await
-            .map_err(service_error)?,
+        Some(text) => Some(crate::ops::window::parse_since(text).map_err(|e| bad(&e.to_string()))?),
+        None => None,
     };
-    let (diff, held) = gates::diff_since(&state.db, &mut redis, &route, phase, since)
-        .await
-        .map_err(service_error)?;
-    let input = repair::RepairInput {
-        route: &route,
-        phase,
+    let (diff, report) = repair::diff_and_repair(
+        &state.db,
+        &mut redis,
+        &route,
+        &caller.0,
         since,
-        held: &held,
-        payload_limit: state.payload_limit,
-        assume: assume.as_ref(),
-    };
-    let report = repair::repair_with(&state.db, &mut redis, input)
-        .await
-        .map_err(service_error)?;
+        assume.as_ref(),
+        state.payload_limit,
+    )
+    .await
+    .map_err(service_error)?;
     tracing::info!(route = %route.name, by = %caller.0, mirrored = report.mirrored, repushed = report.repushed, "repair over HTTP");
     Ok((
         StatusCode::OK,

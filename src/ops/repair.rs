@@ -106,6 +106,39 @@ pub async fn repair(
     repair_with(db, redis, input).await
 }
 
+/// The diff of `route` from `since` (default: its gate's window) in its
+/// stored phase, then the repair of what it found, with an operator's
+/// assumption when given: what the admin API and the console run (the CLI
+/// reads its own window and prints between the two).
+pub async fn diff_and_repair(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    by: &str,
+    since: Option<DateTime<Utc>>,
+    assume: Option<&Assumption>,
+    payload_limit: usize,
+) -> Result<(crate::ops::diff::Diff, RepairReport)> {
+    // The stored phase, as `qbridge diff --repair` reads it: a process's
+    // view may be up to a poll behind a flip made a moment ago.
+    let phase = crate::ops::operate::state_of(db, route, by).await?.phase;
+    let since = match since {
+        Some(t) => t,
+        None => crate::ops::gates::default_since(db, route).await?,
+    };
+    let (diff, held) = crate::ops::gates::diff_since(db, redis, route, phase, since).await?;
+    let input = RepairInput {
+        route,
+        phase,
+        since,
+        held: &held,
+        payload_limit,
+        assume,
+    };
+    let report = repair_with(db, redis, input).await?;
+    Ok((diff, report))
+}
+
 /// What [`repair_with`] works on.
 pub struct RepairInput<'a> {
     pub route: &'a Route,

@@ -123,6 +123,13 @@ async fn an_operator_runs_the_cutover_and_the_dead_letters_from_the_console(pool
     assert_eq!(b.text("#phase").await, "dual_write");
     assert!(b.text("#audit").await.contains("back to mirroring"));
 
+    // Repair: what it would do, then doing it (nothing to repair here).
+    assert!(b.text("#repair-preview").await.contains("push back 0"));
+    b.fill("#repair-reason", "after the rollback").await;
+    b.submit("#repair").await;
+    let flash = b.text("#flash").await;
+    assert!(flash.contains("repair: 0 mirrored, 0 pushed back"), "{flash}");
+
     // The routes page follows a change made elsewhere (the CLI, another
     // operator) without a reload.
     b.goto(&format!("{base}/ui")).await;

@@ -135,7 +135,8 @@ type OutcomeRow = (
     DateTime<Utc>,
 );
 
-/// id, queue, key, state, attempts, max attempts, last error, payload, created.
+/// id, queue, key, state, attempts, max attempts, last error, payload,
+/// created, lease.
 type JobRow = (
     i64,
     String,
@@ -146,6 +147,7 @@ type JobRow = (
     Option<String>,
     serde_json::Value,
     DateTime<Utc>,
+    String,
 );
 
 pub(super) async fn find(
@@ -175,33 +177,61 @@ pub(super) async fn find(
     )
 }
 
-/// The job's rows (live table, dead letters), its key's record and both
-/// sides' outcomes; how many rows were found.
+/// Every queue with live jobs, dead letters or outcomes, read by a loose
+/// index scan (one index probe per queue): a key is looked up per queue
+/// through the `(queue, key)` indexes, never by scanning the tables.
+const KNOWN_QUEUES_SQL: &str = r#"
+WITH RECURSIVE j(queue) AS (
+    SELECT min(queue) FROM qbridge.jobs
+    UNION ALL SELECT (SELECT min(queue) FROM qbridge.jobs WHERE queue > j.queue) FROM j WHERE j.queue IS NOT NULL),
+d(queue) AS (
+    SELECT min(queue) FROM qbridge.jobs_dead
+    UNION ALL SELECT (SELECT min(queue) FROM qbridge.jobs_dead WHERE queue > d.queue) FROM d WHERE d.queue IS NOT NULL),
+o(queue) AS (
+    SELECT min(queue) FROM qbridge.outcomes
+    UNION ALL SELECT (SELECT min(queue) FROM qbridge.outcomes WHERE queue > o.queue) FROM o WHERE o.queue IS NOT NULL)
+SELECT array_agg(DISTINCT queue) FROM (SELECT queue FROM j UNION SELECT queue FROM d UNION SELECT queue FROM o) all_queues
+ WHERE queue IS NOT NULL
+"#;
+
+/// The job's rows (live table, dead letters) and both sides' outcomes;
+/// how many rows were found. Completed jobs' history is not searched (it
+/// has no key index, and a lookup must not scan a day of completions).
 async fn job_sections(state: &AppState, q: &str, out: &mut Html) -> crate::error::Result<usize> {
     let id: Option<i64> = q.parse().ok();
+    let queues: Option<Vec<String>> = sqlx::query_scalar(KNOWN_QUEUES_SQL)
+        .fetch_one(&state.db)
+        .await?;
+    let queues = queues.unwrap_or_default();
     let mut found = 0;
     for (table, title) in [
         ("qbridge.jobs", "In the queue"),
         ("qbridge.jobs_dead", "Dead letter"),
     ] {
+        let (st, lease) = if table == "qbridge.jobs" {
+            ("state || ' (' || copy || ')'", "'lease ' || lease || coalesce(', held until ' || to_char(lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC', '')")
+        } else {
+            ("'dead'", "'—'")
+        };
         let sql = format!(
-            "SELECT id, queue, key, {state}, attempts, max_attempts, last_error, payload, created_at FROM {table} \
-             WHERE id = $1 OR key = $2 ORDER BY id DESC LIMIT 20",
-            state = if table == "qbridge.jobs" { "state || ' (' || copy || ')'" } else { "'dead'" }
+            "SELECT id, queue, key, {st}, attempts, max_attempts, last_error, payload, created_at, {lease} FROM {table} \
+             WHERE id = $1 OR (queue = ANY($3) AND key = $2) ORDER BY id DESC LIMIT 20"
         );
         let rows: Vec<JobRow> = sqlx::query_as(&sql)
             .bind(id.unwrap_or(-1))
             .bind(q)
+            .bind(&queues)
             .fetch_all(&state.db)
             .await?;
-        for (id, queue, key, st, attempts, max, error, payload, created) in rows {
+        for (id, queue, key, st, attempts, max, error, payload, created, lease) in rows {
             found += 1;
             let _ = write!(
                 out,
                 "<h2>{} #{}</h2><table class=\"job\"><tbody><tr><td>queue</td><td>{}</td></tr><tr><td>key</td><td class=\"key\">{}</td></tr>\
-                 <tr><td>state</td><td>{}</td></tr><tr><td>attempts</td><td>{} of {}</td></tr><tr><td>last error</td><td class=\"last-error\">{}</td></tr>\
+                 <tr><td>state</td><td>{}</td></tr><tr><td>attempts</td><td>{} of {}</td></tr><tr><td>lease</td><td>{}</td></tr>\
+                 <tr><td>last error</td><td class=\"last-error\">{}</td></tr>\
                  <tr><td>created</td><td>{}</td></tr></tbody></table><h3>Payload</h3><pre class=\"payload\">{}</pre>",
-                esc(title), id, esc(&queue), esc(key.as_deref().unwrap_or("—")), esc(&st), attempts, max,
+                esc(title), id, esc(&queue), esc(key.as_deref().unwrap_or("—")), esc(&st), attempts, max, esc(&lease),
                 esc(error.as_deref().unwrap_or("—")), esc(&when(created)),
                 esc(&serde_json::to_string_pretty(&payload).unwrap_or_default())
             );
@@ -209,9 +239,10 @@ async fn job_sections(state: &AppState, q: &str, out: &mut Html) -> crate::error
     }
     let outcomes: Vec<OutcomeRow> = sqlx::query_as(
         "SELECT side, mode, outcome, error_class, digest, attempt, recorded_at FROM qbridge.outcomes \
-         WHERE key = $1 ORDER BY recorded_at DESC, id DESC LIMIT 50",
+         WHERE queue = ANY($2) AND key = $1 ORDER BY recorded_at DESC, id DESC LIMIT 50",
     )
     .bind(q)
+    .bind(&queues)
     .fetch_all(&state.db)
     .await?;
     if !outcomes.is_empty() {
@@ -331,6 +362,6 @@ pub(super) async fn requeue(
     };
     axum::response::IntoResponse::into_response(axum::response::Redirect::to(&format!(
         "/ui/dead?msg={}",
-        super::routes::urlencode(&msg)
+        super::actions::urlencode(&msg)
     )))
 }

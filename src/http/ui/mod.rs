@@ -18,6 +18,7 @@
 //! a reason and is audited as `console:<peer>` like the CLI's changes; no
 //! payload, token or password reaches a log.
 
+mod actions;
 mod html;
 mod jobs;
 mod routes;
@@ -43,9 +44,10 @@ pub(super) fn router(state: AppState) -> Router<AppState> {
         .route("/ui", get(routes::overview))
         .route("/ui/fragment/routes", get(routes::overview_fragment))
         .route("/ui/routes/{route}", get(routes::detail))
-        .route("/ui/routes/{route}/advance", post(routes::advance))
-        .route("/ui/routes/{route}/rollback", post(routes::rollback))
-        .route("/ui/routes/{route}/percent", post(routes::percent))
+        .route("/ui/routes/{route}/advance", post(actions::advance))
+        .route("/ui/routes/{route}/rollback", post(actions::rollback))
+        .route("/ui/routes/{route}/percent", post(actions::percent))
+        .route("/ui/routes/{route}/repair", post(actions::repair))
         .route("/ui/queues", get(jobs::queues))
         .route("/ui/jobs", get(jobs::find))
         .route("/ui/dead", get(jobs::dead))

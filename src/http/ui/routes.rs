@@ -9,19 +9,19 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::Response;
 use axum::Extension;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
+use super::html;
 use super::html::{esc, page, Html};
 use super::session::Session;
-use super::{csrf_ok, html};
 use crate::http::AppState;
 use crate::ops::gates::{self, Gate};
-use crate::ops::operate::{self, Refusal, Request};
+use crate::ops::operate;
 use crate::routes::Route;
 
 /// `?msg=` / `?err=`: the outcome of the last action, shown once.
@@ -67,7 +67,7 @@ fn routes_of(state: &AppState) -> Vec<Arc<Route>> {
         .unwrap_or_default()
 }
 
-fn find(state: &AppState, name: &str) -> Option<Arc<Route>> {
+pub(super) fn find(state: &AppState, name: &str) -> Option<Arc<Route>> {
     state.producer.as_ref()?.routes().by_name(name).cloned()
 }
 
@@ -206,17 +206,64 @@ async fn detail_body(
     gate_section(gate.as_ref(), &mut out);
     actions(route, session, gate.as_ref(), &mut out);
     if let Some(diff) = gate.as_ref().and_then(|g| g.diff.as_ref()) {
-        out.raw("<h2>Latest diff</h2><p id=\"diff\">")
-            .text(&diff.verdict)
-            .raw("</p>");
-        if !diff.sample_unaccounted.is_empty() {
-            out.raw("<p>Unaccounted (sample): ")
-                .text(&diff.sample_unaccounted.join(", "))
-                .raw("</p>");
-        }
+        diff_section(diff, route, session, &mut out);
     }
     audit(state, route, &mut out).await?;
     Ok(out.into_string())
+}
+
+/// The latest diff, what Redis still holds for the route, and repair: what
+/// it would do (the diff's repairable and unaccounted jobs, with the
+/// evidence and the reason) before the button that does it.
+fn diff_section(diff: &crate::ops::diff::Diff, route: &Route, session: &Session, out: &mut Html) {
+    out.raw("<h2>Latest diff</h2><p id=\"diff\">")
+        .text(&diff.verdict)
+        .raw("</p>");
+    let _ = write!(
+        out,
+        "<h2>What Redis still holds</h2><table id=\"held\"><tbody>\
+         <tr><td>waiting in the list</td><td>{}</td></tr><tr><td>in processing lists</td><td>{}</td></tr>\
+         <tr><td>parked for the mirror (gap list)</td><td>{}</td></tr>",
+        diff.redis_waiting, diff.redis_processing, diff.redis_parked
+    );
+    for line in crate::ops::structures::non_empty(&diff.redis_elsewhere) {
+        out.raw("<tr><td colspan=\"2\">")
+            .text(&line)
+            .raw("</td></tr>");
+    }
+    out.raw("</tbody></table><h2>Repair</h2><p id=\"repair-preview\">");
+    let _ = write!(
+        out,
+        "Would mirror {} jobs only on Redis and push back {} lost on evidence; {} unaccounted stay for your decision.",
+        diff.only_redis_waiting, diff.repairable, diff.unaccounted
+    );
+    out.raw("</p>");
+    for line in &diff.repair_evidence {
+        out.raw("<p class=\"muted\">evidence: ")
+            .text(line)
+            .raw("</p>");
+    }
+    if let Some(reason) = &diff.unaccounted_reason {
+        out.raw("<p class=\"muted\">unaccounted: ")
+            .text(reason)
+            .raw("</p>");
+    }
+    if !diff.sample_unaccounted.is_empty() {
+        out.raw("<p>Unaccounted (sample): ")
+            .text(&diff.sample_unaccounted.join(", "))
+            .raw("</p>");
+    }
+    let _ = write!(
+        out,
+        "<form method=\"post\" action=\"/ui/routes/{}/repair\" class=\"inline\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+         <label>Reason <input name=\"reason\" id=\"repair-reason\" required></label> \
+         <button id=\"repair\">Repair on evidence</button></form>\
+         <p class=\"muted\">Assuming unaccounted jobs lost is an operator's decision made with the CLI \
+         (<code>qbridge diff --repair --assume-lost</code>), audited with its reason.</p>",
+        esc(&route.name),
+        esc(&session.csrf)
+    );
 }
 
 fn gate_section(gate: Option<&Gate>, out: &mut Html) {
@@ -304,164 +351,4 @@ async fn audit(state: &AppState, route: &Route, out: &mut Html) -> crate::error:
     }
     out.raw("</tbody></table>");
     Ok(())
-}
-
-#[derive(Deserialize)]
-pub(super) struct ActionForm {
-    #[serde(default)]
-    csrf: String,
-    #[serde(default)]
-    reason: String,
-    #[serde(default)]
-    force: Option<String>,
-    #[serde(default)]
-    percent: Option<String>,
-}
-
-/// Back to the route's page with the outcome (see-other: a reload does
-/// not post again).
-fn back(route: &str, result: Result<String, String>) -> Response {
-    let (key, text) = match result {
-        Ok(m) => ("msg", m),
-        Err(e) => ("err", e),
-    };
-    Redirect::to(&format!(
-        "/ui/routes/{}?{key}={}",
-        urlencode(route),
-        urlencode(&text)
-    ))
-    .into_response()
-}
-
-/// `s` percent-encoded for a URL's path segment or query value.
-pub(super) fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-fn checked<'a>(
-    state: &AppState,
-    session: &Session,
-    name: &str,
-    form: &'a ActionForm,
-) -> Result<(Arc<Route>, &'a str), Box<Response>> {
-    csrf_ok(session, &form.csrf)?;
-    let route = find(state, name)
-        .ok_or_else(|| Box::new(back(name, Err(format!("no route named {name}")))))?;
-    let reason = form.reason.trim();
-    if reason.is_empty() {
-        return Err(Box::new(back(
-            name,
-            Err("a reason is required: it goes into the audit log".into()),
-        )));
-    }
-    Ok((route, reason))
-}
-
-pub(super) async fn advance(
-    State(state): State<AppState>,
-    Extension(session): Extension<Session>,
-    Path(name): Path<String>,
-    Form(form): Form<ActionForm>,
-) -> Response {
-    let (route, reason) = match checked(&state, &session, &name, &form) {
-        Ok(ok) => ok,
-        Err(resp) => return *resp,
-    };
-    let req = Request {
-        by: &session.who,
-        reason: Some(reason),
-        force: form.force.as_deref() == Some("true"),
-        percent: None,
-    };
-    let mut redis = state.producer.as_ref().and_then(|p| p.redis().cloned());
-    let result = match operate::advance(
-        &state.db,
-        redis.as_mut(),
-        &route,
-        &req,
-        state.payload_limit,
-    )
-    .await
-    {
-        Ok(done) => Ok(format!(
-            "{} → {}{}",
-            done.gate.from,
-            done.gate.to,
-            if done.forced {
-                " (forced)"
-            } else {
-                " (gate passed)"
-            }
-        )),
-        Err(Refusal::Gate(gate)) => {
-            let failing: Vec<String> = gate
-                .checks
-                .iter()
-                .filter(|c| !c.passed)
-                .map(|c| format!("{}: {} (needs {})", c.name, c.value, c.needs))
-                .collect();
-            Err(format!(
-                "the gate {} → {} refuses: {}",
-                gate.from,
-                gate.to,
-                failing.join("; ")
-            ))
-        }
-        Err(Refusal::Error(e)) => Err(e.to_string()),
-    };
-    back(&route.name, result)
-}
-
-pub(super) async fn rollback(
-    State(state): State<AppState>,
-    Extension(session): Extension<Session>,
-    Path(name): Path<String>,
-    Form(form): Form<ActionForm>,
-) -> Response {
-    let (route, reason) = match checked(&state, &session, &name, &form) {
-        Ok(ok) => ok,
-        Err(resp) => return *resp,
-    };
-    let req = Request::new(&session.who, Some(reason));
-    let result = operate::rollback(&state.db, &route, &req)
-        .await
-        .map(|s| format!("rolled back to {}", s.phase))
-        .map_err(|e| e.to_string());
-    back(&route.name, result)
-}
-
-pub(super) async fn percent(
-    State(state): State<AppState>,
-    Extension(session): Extension<Session>,
-    Path(name): Path<String>,
-    Form(form): Form<ActionForm>,
-) -> Response {
-    let (route, reason) = match checked(&state, &session, &name, &form) {
-        Ok(ok) => ok,
-        Err(resp) => return *resp,
-    };
-    let Some(percent) = form
-        .percent
-        .as_deref()
-        .and_then(|p| p.trim().parse::<u8>().ok())
-        .filter(|p| *p <= 100)
-    else {
-        return back(
-            &route.name,
-            Err("the flipped share must be 0 to 100".into()),
-        );
-    };
-    let req = Request::new(&session.who, Some(reason));
-    let result = operate::ramp(&state.db, &route, percent, &req)
-        .await
-        .map(|_| format!("flipped share set to {percent}%"))
-        .map_err(|e| e.to_string());
-    back(&route.name, result)
 }
