@@ -128,7 +128,10 @@ async fn an_operator_runs_the_cutover_and_the_dead_letters_from_the_console(pool
     b.fill("#repair-reason", "after the rollback").await;
     b.submit("#repair").await;
     let flash = b.text("#flash").await;
-    assert!(flash.contains("repair: 0 mirrored, 0 pushed back"), "{flash}");
+    assert!(
+        flash.contains("repair: 0 mirrored, 0 pushed back"),
+        "{flash}"
+    );
 
     // The routes page follows a change made elsewhere (the CLI, another
     // operator) without a reload.

@@ -58,6 +58,19 @@ pub(super) fn router(state: AppState) -> Router<AppState> {
         .route("/ui/login", get(login_form).post(login))
         .route("/ui/static/console.js", get(script))
         .merge(signed_in)
+        .layer(axum::middleware::from_fn(server_timing))
+}
+
+/// `Server-Timing: app;dur=<ms>` on every console response: the server's
+/// time for the page, what `bench/console.sh` measures.
+async fn server_timing(req: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let mut resp = next.run(req).await;
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    if let Ok(v) = axum::http::HeaderValue::from_str(&format!("app;dur={ms:.1}")) {
+        resp.headers_mut().insert("server-timing", v);
+    }
+    resp
 }
 
 /// An HTML response.
