@@ -56,8 +56,8 @@ pub struct AppState {
     pub admin_token: Option<Secret>,
     /// Whether enqueue and outcomes need the admin token too.
     pub enqueue_requires_token: bool,
-    /// The web console's signed-in sessions (`/ui`).
-    pub console: ui::session::Sessions,
+    /// The web console's sessions and requeues (`/ui`).
+    pub console: ui::Console,
 }
 
 impl AppState {
@@ -72,7 +72,7 @@ impl AppState {
             max_body: cfg.http.max_body.0,
             admin_token: cfg.admin_token.clone(),
             enqueue_requires_token: cfg.http.enqueue_requires_token,
-            console: ui::session::Sessions::default(),
+            console: ui::Console::default(),
         }
     }
 
@@ -86,7 +86,7 @@ impl AppState {
             max_body: 16 << 20,
             admin_token: None,
             enqueue_requires_token: false,
-            console: ui::session::Sessions::default(),
+            console: ui::Console::default(),
         }
     }
 }

@@ -188,8 +188,15 @@ async fn an_operator_runs_the_cutover_and_the_dead_letters_from_the_console(pool
     b.goto(&format!("{base}/ui/dead")).await;
     b.click(".pick").await;
     b.submit("#requeue").await;
-    let flash = b.text("#flash").await;
-    assert!(flash.contains("Requeued 1 of 1"), "{flash}");
+    let mut progress = String::new();
+    for _ in 0..60 {
+        progress = b.text("#requeue-progress").await;
+        if progress.contains("Requeued 1 of 1") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    assert!(progress.contains("Requeued 1 of 1"), "{progress}");
     let live: i64 =
         sqlx::query_scalar("SELECT count(*) FROM qbridge.jobs WHERE key = 'key-' || $1")
             .bind(INJECTION)

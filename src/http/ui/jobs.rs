@@ -277,6 +277,8 @@ pub(super) struct DeadFilter {
     error: String,
     #[serde(default)]
     msg: Option<String>,
+    #[serde(default)]
+    requeue: Option<String>,
 }
 
 fn selector(queue: &str, error: &str) -> dlq::Selector {
@@ -300,6 +302,9 @@ pub(super) async fn dead(
         };
     let mut out = Html::default();
     out.raw("<h1>Dead letters</h1>");
+    if let Some(id) = &f.requeue {
+        out.raw(&progress_html(&state, id));
+    }
     if let Some(m) = &f.msg {
         out.raw("<p class=\"flash\" id=\"flash\">")
             .text(m)
@@ -350,24 +355,46 @@ pub(super) async fn requeue(
         .filter_map(|(_, v)| v.parse().ok())
         .collect();
     let rate: u32 = field("rate").parse().unwrap_or(100).clamp(1, 1000);
-    let msg = if ids.is_empty() {
-        "Nothing selected: tick the dead letters to requeue.".to_string()
-    } else {
-        let sel = dlq::Selector {
-            ids: Some(ids.clone()),
-            queue: None,
-            error_contains: None,
-        };
-        match dlq::requeue(&state.db, &sel, rate, |_| {}).await {
-            Ok(moved) => {
-                tracing::info!(by = %session.who, selected = ids.len(), moved, "console: requeued dead letters");
-                format!("Requeued {moved} of {} selected at {rate} jobs/s (a job whose key is in flight again stays dead).", ids.len())
-            }
-            Err(e) => format!("Requeue failed: {e}"),
-        }
-    };
+    if ids.is_empty() {
+        let msg = "Nothing selected: tick the dead letters to requeue.";
+        return axum::response::IntoResponse::into_response(axum::response::Redirect::to(
+            &format!("/ui/dead?msg={}", super::actions::urlencode(msg)),
+        ));
+    }
+    let id = state
+        .console
+        .requeues
+        .start(state.db.clone(), ids, rate, session.who.clone());
     axum::response::IntoResponse::into_response(axum::response::Redirect::to(&format!(
-        "/ui/dead?msg={}",
-        super::actions::urlencode(&msg)
+        "/ui/dead?requeue={id}"
     )))
+}
+
+/// A requeue's progress, refreshed in place until it is done.
+fn progress_html(state: &AppState, id: &str) -> String {
+    let Some(p) = state.console.requeues.get(id) else {
+        return "<p class=\"muted\" id=\"requeue-progress\">No such requeue (the console remembers the last 100).</p>".into();
+    };
+    let id = esc(id);
+    match (p.done, &p.error) {
+        (false, _) => format!(
+            "<p class=\"flash\" id=\"requeue-progress\" data-refresh=\"/ui/fragment/requeue/{id}\">Requeuing at {} jobs/s: {} of {} selected moved so far…</p>",
+            p.rate, p.moved, p.selected
+        ),
+        (true, None) => format!(
+            "<p class=\"flash\" id=\"requeue-progress\">Requeued {} of {} selected at {} jobs/s (a job whose key is in flight again stays dead).</p>",
+            p.moved, p.selected, p.rate
+        ),
+        (true, Some(e)) => format!(
+            "<p class=\"error\" id=\"requeue-progress\">Requeue stopped after {} of {}: {}</p>",
+            p.moved, p.selected, esc(e)
+        ),
+    }
+}
+
+pub(super) async fn requeue_progress(
+    State(state): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    html(StatusCode::OK, progress_html(&state, &id))
 }

@@ -21,6 +21,7 @@
 mod actions;
 mod html;
 mod jobs;
+mod requeues;
 mod routes;
 pub mod session;
 
@@ -52,6 +53,7 @@ pub(super) fn router(state: AppState) -> Router<AppState> {
         .route("/ui/jobs", get(jobs::find))
         .route("/ui/dead", get(jobs::dead))
         .route("/ui/dead/requeue", post(jobs::requeue))
+        .route("/ui/fragment/requeue/{id}", get(jobs::requeue_progress))
         .route("/ui/logout", post(logout))
         .layer(axum::middleware::from_fn_with_state(state, require_session));
     Router::new()
@@ -71,6 +73,14 @@ async fn server_timing(req: Request, next: Next) -> Response {
         resp.headers_mut().insert("server-timing", v);
     }
     resp
+}
+
+/// The console's state in a process: signed-in sessions and the
+/// dead-letter requeues started from it.
+#[derive(Clone, Default)]
+pub struct Console {
+    pub sessions: session::Sessions,
+    pub requeues: requeues::Requeues,
 }
 
 /// An HTML response.
@@ -107,7 +117,7 @@ async fn require_session(State(state): State<AppState>, mut req: Request, next: 
             ),
         );
     }
-    match state.console.get(req.headers()) {
+    match state.console.sessions.get(req.headers()) {
         Some(session) => {
             req.extensions_mut().insert(session);
             next.run(req).await
@@ -206,7 +216,7 @@ async fn login(
         tracing::warn!(peer = %peer, "console: refused a login with a wrong token");
         return login_page(&headers, StatusCode::UNAUTHORIZED, Some("Wrong token."));
     }
-    let id = state.console.open(format!("console:{peer}"));
+    let id = state.console.sessions.open(format!("console:{peer}"));
     let mut resp = Redirect::to("/ui").into_response();
     resp.headers_mut().append(
         header::SET_COOKIE,
@@ -234,7 +244,7 @@ async fn logout(
     if let Err(refused) = csrf_ok(&session, &form.csrf) {
         return *refused;
     }
-    state.console.close(&headers);
+    state.console.sessions.close(&headers);
     let mut resp = Redirect::to("/ui/login").into_response();
     resp.headers_mut().append(
         header::SET_COOKIE,

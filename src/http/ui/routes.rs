@@ -321,6 +321,16 @@ fn actions(route: &Route, session: &Session, gate: Option<&Gate>, out: &mut Html
     );
 }
 
+/// when, by, reason, keys decided, before, pushed back.
+type RepairRow = (
+    DateTime<Utc>,
+    String,
+    String,
+    i32,
+    Option<DateTime<Utc>>,
+    i32,
+);
+
 /// when, from, to, by, reason, forced.
 type AuditRow = (DateTime<Utc>, Option<String>, String, String, String, bool);
 
@@ -350,5 +360,31 @@ async fn audit(state: &AppState, route: &Route, out: &mut Html) -> crate::error:
         );
     }
     out.raw("</tbody></table>");
+    let repairs: Vec<RepairRow> = sqlx::query_as(
+        "SELECT at, by, reason, coalesce(array_length(keys, 1), 0), before, pushed_back FROM qbridge.repair_audit \
+         WHERE route = $1 ORDER BY at DESC, id DESC LIMIT 20",
+    )
+    .bind(&route.name)
+    .fetch_all(&state.db)
+    .await?;
+    if !repairs.is_empty() {
+        out.raw("<h3>Operators' loss decisions (repair --assume-lost)</h3><table id=\"repairs\"><thead><tr><th>when</th><th>by</th><th>decided</th><th>pushed back</th><th>reason</th></tr></thead><tbody>");
+        for (at, by, reason, keys, before, pushed) in repairs {
+            let decided = match before {
+                Some(t) => format!("lost before {}", when(t)),
+                None => format!("{keys} keys lost"),
+            };
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&when(at)),
+                esc(&by),
+                esc(&decided),
+                pushed,
+                esc(&reason)
+            );
+        }
+        out.raw("</tbody></table>");
+    }
     Ok(())
 }
