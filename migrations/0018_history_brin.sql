@@ -2,4 +2,11 @@
 -- qbridge.jobs_done by finished_at. History is appended in finished_at
 -- order, so a BRIN index (a few pages per million rows, next to nothing per
 -- insert) finds the last hour without scanning the day's partition.
-CREATE INDEX jobs_done_finished_brin ON qbridge.jobs_done USING brin (finished_at);
+--
+-- Building it reads the whole history once while history writes wait (a
+-- migration runs in a transaction, so it cannot be CONCURRENTLY). With a
+-- large history, create it beforehand without blocking, per partition and
+-- then on the parent, under this name; this migration then does nothing:
+--   CREATE INDEX CONCURRENTLY ON qbridge.jobs_done_<day> USING brin (finished_at);  -- each partition
+--   CREATE INDEX jobs_done_finished_brin ON qbridge.jobs_done USING brin (finished_at);  -- attaches them
+CREATE INDEX IF NOT EXISTS jobs_done_finished_brin ON qbridge.jobs_done USING brin (finished_at);

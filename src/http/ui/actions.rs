@@ -186,7 +186,7 @@ pub(super) async fn repair(
     Path(name): Path<String>,
     Form(form): Form<ActionForm>,
 ) -> Response {
-    let (route, _reason) = match checked(&state, &session, &name, &form) {
+    let (route, reason) = match checked(&state, &session, &name, &form) {
         Ok(ok) => ok,
         Err(resp) => return *resp,
     };
@@ -205,7 +205,10 @@ pub(super) async fn repair(
     .await
     {
         Ok((_, report)) => {
-            tracing::info!(route = %route.name, by = %session.who, mirrored = report.mirrored, repushed = report.repushed, "repair from the console");
+            // The operator's reason goes into the log with the counts; a
+            // repair on evidence writes no audit row (only assumptions do,
+            // and those stay the CLI's).
+            tracing::info!(route = %route.name, by = %session.who, reason = %reason, mirrored = report.mirrored, repushed = report.repushed, unaccounted = report.unaccounted, "repair from the console");
             Ok(format!(
                 "repair: {} mirrored, {} pushed back on evidence, {} unaccounted (left for your decision)",
                 report.mirrored, report.repushed, report.unaccounted

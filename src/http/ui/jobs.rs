@@ -104,7 +104,7 @@ pub(super) async fn queues(
         let _ = write!(
             out,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><a href=\"/ui/dead?queue={}\">{}</a></td><td>{:.1} s</td><td>{} {}</td></tr>",
-            esc(&q.queue), q.ready, q.running, q.scheduled, esc(&q.queue), q.dead, q.lag_seconds, spark, total
+            esc(&q.queue), q.ready, q.running, q.scheduled, esc(&super::actions::urlencode(&q.queue)), q.dead, q.lag_seconds, spark, total
         );
     }
     out.raw("</tbody></table><h2>Database</h2><table id=\"health\"><tbody>");
@@ -183,20 +183,26 @@ pub(super) async fn find(
     )
 }
 
-/// Every queue with live jobs, dead letters or outcomes, read by a loose
-/// index scan (one index probe per queue): a key is looked up per queue
-/// through the `(queue, key)` indexes, never by scanning the tables.
+/// The queues a key may be in, each read by a loose index scan (one index
+/// probe per queue, never a table scan): queues with waiting jobs (the
+/// claim index), dead letters, outcomes or remembered keys. A key is then
+/// looked up per queue through each table's `(queue, key)` index.
 const KNOWN_QUEUES_SQL: &str = r#"
 WITH RECURSIVE j(queue) AS (
-    SELECT min(queue) FROM qbridge.jobs
-    UNION ALL SELECT (SELECT min(queue) FROM qbridge.jobs WHERE queue > j.queue) FROM j WHERE j.queue IS NOT NULL),
+    SELECT min(queue) FROM qbridge.jobs WHERE state = 'ready'
+    UNION ALL SELECT (SELECT min(queue) FROM qbridge.jobs WHERE state = 'ready' AND queue > j.queue)
+      FROM j WHERE j.queue IS NOT NULL),
 d(queue) AS (
     SELECT min(queue) FROM qbridge.jobs_dead
     UNION ALL SELECT (SELECT min(queue) FROM qbridge.jobs_dead WHERE queue > d.queue) FROM d WHERE d.queue IS NOT NULL),
 o(queue) AS (
     SELECT min(queue) FROM qbridge.outcomes
-    UNION ALL SELECT (SELECT min(queue) FROM qbridge.outcomes WHERE queue > o.queue) FROM o WHERE o.queue IS NOT NULL)
-SELECT array_agg(DISTINCT queue) FROM (SELECT queue FROM j UNION SELECT queue FROM d UNION SELECT queue FROM o) all_queues
+    UNION ALL SELECT (SELECT min(queue) FROM qbridge.outcomes WHERE queue > o.queue) FROM o WHERE o.queue IS NOT NULL),
+k(queue) AS (
+    SELECT min(queue) FROM qbridge.job_keys
+    UNION ALL SELECT (SELECT min(queue) FROM qbridge.job_keys WHERE queue > k.queue) FROM k WHERE k.queue IS NOT NULL)
+SELECT array_agg(DISTINCT queue) FROM (
+    SELECT queue FROM j UNION SELECT queue FROM d UNION SELECT queue FROM o UNION SELECT queue FROM k) all_queues
  WHERE queue IS NOT NULL
 "#;
 
@@ -219,9 +225,19 @@ async fn job_sections(state: &AppState, q: &str, out: &mut Html) -> crate::error
         } else {
             ("'dead'", "'—'")
         };
+        // By id, or by key per queue: a live copy's key through the
+        // partial unique index (a mirror copy is shown by its key record).
+        let by_key = if table == "qbridge.jobs" {
+            "queue = ANY($3) AND key = $2 AND key IS NOT NULL AND copy = 'live'"
+        } else {
+            "queue = ANY($3) AND key = $2"
+        };
         let sql = format!(
-            "SELECT id, queue, key, {st}, attempts, max_attempts, last_error, payload, created_at, {lease} FROM {table} \
-             WHERE id = $1 OR (queue = ANY($3) AND key = $2) ORDER BY id DESC LIMIT 20"
+            "SELECT * FROM ( \
+               SELECT id, queue, key, {st}, attempts, max_attempts, last_error, payload, created_at, {lease} FROM {table} WHERE id = $1 \
+               UNION \
+               SELECT id, queue, key, {st}, attempts, max_attempts, last_error, payload, created_at, {lease} FROM {table} WHERE {by_key}) found \
+             ORDER BY id DESC LIMIT 20"
         );
         let rows: Vec<JobRow> = sqlx::query_as(&sql)
             .bind(id.unwrap_or(-1))
@@ -242,6 +258,28 @@ async fn job_sections(state: &AppState, q: &str, out: &mut Html) -> crate::error
                 esc(&serde_json::to_string_pretty(&payload).unwrap_or_default())
             );
         }
+    }
+    let keys: Vec<(String, String, String, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT queue, copy, via, seen_at FROM qbridge.job_keys WHERE queue = ANY($2) AND key = $1 ORDER BY seen_at DESC LIMIT 20",
+    )
+    .bind(q)
+    .bind(&queues)
+    .fetch_all(&state.db)
+    .await?;
+    if !keys.is_empty() {
+        found += keys.len();
+        out.raw("<h2>Key record</h2><table id=\"key-record\"><thead><tr><th>queue</th><th>copy</th><th>came in by</th><th>first seen</th></tr></thead><tbody>");
+        for (queue, copy, via, seen) in keys {
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&queue),
+                esc(&copy),
+                esc(&via),
+                esc(&when(seen))
+            );
+        }
+        out.raw("</tbody></table>");
     }
     let outcomes: Vec<OutcomeRow> = sqlx::query_as(
         "SELECT side, mode, outcome, error_class, digest, attempt, recorded_at FROM qbridge.outcomes \

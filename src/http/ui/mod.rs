@@ -75,12 +75,43 @@ async fn server_timing(req: Request, next: Next) -> Response {
     resp
 }
 
-/// The console's state in a process: signed-in sessions and the
-/// dead-letter requeues started from it.
+/// The console's state in a process: signed-in sessions, the dead-letter
+/// requeues started from it, and each route's last next-gate summary
+/// (with the phase it was for and when).
 #[derive(Clone, Default)]
 pub struct Console {
     pub sessions: session::Sessions,
     pub requeues: requeues::Requeues,
+    gates: GateSummaries,
+}
+
+type GateSummaries = std::sync::Arc<
+    std::sync::Mutex<
+        std::collections::HashMap<String, (crate::model::Phase, std::time::Instant, String)>,
+    >,
+>;
+
+impl Console {
+    /// `route`'s summary if it was made for `phase` less than `max_age` ago.
+    fn gate_summary(
+        &self,
+        route: &str,
+        phase: crate::model::Phase,
+        max_age: std::time::Duration,
+    ) -> Option<String> {
+        let all = self.gates.lock().unwrap_or_else(|e| e.into_inner());
+        all.get(route)
+            .filter(|(p, at, _)| *p == phase && at.elapsed() < max_age)
+            .map(|(_, _, s)| s.clone())
+    }
+
+    fn keep_gate_summary(&self, route: &str, phase: crate::model::Phase, summary: String) {
+        let mut all = self.gates.lock().unwrap_or_else(|e| e.into_inner());
+        all.insert(
+            route.to_string(),
+            (phase, std::time::Instant::now(), summary),
+        );
+    }
 }
 
 /// An HTML response.
@@ -92,8 +123,10 @@ pub(super) fn html(status: StatusCode, body: String) -> Response {
             (header::X_FRAME_OPTIONS, "DENY"),
             (
                 header::CONTENT_SECURITY_POLICY,
-                "default-src 'self'; style-src 'unsafe-inline'; script-src 'self'; frame-ancestors 'none'",
+                "default-src 'self'; style-src 'unsafe-inline'; script-src 'self'; frame-ancestors 'none'; \
+                 form-action 'self'; base-uri 'none'; object-src 'none'",
             ),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         ],
         HtmlBody(body),
     )
@@ -117,7 +150,10 @@ async fn require_session(State(state): State<AppState>, mut req: Request, next: 
             ),
         );
     }
-    match state.console.sessions.get(req.headers()) {
+    // The live refresh's requests do not keep a session alive: an open tab
+    // nobody looks at still signs out after the idle time.
+    let touch = req.headers().get("x-qbridge-refresh").is_none();
+    match state.console.sessions.get(req.headers(), touch) {
         Some(session) => {
             req.extensions_mut().insert(session);
             next.run(req).await
@@ -216,17 +252,30 @@ async fn login(
         tracing::warn!(peer = %peer, "console: refused a login with a wrong token");
         return login_page(&headers, StatusCode::UNAUTHORIZED, Some("Wrong token."));
     }
+    // A new session at every login: an earlier one of this browser ends.
+    state.console.sessions.close(&headers);
     let id = state.console.sessions.open(format!("console:{peer}"));
     let mut resp = Redirect::to("/ui").into_response();
-    resp.headers_mut().append(
-        header::SET_COOKIE,
-        session::set_cookie(SESSION_COOKIE, &id, session::LIFETIME),
-    );
+    let mut cookie = session::set_cookie(SESSION_COOKIE, &id, session::LIFETIME);
+    if behind_https(&headers) {
+        cookie = session::secure(cookie);
+    }
+    resp.headers_mut().append(header::SET_COOKIE, cookie);
     resp.headers_mut().append(
         header::SET_COOKIE,
         session::set_cookie(LOGIN_COOKIE, "", std::time::Duration::ZERO),
     );
     resp
+}
+
+/// Whether the browser reached the console over HTTPS through a proxy that
+/// says so (`X-Forwarded-Proto: https`): the session cookie is then
+/// `Secure`. qbridge's own listener is plain HTTP (loopback by default).
+fn behind_https(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
 }
 
 #[derive(Deserialize)]

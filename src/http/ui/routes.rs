@@ -72,13 +72,34 @@ pub(super) fn find(state: &AppState, name: &str) -> Option<Arc<Route>> {
 }
 
 /// The routes table (also the live fragment).
-async fn routes_table(state: &AppState, who: &str) -> crate::error::Result<String> {
+/// The routes table (also the live fragment). The next gate's summary is
+/// evaluated (a diff: it reads Redis and Postgres) on a page load, and for
+/// the refreshes taken from [`super::Console`]'s cache while under
+/// [`GATE_CACHE`] old: open tabs do not run every gate every few seconds.
+async fn routes_table(state: &AppState, who: &str, fresh: bool) -> crate::error::Result<String> {
     let mut out = Html::default();
     out.raw("<table id=\"routes\" data-refresh=\"/ui/fragment/routes\"><thead><tr><th>route</th><th>phase</th><th>since</th><th>by</th><th>next gate</th></tr></thead><tbody>");
     let mut redis = state.producer.as_ref().and_then(|p| p.redis().cloned());
     for route in routes_of(state) {
         let current = operate::state_of(&state.db, &route, who).await?;
-        let gate = gates::evaluate(&state.db, redis.as_mut(), &route, &current).await?;
+        let cached = (!fresh)
+            .then(|| {
+                state
+                    .console
+                    .gate_summary(&route.name, current.phase, GATE_CACHE)
+            })
+            .flatten();
+        let summary = match cached {
+            Some(s) => s,
+            None => {
+                let gate = gates::evaluate(&state.db, redis.as_mut(), &route, &current).await?;
+                let s = gate_summary(gate.as_ref());
+                state
+                    .console
+                    .keep_gate_summary(&route.name, current.phase, s.clone());
+                s
+            }
+        };
         let phase = if current.phase == crate::model::Phase::PostgresOnly && current.percent < 100 {
             format!("{} ({}%)", current.phase, current.percent)
         } else {
@@ -91,12 +112,15 @@ async fn routes_table(state: &AppState, who: &str) -> crate::error::Result<Strin
             esc(&phase),
             esc(&when(current.since)),
             esc(&current.changed_by),
-            gate_summary(gate.as_ref())
+            summary
         );
     }
     out.raw("</tbody></table>");
     Ok(out.into_string())
 }
+
+/// How long a route's next-gate summary is reused by the live refresh.
+const GATE_CACHE: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn when(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
@@ -105,6 +129,10 @@ fn when(t: DateTime<Utc>) -> String {
 fn gate_summary(gate: Option<&Gate>) -> String {
     match gate {
         None => "<span class=\"muted\">none (last phase)</span>".into(),
+        // Decommissioned: the next step archives what reached Redis since.
+        Some(g) if g.from == g.to && g.passed() => {
+            "<span class=\"pass\">archive check: passes</span>".into()
+        }
         Some(g) if g.passed() => format!(
             "<span class=\"pass\">→ {}: passes</span>",
             esc(&g.to.to_string())
@@ -129,7 +157,7 @@ pub(super) async fn overview(
     let mut out = Html::default();
     out.raw("<h1>Routes</h1>");
     flash(&f, &mut out);
-    match routes_table(&state, &session.who).await {
+    match routes_table(&state, &session.who, true).await {
         Ok(table) => {
             out.raw(&table);
             html(
@@ -145,7 +173,7 @@ pub(super) async fn overview_fragment(
     State(state): State<AppState>,
     Extension(session): Extension<Session>,
 ) -> Response {
-    match routes_table(&state, &session.who).await {
+    match routes_table(&state, &session.who, false).await {
         Ok(table) => html(StatusCode::OK, table),
         Err(e) => html(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -302,9 +330,13 @@ fn actions(route: &Route, session: &Session, gate: Option<&Gate>, out: &mut Html
              <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
              <label>Reason <input name=\"reason\" id=\"advance-reason\" required></label> \
              <label><input type=\"checkbox\" name=\"force\" value=\"true\"> force past the gate</label> \
-             <button id=\"advance\">Advance to {to}</button></form>",
+             <button id=\"advance\">{label}</button></form>",
             csrf = esc(&session.csrf),
-            to = esc(&g.to.to_string())
+            label = if g.from == g.to {
+                "Archive what reached Redis since".to_string()
+            } else {
+                format!("Advance to {}", esc(&g.to.to_string()))
+            }
         );
     }
     let _ = write!(
@@ -331,25 +363,39 @@ type RepairRow = (
     i32,
 );
 
-/// when, from, to, by, reason, forced.
-type AuditRow = (DateTime<Utc>, Option<String>, String, String, String, bool);
+/// when, from, to, by, reason, forced, flipped share.
+type AuditRow = (
+    DateTime<Utc>,
+    Option<String>,
+    String,
+    String,
+    String,
+    bool,
+    Option<i16>,
+);
 
 async fn audit(state: &AppState, route: &Route, out: &mut Html) -> crate::error::Result<()> {
     let rows: Vec<AuditRow> = sqlx::query_as(
-        "SELECT changed_at, from_phase, to_phase, changed_by, reason, forced FROM qbridge.phase_audit \
+        "SELECT changed_at, from_phase, to_phase, changed_by, reason, forced, percent FROM qbridge.phase_audit \
          WHERE route = $1 ORDER BY changed_at DESC, id DESC LIMIT 50",
     )
     .bind(&route.name)
     .fetch_all(&state.db)
     .await?;
     out.raw("<h2>Audit</h2><table id=\"audit\"><thead><tr><th>when</th><th>change</th><th>by</th><th>reason</th></tr></thead><tbody>");
-    for (at, from, to, by, reason, forced) in rows {
+    for (at, from, to, by, reason, forced, percent) in rows {
+        // A change of the flipped share is postgres_only → postgres_only.
+        let share = percent
+            .filter(|p| *p < 100 || from.as_deref() == Some(to.as_str()))
+            .map(|p| format!(" ({p}% flipped)"))
+            .unwrap_or_default();
         let _ = write!(
             out,
-            "<tr><td>{}</td><td>{} → {}{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{} → {}{}{}</td><td>{}</td><td>{}</td></tr>",
             esc(&when(at)),
             esc(from.as_deref().unwrap_or("—")),
             esc(&to),
+            share,
             if forced {
                 " <span class=\"fail\">(forced)</span>"
             } else {

@@ -67,14 +67,17 @@ impl Sessions {
         id
     }
 
-    /// The live session named by the request's cookie (and marks its use).
-    pub fn get(&self, headers: &HeaderMap) -> Option<Session> {
+    /// The live session named by the request's cookie; `touch` marks its
+    /// use (an operator's request does, a background refresh does not).
+    pub fn get(&self, headers: &HeaderMap, touch: bool) -> Option<Session> {
         let id = cookie(headers, SESSION_COOKIE)?;
         let now = Instant::now();
         let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
         match all.get_mut(&id) {
             Some(s) if alive(s, now) => {
-                s.last = now;
+                if touch {
+                    s.last = now;
+                }
                 Some(s.clone())
             }
             Some(_) => {
@@ -132,6 +135,12 @@ pub fn set_cookie(name: &str, value: &str, max_age: Duration) -> HeaderValue {
     .unwrap_or_else(|_| HeaderValue::from_static("qb_session=; Path=/ui; Max-Age=0"))
 }
 
+/// `cookie` with the `Secure` attribute (sent over HTTPS only).
+pub fn secure(cookie: HeaderValue) -> HeaderValue {
+    let text = format!("{}; Secure", cookie.to_str().unwrap_or(""));
+    HeaderValue::from_str(&text).unwrap_or(cookie)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,11 +154,41 @@ mod tests {
             header::COOKIE,
             HeaderValue::from_str(&format!("other=1; {SESSION_COOKIE}={id}")).unwrap(),
         );
-        let s = sessions.get(&headers).expect("the session");
+        let s = sessions.get(&headers, true).expect("the session");
         assert_eq!(s.who, "console:test");
         assert_eq!(s.csrf.len(), 64);
         sessions.close(&headers);
-        assert!(sessions.get(&headers).is_none());
+        assert!(sessions.get(&headers, true).is_none());
+    }
+
+    #[test]
+    fn cookies_are_http_only_strict_and_secure_behind_https() {
+        let c = set_cookie(SESSION_COOKIE, "abc", LIFETIME);
+        let text = c.to_str().unwrap();
+        assert!(
+            text.contains("HttpOnly")
+                && text.contains("SameSite=Strict")
+                && text.contains("Path=/ui")
+        );
+        assert!(!text.contains("Secure"));
+        assert!(secure(c).to_str().unwrap().ends_with("; Secure"));
+    }
+
+    #[test]
+    fn a_background_refresh_does_not_keep_a_session_alive() {
+        let sessions = Sessions::default();
+        let id = sessions.open("console:test".into());
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_str(&format!("{SESSION_COOKIE}={id}")).unwrap(),
+        );
+        let before = sessions.0.lock().unwrap()[&id].last;
+        std::thread::sleep(Duration::from_millis(5));
+        sessions.get(&headers, false).unwrap();
+        assert_eq!(sessions.0.lock().unwrap()[&id].last, before);
+        sessions.get(&headers, true).unwrap();
+        assert!(sessions.0.lock().unwrap()[&id].last > before);
     }
 
     #[test]
