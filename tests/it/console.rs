@@ -116,6 +116,11 @@ async fn an_operator_runs_the_cutover_and_the_dead_letters_from_the_console(pool
         "{audit}"
     );
     assert!(audit.contains("console:127.0.0.1"), "{audit}");
+    assert!(
+        audit.contains("FAIL"),
+        "the gate's numbers the forced advance overrode: {audit}"
+    );
+    assert!(b.text("#diff-table").await.contains("only on this side"));
 
     // Roll back, with a reason.
     b.fill("#rollback-reason", "back to mirroring").await;

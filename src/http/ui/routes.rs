@@ -246,7 +246,9 @@ async fn detail_body(
 fn diff_section(diff: &crate::ops::diff::Diff, route: &Route, session: &Session, out: &mut Html) {
     out.raw("<h2>Latest diff</h2><p id=\"diff\">")
         .text(&diff.verdict)
-        .raw("</p>");
+        .raw("</p><pre id=\"diff-table\">")
+        .text(&crate::ops::diff::table(diff))
+        .raw("</pre>");
     let _ = write!(
         out,
         "<h2>What Redis still holds</h2><table id=\"held\"><tbody>\
@@ -363,7 +365,7 @@ type RepairRow = (
     i32,
 );
 
-/// when, from, to, by, reason, forced, flipped share.
+/// when, from, to, by, reason, forced, flipped share, the gate's checks.
 type AuditRow = (
     DateTime<Utc>,
     Option<String>,
@@ -372,18 +374,39 @@ type AuditRow = (
     String,
     bool,
     Option<i16>,
+    Option<serde_json::Value>,
 );
+
+/// The gate's numbers an advance was judged on (its checks as recorded).
+fn gate_numbers(gates: Option<&serde_json::Value>) -> String {
+    let Some(checks) = gates
+        .and_then(|g| g.get("checks"))
+        .and_then(|c| c.as_array())
+    else {
+        return String::new();
+    };
+    checks
+        .iter()
+        .map(|c| {
+            let s = |k: &str| c.get(k).and_then(|v| v.as_str()).unwrap_or("");
+            let passed = c.get("passed").and_then(|p| p.as_bool()) == Some(true);
+            let mark = if passed { "pass" } else { "FAIL" };
+            format!("{mark} {} {} (needs {})", s("name"), s("value"), s("needs"))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
 
 async fn audit(state: &AppState, route: &Route, out: &mut Html) -> crate::error::Result<()> {
     let rows: Vec<AuditRow> = sqlx::query_as(
-        "SELECT changed_at, from_phase, to_phase, changed_by, reason, forced, percent FROM qbridge.phase_audit \
+        "SELECT changed_at, from_phase, to_phase, changed_by, reason, forced, percent, gates FROM qbridge.phase_audit \
          WHERE route = $1 ORDER BY changed_at DESC, id DESC LIMIT 50",
     )
     .bind(&route.name)
     .fetch_all(&state.db)
     .await?;
-    out.raw("<h2>Audit</h2><table id=\"audit\"><thead><tr><th>when</th><th>change</th><th>by</th><th>reason</th></tr></thead><tbody>");
-    for (at, from, to, by, reason, forced, percent) in rows {
+    out.raw("<h2>Audit</h2><table id=\"audit\"><thead><tr><th>when</th><th>change</th><th>by</th><th>reason</th><th>gate numbers</th></tr></thead><tbody>");
+    for (at, from, to, by, reason, forced, percent, gates) in rows {
         // A change of the flipped share is postgres_only → postgres_only.
         let share = percent
             .filter(|p| *p < 100 || from.as_deref() == Some(to.as_str()))
@@ -391,7 +414,7 @@ async fn audit(state: &AppState, route: &Route, out: &mut Html) -> crate::error:
             .unwrap_or_default();
         let _ = write!(
             out,
-            "<tr><td>{}</td><td>{} → {}{}{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{} → {}{}{}</td><td>{}</td><td>{}</td><td class=\"muted\">{}</td></tr>",
             esc(&when(at)),
             esc(from.as_deref().unwrap_or("—")),
             esc(&to),
@@ -402,7 +425,8 @@ async fn audit(state: &AppState, route: &Route, out: &mut Html) -> crate::error:
                 ""
             },
             esc(&by),
-            esc(&reason)
+            esc(&reason),
+            esc(&gate_numbers(gates.as_ref()))
         );
     }
     out.raw("</tbody></table>");
