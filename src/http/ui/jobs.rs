@@ -171,7 +171,7 @@ pub(super) async fn find(
     if !q.is_empty() {
         match job_sections(&state, q, &mut out).await {
             Ok(0) => {
-                out.raw("<p class=\"muted\" id=\"none\">No job with this id or key.</p>");
+                out.raw("<p class=\"muted\" id=\"none\">No job with this id or key in the queues, the dead letters, the key records or the outcomes (completed jobs&#39; history is not searched: it has no key index).</p>");
             }
             Ok(_) => {}
             Err(e) => return failed(&session, "the job", e),
