@@ -105,15 +105,7 @@ def run_job(app, payload, mode, attempt, key):
     args, kwargs = body[0], body[1]
     task = app.tasks[name]
     if mode == "shadow":
-        try:
-            behaviour = shadows.of(task)
-        except ValueError as error:
-            raise Outcome(422, f"task {name}: {error}") from None
-        if behaviour == shadows.REFUSE:
-            raise Outcome(422, f"task {name} refuses shadow calls (declare qbridge_shadow)")
-        if behaviour == shadows.SKIP:
-            raise Outcome(204, "")
-        return done(behaviour(*args, **kwargs))
+        return shadows.run(task, f"task {name}", "declare qbridge_shadow", args, kwargs)
     _asked.retry = False
     task.push_request(id=task_id, args=args, kwargs=kwargs, retries=max(attempt - 1, 0), delivery_info={})
     try:

@@ -136,15 +136,7 @@ def run_job(connection, payload, mode, attempt, key):
     except Exception as error:  # noqa: BLE001 - a hash that does not load
         raise Outcome(422, f"cannot load the RQ job: {type(error).__name__}") from None
     if mode == "shadow":
-        try:
-            behaviour = shadows.of(func)
-        except ValueError as error:
-            raise Outcome(422, f"{job.func_name}: {error}") from None
-        if behaviour == shadows.REFUSE:
-            raise Outcome(422, f"{job.func_name} refuses shadow calls (declare @shadow)")
-        if behaviour == shadows.SKIP:
-            raise Outcome(204, "")
-        return done(behaviour(*job.args, **job.kwargs))
+        return shadows.run(func, job.func_name, "declare @shadow", job.args, job.kwargs)
     # RQ's retries_left counts the retries left when the job was enqueued.
     retries = job.retries_left or 0
     try:

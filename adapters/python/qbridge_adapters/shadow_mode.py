@@ -48,3 +48,19 @@ def of(target):
     if getattr(behaviour, "__self__", None) is target:
         behaviour = behaviour.__func__
     return check(behaviour)
+
+
+def run(target, name, how_to_declare, args, kwargs):
+    """A shadow call of ``target`` (a task or a job function named ``name``):
+    its declared behaviour, as the runner answers it (see ``answer``)."""
+    from .answer import Outcome, done
+
+    try:
+        behaviour = of(target)
+    except ValueError as error:
+        raise Outcome(422, f"{name}: {error}") from None
+    if behaviour == REFUSE:
+        raise Outcome(422, f"{name} refuses shadow calls ({how_to_declare})")
+    if behaviour == SKIP:
+        raise Outcome(204, "")
+    return done(behaviour(*args, **kwargs))

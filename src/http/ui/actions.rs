@@ -12,9 +12,9 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::Extension;
 use serde::Deserialize;
 
-use super::csrf_ok;
 use super::routes::find;
 use super::session::Session;
+use super::{csrf_ok, Stop};
 use crate::http::AppState;
 use crate::ops::operate::{self, Refusal, Request};
 use crate::ops::repair;
@@ -64,13 +64,13 @@ fn checked<'a>(
     session: &Session,
     name: &str,
     form: &'a ActionForm,
-) -> Result<(Arc<Route>, &'a str), Box<Response>> {
+) -> Result<(Arc<Route>, &'a str), Stop> {
     csrf_ok(session, &form.csrf)?;
     let route = find(state, name)
-        .ok_or_else(|| Box::new(back(name, Err(format!("no route named {name}")))))?;
+        .ok_or_else(|| Stop::from(back(name, Err(format!("no route named {name}")))))?;
     let reason = form.reason.trim();
     if reason.is_empty() {
-        return Err(Box::new(back(
+        return Err(Stop::from(back(
             name,
             Err("a reason is required: it goes into the audit log".into()),
         )));
@@ -83,11 +83,8 @@ pub(super) async fn advance(
     Extension(session): Extension<Session>,
     Path(name): Path<String>,
     Form(form): Form<ActionForm>,
-) -> Response {
-    let (route, reason) = match checked(&state, &session, &name, &form) {
-        Ok(ok) => ok,
-        Err(resp) => return *resp,
-    };
+) -> Result<Response, Stop> {
+    let (route, reason) = checked(&state, &session, &name, &form)?;
     let req = Request {
         by: &session.who,
         reason: Some(reason),
@@ -130,7 +127,7 @@ pub(super) async fn advance(
         }
         Err(Refusal::Error(e)) => Err(e.to_string()),
     };
-    back(&route.name, result)
+    Ok(back(&route.name, result))
 }
 
 pub(super) async fn rollback(
@@ -138,17 +135,14 @@ pub(super) async fn rollback(
     Extension(session): Extension<Session>,
     Path(name): Path<String>,
     Form(form): Form<ActionForm>,
-) -> Response {
-    let (route, reason) = match checked(&state, &session, &name, &form) {
-        Ok(ok) => ok,
-        Err(resp) => return *resp,
-    };
+) -> Result<Response, Stop> {
+    let (route, reason) = checked(&state, &session, &name, &form)?;
     let req = Request::new(&session.who, Some(reason));
     let result = operate::rollback(&state.db, &route, &req)
         .await
         .map(|s| format!("rolled back to {}", s.phase))
         .map_err(|e| e.to_string());
-    back(&route.name, result)
+    Ok(back(&route.name, result))
 }
 
 pub(super) async fn percent(
@@ -156,28 +150,25 @@ pub(super) async fn percent(
     Extension(session): Extension<Session>,
     Path(name): Path<String>,
     Form(form): Form<ActionForm>,
-) -> Response {
-    let (route, reason) = match checked(&state, &session, &name, &form) {
-        Ok(ok) => ok,
-        Err(resp) => return *resp,
-    };
+) -> Result<Response, Stop> {
+    let (route, reason) = checked(&state, &session, &name, &form)?;
     let Some(percent) = form
         .percent
         .as_deref()
         .and_then(|p| p.trim().parse::<u8>().ok())
         .filter(|p| *p <= 100)
     else {
-        return back(
+        return Ok(back(
             &route.name,
             Err("the flipped share must be 0 to 100".into()),
-        );
+        ));
     };
     let req = Request::new(&session.who, Some(reason));
     let result = operate::ramp(&state.db, &route, percent, &req)
         .await
         .map(|_| format!("flipped share set to {percent}%"))
         .map_err(|e| e.to_string());
-    back(&route.name, result)
+    Ok(back(&route.name, result))
 }
 
 pub(super) async fn repair(
@@ -185,13 +176,13 @@ pub(super) async fn repair(
     Extension(session): Extension<Session>,
     Path(name): Path<String>,
     Form(form): Form<ActionForm>,
-) -> Response {
-    let (route, reason) = match checked(&state, &session, &name, &form) {
-        Ok(ok) => ok,
-        Err(resp) => return *resp,
-    };
+) -> Result<Response, Stop> {
+    let (route, reason) = checked(&state, &session, &name, &form)?;
     let Some(mut redis) = state.producer.as_ref().and_then(|p| p.redis().cloned()) else {
-        return back(&route.name, Err("there is no Redis side to repair".into()));
+        return Ok(back(
+            &route.name,
+            Err("there is no Redis side to repair".into()),
+        ));
     };
     let result = match repair::diff_and_repair(
         &state.db,
@@ -216,5 +207,5 @@ pub(super) async fn repair(
         }
         Err(e) => Err(e.to_string()),
     };
-    back(&route.name, result)
+    Ok(back(&route.name, result))
 }

@@ -16,24 +16,9 @@ use serde::Deserialize;
 
 use super::html::{esc, page, Html};
 use super::session::Session;
-use super::{csrf_ok, html};
+use super::{csrf_ok, html, unavailable};
 use crate::http::AppState;
 use crate::queue::{dlq, stats};
-
-fn failed(session: &Session, what: &str, e: impl std::fmt::Display) -> Response {
-    html(
-        StatusCode::SERVICE_UNAVAILABLE,
-        page(
-            "Unavailable",
-            Some(&session.csrf),
-            &format!(
-                "<p class=\"error\">Cannot read {}: {}</p>",
-                esc(what),
-                esc(&e.to_string())
-            ),
-        ),
-    )
-}
 
 fn when(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
@@ -87,7 +72,7 @@ pub(super) async fn queues(
         last_hour(&state.db)
     ) {
         Ok(all) => all,
-        Err(e) => return failed(&session, "the queues", e),
+        Err(e) => return unavailable(&session, "the queues", e),
     };
     let mut out = Html::default();
     out.raw("<h1>Queues</h1><table id=\"queues\"><thead><tr><th>queue</th><th>ready</th><th>running</th><th>scheduled</th><th>dead</th><th>lag</th><th>done per minute, last hour</th></tr></thead><tbody>");
@@ -174,7 +159,7 @@ pub(super) async fn find(
                 out.raw("<p class=\"muted\" id=\"none\">No job with this id or key in the queues, the dead letters, the key records or the outcomes (completed jobs&#39; history is not searched: it has no key index).</p>");
             }
             Ok(_) => {}
-            Err(e) => return failed(&session, "the job", e),
+            Err(e) => return unavailable(&session, "the job", e),
         }
     }
     html(
@@ -336,7 +321,7 @@ pub(super) async fn dead(
     let (rows, total) =
         match tokio::try_join!(dlq::list(&state.db, &sel, 100), dlq::count(&state.db, &sel)) {
             Ok(all) => all,
-            Err(e) => return failed(&session, "the dead letters", e),
+            Err(e) => return unavailable(&session, "the dead letters", e),
         };
     let mut out = Html::default();
     out.raw("<h1>Dead letters</h1>");
@@ -385,7 +370,7 @@ pub(super) async fn requeue(
             .unwrap_or("")
     };
     if let Err(refused) = csrf_ok(&session, field("csrf")) {
-        return *refused;
+        return axum::response::IntoResponse::into_response(refused);
     }
     let ids: Vec<i64> = fields
         .iter()

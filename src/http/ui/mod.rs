@@ -137,18 +137,40 @@ pub(super) fn html(status: StatusCode, body: String) -> Response {
 const OFF: &str = "The console is off: no admin token is configured. Set QBRIDGE_ADMIN_TOKEN \
     (or [http] admin_token_file) and restart qbridge; then log in here with that token.";
 
+/// The page of a console that is off.
+fn off() -> Response {
+    html(
+        StatusCode::FORBIDDEN,
+        page(
+            "Console off",
+            None,
+            &format!("<p class=\"error\">{}</p>", esc(OFF)),
+        ),
+    )
+}
+
+/// A page whose data could not be read (Postgres or Redis down): 503 with
+/// the reason, the operator still signed in.
+pub(super) fn unavailable(session: &Session, what: &str, e: impl std::fmt::Display) -> Response {
+    html(
+        StatusCode::SERVICE_UNAVAILABLE,
+        page(
+            "Unavailable",
+            Some(&session.csrf),
+            &format!(
+                "<p class=\"error\">Cannot read {}: {}</p>",
+                esc(what),
+                esc(&e.to_string())
+            ),
+        ),
+    )
+}
+
 /// Every signed-in page: the session, or the login form (a GET) / 403 (a
 /// POST without a session). With no admin token, the page that says so.
 async fn require_session(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     if state.admin_token.is_none() {
-        return html(
-            StatusCode::FORBIDDEN,
-            page(
-                "Console off",
-                None,
-                &format!("<p class=\"error\">{}</p>", esc(OFF)),
-            ),
-        );
+        return off();
     }
     // The live refresh's requests do not keep a session alive: an open tab
     // nobody looks at still signs out after the idle time.
@@ -166,28 +188,37 @@ async fn require_session(State(state): State<AppState>, mut req: Request, next: 
     }
 }
 
+/// The answer of a request stopped early (a refusal, a redirect back with
+/// the reason); boxed, as a response is large, so handlers can use `?`.
+pub(super) struct Stop(pub(super) Box<Response>);
+
+impl IntoResponse for Stop {
+    fn into_response(self) -> Response {
+        *self.0
+    }
+}
+
+impl From<Response> for Stop {
+    fn from(resp: Response) -> Stop {
+        Stop(Box::new(resp))
+    }
+}
+
 /// A POST's CSRF field checked against the session's.
-pub(super) fn csrf_ok(session: &Session, offered: &str) -> Result<(), Box<Response>> {
+pub(super) fn csrf_ok(session: &Session, offered: &str) -> Result<(), Stop> {
     if session::same(offered, &session.csrf) {
         Ok(())
     } else {
-        Err(Box::new(html(
+        Err(Stop(Box::new(html(
             StatusCode::FORBIDDEN,
             page("Refused", Some(&session.csrf), "<p class=\"error\">Refused: the form's CSRF token is missing or wrong. Reload the page and try again.</p>"),
-        )))
+        ))))
     }
 }
 
 async fn login_form(State(state): State<AppState>, headers: HeaderMap) -> Response {
     if state.admin_token.is_none() {
-        return html(
-            StatusCode::FORBIDDEN,
-            page(
-                "Console off",
-                None,
-                &format!("<p class=\"error\">{}</p>", esc(OFF)),
-            ),
-        );
+        return off();
     }
     login_page(&headers, StatusCode::OK, None)
 }
@@ -230,14 +261,7 @@ async fn login(
     Form(form): Form<LoginForm>,
 ) -> Response {
     let Some(token) = state.admin_token.as_ref() else {
-        return html(
-            StatusCode::FORBIDDEN,
-            page(
-                "Console off",
-                None,
-                &format!("<p class=\"error\">{}</p>", esc(OFF)),
-            ),
-        );
+        return off();
     };
     let guard = session::cookie(&headers, LOGIN_COOKIE).unwrap_or_default();
     if guard.is_empty() || !session::same(&form.csrf, &guard) {
@@ -289,17 +313,15 @@ async fn logout(
     axum::Extension(session): axum::Extension<Session>,
     headers: HeaderMap,
     Form(form): Form<CsrfOnly>,
-) -> Response {
-    if let Err(refused) = csrf_ok(&session, &form.csrf) {
-        return *refused;
-    }
+) -> Result<Response, Stop> {
+    csrf_ok(&session, &form.csrf)?;
     state.console.sessions.close(&headers);
     let mut resp = Redirect::to("/ui/login").into_response();
     resp.headers_mut().append(
         header::SET_COOKIE,
         session::set_cookie(SESSION_COOKIE, "", std::time::Duration::ZERO),
     );
-    resp
+    Ok(resp)
 }
 
 async fn script() -> Response {

@@ -16,9 +16,9 @@ use axum::Extension;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
-use super::html;
 use super::html::{esc, page, Html};
 use super::session::Session;
+use super::{html, unavailable};
 use crate::http::AppState;
 use crate::ops::gates::{self, Gate};
 use crate::ops::operate;
@@ -42,21 +42,6 @@ fn flash(f: &Flash, out: &mut Html) {
             .text(e)
             .raw("</p>");
     }
-}
-
-fn unavailable(session: &Session, what: &str, e: impl std::fmt::Display) -> Response {
-    html(
-        StatusCode::SERVICE_UNAVAILABLE,
-        page(
-            "Unavailable",
-            Some(&session.csrf),
-            &format!(
-                "<p class=\"error\">Cannot read {}: {}</p>",
-                esc(what),
-                esc(&e.to_string())
-            ),
-        ),
-    )
 }
 
 fn routes_of(state: &AppState) -> Vec<Arc<Route>> {
