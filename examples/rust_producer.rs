@@ -109,6 +109,7 @@ phase = "{phase}"
         match stored {
             Stored::New { id, key } => println!("postgres: new job {id}, key {key}"),
             Stored::Duplicate { key } => println!("postgres: key {key} already known"),
+            Stored::Recorded { key } => println!("postgres: mirror copy {key} recorded"),
         }
     }
     if done.stored.is_empty() {

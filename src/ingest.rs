@@ -99,6 +99,12 @@ pub struct Item<'a> {
     /// When the job is due, if later than now (a job carried from a
     /// framework's schedule or retry set).
     pub run_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// A mirror copy the Postgres side would only complete without a call
+    /// (pushed in `dual_write` with shadow calls off): its key and bytes go
+    /// into `job_keys` and no `jobs` row is written — the row's claim and
+    /// completion were most of the mirror's cost (issue 17). A copy due
+    /// later keeps its row (the diff reads its due time there).
+    pub ledger_only: bool,
 }
 
 impl<'a> Item<'a> {
@@ -113,6 +119,7 @@ impl<'a> Item<'a> {
             write: None,
             pushed_at: None,
             run_at: None,
+            ledger_only: false,
         }
     }
 
@@ -131,13 +138,16 @@ pub enum Stored {
     New { id: i64, key: String },
     /// The key was known: no new job.
     Duplicate { key: String },
+    /// A new key of a ledger-only mirror copy ([`Item::ledger_only`]):
+    /// recorded in `job_keys`, no `jobs` row.
+    Recorded { key: String },
 }
 
 impl Stored {
     /// The item's job key.
     pub fn key(&self) -> &str {
         match self {
-            Stored::New { key, .. } | Stored::Duplicate { key } => key,
+            Stored::New { key, .. } | Stored::Duplicate { key } | Stored::Recorded { key } => key,
         }
     }
 }
@@ -171,7 +181,7 @@ fn count(items: &[Item<'_>], stored: &[Stored], flags: &[Option<&str>]) {
     for ((item, s), flag) in items.iter().zip(stored).zip(flags) {
         let group = groups.entry((&item.route.name, item.via)).or_default();
         match s {
-            Stored::New { .. } => group.0 += 1,
+            Stored::New { .. } | Stored::Recorded { .. } => group.0 += 1,
             Stored::Duplicate { .. } => group.1 += 1,
         }
         group.2 += u64::from(flag.is_some());
@@ -217,6 +227,7 @@ pub async fn store(
     let mut jobs = Vec::new();
     let mut fresh_index = Vec::new();
     let mut upgraded_index = Vec::new();
+    let mut recorded = Vec::new();
     let mut claimed: HashSet<(&str, &str)> = HashSet::new();
     for (i, (item, key)) in items.iter().zip(&keys).enumerate() {
         // The first item of a batch with a key takes it; later ones are
@@ -228,8 +239,12 @@ pub async fn store(
                 upgraded_index.push((i, id));
             }
         } else if fresh.contains(&owned) && claimed.insert(pair) {
-            jobs.push(new_job(item, key, oversize[i]));
-            fresh_index.push(i);
+            if item.ledger_only && item.copy == JobCopy::Mirror && item.due_at().is_none() {
+                recorded.push(i);
+            } else {
+                jobs.push(new_job(item, key, oversize[i]));
+                fresh_index.push(i);
+            }
         }
     }
     // The oversized ones carry a small stand-in payload now, within any limit.
@@ -239,6 +254,11 @@ pub async fn store(
         .iter()
         .map(|k| Stored::Duplicate { key: k.clone() })
         .collect();
+    for i in recorded {
+        stored[i] = Stored::Recorded {
+            key: keys[i].clone(),
+        };
+    }
     for (i, id) in upgraded_index {
         stored[i] = Stored::New {
             id,

@@ -84,6 +84,8 @@ pub(super) async fn post_jobs(
                 .map(|s| match s {
                     Stored::New { id, key } => json!({"id": id, "key": key, "duplicate": false}),
                     Stored::Duplicate { key } => json!({"id": null, "key": key, "duplicate": true}),
+                    // Never for HTTP enqueue (live copies), but total.
+                    Stored::Recorded { key } => json!({"id": null, "key": key, "duplicate": false}),
                 })
                 .collect();
             Ok((

@@ -26,6 +26,8 @@ pub(super) struct Kept {
     pub items: Vec<Bytes>,
     pub copy: JobCopy,
     pub via: Via,
+    /// Recorded in `job_keys` only (`ingest::Item::ledger_only`).
+    pub ledger_only: bool,
     pub writes: uuid::Uuid,
     /// When Redis acknowledged the push.
     pub acked_at: std::time::Instant,

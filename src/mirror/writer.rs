@@ -46,6 +46,8 @@ struct Request {
     via: Via,
     /// When Redis acknowledged the push (mirror lag starts here).
     acked_at: Instant,
+    /// Mirror copies recorded in `job_keys` only ([`ingest::Item::ledger_only`]).
+    ledger_only: bool,
     /// Names this request's writes: item `i` is write `<writes>.<i>`, the
     /// same on every attempt (a retry from the gap list included), so its
     /// content hash is numbered once.
@@ -116,10 +118,31 @@ impl Mirror {
         items: Vec<Bytes>,
         acked_at: Instant,
     ) -> Result<(), MirrorClosed> {
+        self.mirror_copies(route, items, acked_at, false).await
+    }
+
+    /// [`Mirror::mirror`] for items the Postgres side would only complete
+    /// without a call (pushed in `dual_write`, shadow calls off): recorded
+    /// in `job_keys` alone ([`ingest::Item::ledger_only`]).
+    pub async fn mirror_ledger_only(
+        &self,
+        route: Arc<Route>,
+        items: Vec<Bytes>,
+        acked_at: Instant,
+    ) -> Result<(), MirrorClosed> {
+        self.mirror_copies(route, items, acked_at, true).await
+    }
+
+    async fn mirror_copies(
+        &self,
+        route: Arc<Route>,
+        items: Vec<Bytes>,
+        acked_at: Instant,
+        ledger_only: bool,
+    ) -> Result<(), MirrorClosed> {
         let (name, n) = (route.name.clone(), items.len() as u64);
-        let queued = self
-            .send(route, items, JobCopy::Mirror, Via::Proxy, acked_at, None)
-            .await;
+        let copy = (JobCopy::Mirror, Via::Proxy, ledger_only);
+        let queued = self.send(route, items, copy, acked_at, None).await;
         if queued.is_err() {
             // Redis has the item and runs it; only its mirror copy is
             // missing, and the diff reports it.
@@ -135,15 +158,9 @@ impl Mirror {
         items: Vec<Bytes>,
     ) -> Result<Vec<Stored>, StoreError> {
         let (reply, rx) = oneshot::channel();
-        self.send(
-            route,
-            items,
-            JobCopy::Live,
-            Via::Proxy,
-            Instant::now(),
-            Some(reply),
-        )
-        .await?;
+        let copy = (JobCopy::Live, Via::Proxy, false);
+        self.send(route, items, copy, Instant::now(), Some(reply))
+            .await?;
         rx.await.map_err(|_| MirrorClosed)?
     }
 
@@ -151,8 +168,7 @@ impl Mirror {
         &self,
         route: Arc<Route>,
         items: Vec<Bytes>,
-        copy: JobCopy,
-        via: Via,
+        (copy, via, ledger_only): (JobCopy, Via, bool),
         acked_at: Instant,
         reply: Option<oneshot::Sender<Result<Vec<Stored>, StoreError>>>,
     ) -> Result<(), MirrorClosed> {
@@ -170,6 +186,7 @@ impl Mirror {
             copy,
             via,
             acked_at,
+            ledger_only,
             writes: uuid::Uuid::new_v4(),
             reply,
             _permit: permit,
@@ -228,7 +245,15 @@ impl Writer {
         }
         let parts: Vec<Part<'_>> = kept
             .iter()
-            .flat_map(|k| Part::all(&k.route, k.copy, k.via, k.writes, k.acked_at, &k.items))
+            .flat_map(|k| {
+                Part::all(
+                    &k.route,
+                    (k.copy, k.via, k.ledger_only),
+                    k.writes,
+                    k.acked_at,
+                    &k.items,
+                )
+            })
             .collect();
         let jobs = rq_jobs_of(&mut self.spool, &parts).await;
         let result = write_batch(
@@ -293,7 +318,15 @@ impl Writer {
         }
         let parts: Vec<Part<'_>> = batch
             .iter()
-            .flat_map(|r| Part::all(&r.route, r.copy, r.via, r.writes, r.acked_at, &r.items))
+            .flat_map(|r| {
+                Part::all(
+                    &r.route,
+                    (r.copy, r.via, r.ledger_only),
+                    r.writes,
+                    r.acked_at,
+                    &r.items,
+                )
+            })
             .collect();
         let jobs = rq_jobs_of(&mut self.spool, &parts).await;
         let result = write_batch(
@@ -353,6 +386,7 @@ impl Writer {
             items: request.items.clone(),
             copy: request.copy,
             via: request.via,
+            ledger_only: request.ledger_only,
             writes: request.writes,
             acked_at: request.acked_at,
         });
@@ -377,6 +411,7 @@ struct Part<'a> {
     route: &'a Route,
     copy: JobCopy,
     via: Via,
+    ledger_only: bool,
     writes: uuid::Uuid,
     /// When Redis acknowledged the push, as wall-clock time.
     pushed_at: chrono::DateTime<chrono::Utc>,
@@ -388,8 +423,7 @@ impl<'a> Part<'a> {
     /// The parts of one request's (or one kept request's) items, in order.
     fn all(
         route: &'a Route,
-        copy: JobCopy,
-        via: Via,
+        (copy, via, ledger_only): (JobCopy, Via, bool),
         writes: uuid::Uuid,
         acked_at: Instant,
         items: &'a [Bytes],
@@ -400,6 +434,7 @@ impl<'a> Part<'a> {
             route,
             copy,
             via,
+            ledger_only,
             writes,
             pushed_at,
             index,
@@ -458,6 +493,7 @@ async fn write_batch(
                 let mut item = Item::new(p.route, decoded, p.copy, p.via);
                 if p.copy == JobCopy::Mirror {
                     item.pushed_at = Some(p.pushed_at);
+                    item.ledger_only = p.ledger_only;
                 }
                 // Only content hashes are numbered; an id is its own key.
                 if hashed {

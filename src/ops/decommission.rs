@@ -98,7 +98,7 @@ pub async fn archive_and_delete(
         let items = all_items(redis, &list).await?;
         for s in archive_live(db, redis, route, &list, items, payload_limit).await? {
             match s {
-                Stored::New { .. } => report.enqueued += 1,
+                Stored::New { .. } | Stored::Recorded { .. } => report.enqueued += 1,
                 Stored::Duplicate { .. } => report.duplicates += 1,
             }
         }
@@ -108,7 +108,7 @@ pub async fn archive_and_delete(
     // decommissioned route alone, so they run here or nowhere.
     for s in archive_owed(db, redis, route, payload_limit).await? {
         match s {
-            Stored::New { .. } => report.enqueued += 1,
+            Stored::New { .. } | Stored::Recorded { .. } => report.enqueued += 1,
             Stored::Duplicate { .. } => report.duplicates += 1,
         }
     }

@@ -16,6 +16,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::task::JoinHandle;
 
+use crate::config::DualWriteMirrors;
+use crate::model::formats::Format;
+use crate::model::Phase;
 use crate::routes::Route;
 
 /// Which subscription set a pub/sub command works on. Redis keeps three
@@ -68,6 +71,27 @@ pub(super) struct MirrorPush {
     /// For members added to a framework's schedule or retry set (`ZADD`):
     /// when each is due (its score). `None` for a list push.
     pub due: Option<Vec<Option<chrono::DateTime<chrono::Utc>>>>,
+    /// Pushed in `dual_write` with shadow calls off: the Postgres side
+    /// would only complete the copies without a call, so they are recorded
+    /// in `job_keys` alone (`ingest::Item::ledger_only`).
+    pub ledger_only: bool,
+}
+
+impl MirrorPush {
+    /// A push of `items` on `route` read in `phase`. An RQ item keeps its
+    /// row: its payload carries the job's hash read from Redis (`rq:job:<id>`),
+    /// which the ledger's bytes (the id alone) do not.
+    pub fn new(route: Arc<Route>, items: Vec<Bytes>, phase: Phase) -> MirrorPush {
+        let ledger_only = phase == Phase::DualWrite
+            && route.config.cutover.shadow.dual_write == DualWriteMirrors::Skip
+            && route.format != Format::Rq;
+        MirrorPush {
+            route,
+            items,
+            due: None,
+            ledger_only,
+        }
+    }
 }
 
 /// The `(score, member)` pairs of `ZADD key [NX|XX] [GT|LT] [CH] score

@@ -307,12 +307,7 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
         match phase {
             Phase::RedisOnly => return Ok(Routing::NotRouted),
             Phase::DualWrite | Phase::Shadow => {
-                let push = MirrorPush {
-                    route,
-                    items,
-                    due: None,
-                };
-                return Ok(Routing::Forward(push));
+                return Ok(Routing::Forward(MirrorPush::new(route, items, phase)));
             }
             Phase::PostgresOnly | Phase::Decommissioned => {}
         }

@@ -193,7 +193,10 @@ impl Producer {
             .iter()
             .zip(&items)
             .zip(&copies)
-            .filter(|((s, _), copy)| matches!(s, Stored::New { .. }) && **copy == JobCopy::Mirror)
+            .filter(|((s, _), copy)| {
+                matches!(s, Stored::New { .. } | Stored::Recorded { .. })
+                    && **copy == JobCopy::Mirror
+            })
             .map(|((s, b), _)| (s.key(), b))
             .collect();
         let owed = if new.is_empty() {

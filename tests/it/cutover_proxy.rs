@@ -36,9 +36,10 @@ fn change<'a>(route: &'a str, from: Phase, to: Phase) -> Change<'a> {
     }
 }
 
-/// The copies (`mirror`/`live`) Postgres holds of job `key`.
+/// The copy (`mirror`/`live`) Postgres recorded job `key` as: its ledger
+/// row (a push in dual_write is a ledger-only mirror copy, with no jobs row).
 async fn copies(db: &PgPool, key: &str) -> Vec<String> {
-    sqlx::query_scalar("SELECT copy::text FROM qbridge.jobs WHERE key = $1 ORDER BY id")
+    sqlx::query_scalar("SELECT copy::text FROM qbridge.job_keys WHERE key = $1")
         .bind(key)
         .fetch_all(db)
         .await

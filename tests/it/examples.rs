@@ -391,7 +391,8 @@ async fn python_producer_through_the_proxy_reaches_redis_and_postgres(pool: PgPo
         let (db, route, expected) = (db.clone(), route.clone(), expected.clone());
         async move {
             let keys: Vec<String> = sqlx::query_scalar(
-                "SELECT key FROM qbridge.jobs WHERE queue = $1 AND copy = 'mirror' ORDER BY key",
+                // The ledger: a proxied push in dual_write has no jobs row.
+                "SELECT key FROM qbridge.job_keys WHERE queue = $1 AND copy = 'mirror' ORDER BY key",
             )
             .bind(&route)
             .fetch_all(&db)

@@ -75,15 +75,19 @@ async fn postgres_down_in_dual_write_keeps_pushes_working_and_fills_the_gap_late
     support::wait_for("the gap filled", Duration::from_secs(60), || {
         let db = db.clone();
         async move {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM qbridge.jobs WHERE copy = 'mirror'")
-                .fetch_one(&db)
-                .await
-                .map(|n| n == 10)
-                .unwrap_or(false)
+            // The ledger: parked copies written back keep their ledger-only
+            // form (no jobs row), as copies written at once would.
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM qbridge.job_keys WHERE copy = 'mirror'",
+            )
+            .fetch_one(&db)
+            .await
+            .map(|n| n == 10)
+            .unwrap_or(false)
         }
     })
     .await;
-    let mut keys: Vec<String> = sqlx::query_scalar("SELECT key FROM qbridge.jobs")
+    let mut keys: Vec<String> = sqlx::query_scalar("SELECT key FROM qbridge.job_keys")
         .fetch_all(&db)
         .await
         .unwrap();

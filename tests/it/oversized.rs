@@ -109,8 +109,10 @@ impl Proxy {
         read_line(&mut conn).await
     }
 
+    /// Keys stored for the route: the ledger (a push in dual_write is a
+    /// ledger-only mirror copy, with no jobs row).
     async fn jobs(&self, pool: &PgPool) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM qbridge.jobs WHERE queue = $1")
+        sqlx::query_scalar("SELECT count(*) FROM qbridge.job_keys WHERE queue = $1")
             .bind(&self.queue)
             .fetch_one(pool)
             .await
@@ -176,7 +178,7 @@ async fn store_two(proxy: &Proxy, pool: &PgPool) {
     support::wait_for_count(
         pool,
         "the two items mirrored",
-        &format!("SELECT count(*) FROM qbridge.jobs WHERE queue = '{queue}'"),
+        &format!("SELECT count(*) FROM qbridge.job_keys WHERE queue = '{queue}'"),
         2,
     )
     .await;
@@ -215,7 +217,7 @@ async fn a_100_mib_bulk_string_is_refused_before_it_is_buffered(pool: PgPool) {
         &pool,
         "the later push mirrored",
         &format!(
-            "SELECT count(*) FROM qbridge.jobs WHERE queue = '{}'",
+            "SELECT count(*) FROM qbridge.job_keys WHERE queue = '{}'",
             proxy.queue
         ),
         3,
@@ -264,7 +266,7 @@ async fn a_push_one_element_over_the_limit_is_refused_and_a_large_one_mirrored_i
     })
     .await;
     let distinct: i64 =
-        sqlx::query_scalar("SELECT count(DISTINCT key) FROM qbridge.jobs WHERE queue = $1")
+        sqlx::query_scalar("SELECT count(DISTINCT key) FROM qbridge.job_keys WHERE queue = $1")
             .bind(&proxy.queue)
             .fetch_one(&pool)
             .await

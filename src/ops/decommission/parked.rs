@@ -79,7 +79,7 @@ pub(super) async fn archive(
     let new: Vec<String> = stored
         .iter()
         .filter_map(|s| match s {
-            Stored::New { key, .. } => Some(key.clone()),
+            Stored::New { key, .. } | Stored::Recorded { key } => Some(key.clone()),
             Stored::Duplicate { .. } => None,
         })
         .collect();

@@ -63,7 +63,14 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
         metrics::counter!(m::ROUTE_PUSHES, "route" => route.name.clone(), "phase" => phase.as_str(), "via" => "proxy")
             .increment(1);
         let due = Some(due);
-        Ok(Routing::Forward(MirrorPush { route, items, due }))
+        // A set's members are due later: their copies keep their rows.
+        let ledger_only = false;
+        Ok(Routing::Forward(MirrorPush {
+            route,
+            items,
+            due,
+            ledger_only,
+        }))
     }
 
     /// A forwarded command that is no routed push: a pop from a mirrored

@@ -22,8 +22,11 @@ async fn tasks_in_celerys_priority_lists_are_the_routes(pool: PgPool) {
     let ledger = format!("qbt:{id}:ledger");
     let toml = format!(
         "[[routes]]\nname = \"{route_name}\"\nredis_key = \"{queue}\"\nqueue = \"{route_name}\"\n\
-         format = \"celery\"\nphase = \"dual_write\"\ndiff = {{ settle = \"0s\" }}\n"
+         format = \"celery\"\nphase = \"dual_write\"\ndiff = {{ settle = \"0s\" }}\n\
+         shadow = {{ dual_write = \"shadow\" }}\n"
     );
+    // Shadow calls in dual_write: the mirror copies get jobs rows (where a
+    // job's priority is), not the ledger-only record of the default.
     let side = ProxySide::start(&pool, &toml).await;
     let urgent = produce(&side.url(), &queue, &ledger, 2, None).await;
     let later = produce(&side.url(), &queue, &ledger, 3, Some(7)).await;

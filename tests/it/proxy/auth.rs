@@ -54,7 +54,8 @@ fn routes(prefix: &str, phase: Phase) -> Vec<qbridge::config::RouteConfig> {
 }
 
 async fn job_count(pool: &PgPool) -> i64 {
-    support::count(pool, "SELECT count(*) FROM qbridge.jobs").await
+    // Every key stored, a ledger-only mirror copy included.
+    support::count(pool, "SELECT count(*) FROM qbridge.job_keys").await
 }
 
 /// A direct connection's reply to `args` (what Redis itself says).

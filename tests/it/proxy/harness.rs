@@ -253,8 +253,11 @@ pub async fn client_list() -> String {
     String::from_utf8_lossy(&direct.call(&["CLIENT", "LIST"]).await).to_string()
 }
 
-/// `(key, copy, original)` of every job of `queue`, by key. A mirror copy
-/// keeps its bytes in `job_keys.original`, a live copy in `jobs.original`.
+/// What qbridge stored for a queue, by key: each key of the ledger
+/// (`job_keys`) with its copy and the bytes kept for it. A mirror copy the
+/// proxy took in `dual_write` with shadow calls off has no `jobs` row
+/// (`ingest::Item::ledger_only`), so the ledger, not `jobs`, is where every
+/// routed push shows.
 pub async fn jobs(pool: &PgPool, queue: &str) -> Vec<(String, String, Vec<u8>)> {
     sqlx::query_as(ORIGINALS_SQL)
         .bind(queue)
@@ -263,18 +266,19 @@ pub async fn jobs(pool: &PgPool, queue: &str) -> Vec<(String, String, Vec<u8>)> 
         .expect("jobs query")
 }
 
-/// Jobs of a queue with the bytes each copy keeps.
-pub const ORIGINALS_SQL: &str = "SELECT j.key, j.copy, coalesce(j.original, k.original) \
-     FROM qbridge.jobs j LEFT JOIN qbridge.job_keys k ON k.queue = j.queue AND k.key = j.key \
-     WHERE j.queue = $1 ORDER BY j.key";
+/// The keys of a queue with their copy and bytes (a live copy's in its job
+/// row, a mirror copy's in the ledger).
+pub const ORIGINALS_SQL: &str = "SELECT k.key, k.copy, coalesce(j.original, k.original) \
+     FROM qbridge.job_keys k LEFT JOIN qbridge.jobs j ON j.queue = k.queue AND j.key = k.key \
+     WHERE k.queue = $1 ORDER BY k.key";
 
-/// Waits until `queue` has `n` jobs.
+/// Waits until `queue` has `n` keys stored (see [`jobs`]).
 pub async fn wait_for_jobs(pool: &PgPool, queue: &str, n: i64) {
     support::wait_for(
         &format!("{n} jobs on {queue}"),
         Duration::from_secs(10),
         || async {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM qbridge.jobs WHERE queue = $1")
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM qbridge.job_keys WHERE queue = $1")
                 .bind(queue)
                 .fetch_one(pool)
                 .await

@@ -167,7 +167,7 @@ async fn multi_exec_mirrors_only_what_ran(pool: PgPool) {
         )]
     );
     assert_eq!(
-        support::count(&pool, "SELECT count(*) FROM qbridge.jobs").await,
+        support::count(&pool, "SELECT count(*) FROM qbridge.job_keys").await,
         1
     );
     proxy.stop().await;
@@ -277,7 +277,7 @@ async fn postgres_only_without_postgres_answers_an_error(pool: PgPool) {
     let mut direct = Raw::connect(REDIS).await;
     assert_eq!(direct.call(&["EXISTS", &key]).await, b":0\r\n");
     assert_eq!(
-        support::count(&pool, "SELECT count(*) FROM qbridge.jobs").await,
+        support::count(&pool, "SELECT count(*) FROM qbridge.job_keys").await,
         0
     );
     proxy.stop().await;
@@ -339,5 +339,56 @@ async fn a_client_killed_mid_pipeline_leaves_no_half_mirrored_batch(pool: PgPool
     redis_ids.sort();
     mirrored.sort();
     assert_eq!(mirrored, redis_ids);
+    proxy.stop().await;
+}
+
+/// Issue 17: a push the Postgres side would only drain (dual_write, shadow
+/// calls off: the default) is recorded in the ledger alone — key, copy and
+/// bytes, all the diff and repair read — and gets no jobs row; a push that
+/// will be called in shadow mode (shadow calls on in dual_write, or the
+/// shadow phase) keeps its row.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn only_pushes_the_postgres_side_would_call_get_a_jobs_row(pool: PgPool) {
+    let prefix = harness::prefix();
+    let mut called = harness::route("called", &format!("{prefix}:called"), Phase::DualWrite);
+    called.cutover.shadow.dual_write = qbridge::config::DualWriteMirrors::Shadow;
+    let routes = vec![
+        harness::route("drained", &format!("{prefix}:drained"), Phase::DualWrite),
+        called,
+        harness::route("shadowed", &format!("{prefix}:shadowed"), Phase::Shadow),
+    ];
+    let proxy = harness::start(&pool, &prefix, routes).await;
+    let mut conn = proxy.conn().await;
+    for route in ["drained", "called", "shadowed"] {
+        let (a, b) = (item(&format!("{route}-a")), item(&format!("{route}-b")));
+        let key = format!("{prefix}:{route}");
+        assert_eq!(conn.call(&["LPUSH", &key, &a, &b]).await, b":2\r\n");
+        harness::wait_for_jobs(&pool, route, 2).await;
+        // Every push is in the ledger as a mirror copy with its bytes.
+        let ledger = harness::jobs(&pool, route).await;
+        let expected: Vec<(String, String, Vec<u8>)> =
+            [(format!("{route}-a"), a), (format!("{route}-b"), b)]
+                .into_iter()
+                .map(|(k, bytes)| (k, "mirror".to_string(), bytes.into_bytes()))
+                .collect();
+        assert_eq!(ledger, expected, "{route}");
+    }
+    let rows = |route: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM qbridge.jobs WHERE queue = $1")
+                .bind(route)
+                .fetch_one(&pool)
+                .await
+                .expect("count")
+        }
+    };
+    assert_eq!(rows("drained").await, 0, "a drained-only copy has no row");
+    assert_eq!(
+        rows("called").await,
+        2,
+        "shadow calls in dual_write need rows"
+    );
+    assert_eq!(rows("shadowed").await, 2, "shadow calls need rows");
     proxy.stop().await;
 }
