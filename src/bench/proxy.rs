@@ -22,15 +22,16 @@ use crate::bench::parse_dur;
 use crate::config::{Config, Overrides};
 use crate::error::{Error, Result};
 use crate::mirror::{repair_gaps_once, LagProbe, Mirror, MirrorOptions};
-use crate::proxy::{ProxyDeps, ProxyServer};
 use crate::redis::connect::connect_redis;
 use crate::redis::keys::RouteKeys;
 use crate::routes::Routes;
 
 mod clients;
 mod report;
+mod sides;
 
 use clients::{phase, Side};
+use sides::{Running, Twemproxy};
 
 /// The queue of the bench route (cleared at the start and the end).
 pub const PROXY_QUEUE: &str = "qbridge_bench_proxy";
@@ -67,6 +68,11 @@ pub struct ProxyArgs {
     /// without mirroring, to tell its cost from the mirror's.
     #[arg(long, default_value = "dual_write", value_parser = ["dual_write", "redis_only"])]
     pub phase: String,
+    /// Pushes per second of all clients together, paced (0: as fast as the
+    /// clients can): latency and mirror lag at a given load, not at
+    /// saturation.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
 }
 
 /// What the mirror stall did to the proxy's clients.
@@ -86,7 +92,15 @@ pub struct ProxyRun {
     writers: usize,
     buffer_bytes: usize,
     direct: Side,
+    /// Sides that only forward, measured in the same run: qbridge's splice
+    /// alone (`redis_only`) and twemproxy when installed.
+    references: Vec<(&'static str, Side)>,
+    /// `nutcracker` was not on PATH.
+    twemproxy_missing: bool,
     proxy: Side,
+    /// Proxy pushes mirrored per second: the measured pushes over the time
+    /// from the phase's start until the last of them was committed.
+    mirror_items_s: f64,
     /// Mirror lag of the measured proxy pushes, ms, sorted.
     lag_ms: Vec<f64>,
     pushed: u64,
@@ -116,15 +130,8 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
     let mut spool = connect_redis(&config.proxy.upstream).await?;
     let (mirror, writers) =
         Mirror::start_probed(mirror_db, Some(spool.clone()), opts, Some(probe.clone()));
-    let deps = ProxyDeps {
-        config: config.proxy.clone(),
-        routes,
-        mirror: mirror.clone(),
-    };
-    let server = ProxyServer::bind("127.0.0.1:0", deps).await?;
-    let proxy_addr = server.local_addr();
-    let stop = CancellationToken::new();
-    let proxy_task = tokio::spawn(server.run(stop.clone()));
+    let server = Running::qbridge(config.proxy.clone(), routes, mirror.clone()).await?;
+    let proxy_addr = server.addr;
     let key_text = key.clone();
     let key: Arc<[u8]> = Arc::from(key.into_bytes());
     let done = Arc::new(AtomicU64::new(0));
@@ -138,6 +145,8 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
     let direct = phase(upstream, args, &key, "d", args.duration, &done).await?;
     // Keeps Redis's memory to one phase of items; not timed.
     del_key(&config.proxy.upstream, &key).await?;
+    let (references, twemproxy_missing) =
+        references(config, args, &key_text, upstream, &mirror, &done).await?;
     // RSS from here on is the proxy's (the direct samples are freed).
     let rss_before_mib = rss_mib();
     let rss_stop = CancellationToken::new();
@@ -159,21 +168,21 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
         None => None,
     };
 
-    // Every proxy push (warm-up included) must become exactly one job.
+    // Every proxy push (warm-up included) must become exactly one mirror copy.
     let pushed = if mirrors { warm.ops + proxy.ops } else { 0 };
     let deadline = Duration::from_secs(30) + args.slow_postgres;
     let mirrored = if mirrors {
         let limit = config.payload_limit;
         wait_for_mirror(&db, &mut spool, &repair_routes, pushed, deadline, limit).await?
     } else {
-        count_jobs(&db).await?
+        count_mirrored(&db).await?
     };
+    let mirror_items_s = proxy.ops as f64 / phase_start.elapsed().as_secs_f64();
     rss_stop.cancel();
     let rss_peak_mib = rss.await.unwrap_or(0.0);
     let mut lag_ms: Vec<f64> = take_lags(&probe).into_iter().map(|s| s * 1e3).collect();
     lag_ms.sort_by(f64::total_cmp);
-    stop.cancel();
-    proxy_task.await.map_err(join_err)?;
+    server.stop().await;
     finish_mirror(mirror, writers).await;
     cleanup(&db, &config.proxy.upstream, &key_text).await?;
     Ok(ProxyRun {
@@ -182,7 +191,10 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
         writers: opts.writers,
         buffer_bytes: opts.buffer_bytes,
         direct,
+        references,
+        twemproxy_missing,
         proxy,
+        mirror_items_s: if mirrors { mirror_items_s } else { 0.0 },
         lag_ms,
         pushed,
         mirrored,
@@ -190,6 +202,43 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
         rss_peak_mib,
         stall: stall_report,
     })
+}
+
+/// The forwarding-only sides, each after an unrecorded warm-up, with the
+/// list emptied after each: qbridge's splice alone (unless the bench route
+/// is `redis_only` already: then the proxy side is that) and twemproxy.
+async fn references(
+    config: &Config,
+    args: &ProxyArgs,
+    key: &str,
+    upstream: SocketAddr,
+    mirror: &Mirror,
+    done: &Arc<AtomicU64>,
+) -> Result<(Vec<(&'static str, Side)>, bool)> {
+    let raw: Arc<[u8]> = Arc::from(key.as_bytes());
+    let mut sides = Vec::new();
+    if args.phase == "dual_write" {
+        let splice_args = ProxyArgs {
+            phase: "redis_only".into(),
+            ..args.clone()
+        };
+        let routes = bench_route(&splice_args, key)?;
+        let splice = Running::qbridge(config.proxy.clone(), routes, mirror.clone()).await?;
+        phase(splice.addr, args, &raw, "ws", WARMUP, done).await?;
+        let side = phase(splice.addr, args, &raw, "s", args.duration, done).await?;
+        splice.stop().await;
+        del_key(&config.proxy.upstream, raw.as_ref()).await?;
+        sides.push(("qbridge splice", side));
+    }
+    let Some(twem) = Twemproxy::start(upstream).await? else {
+        return Ok((sides, true));
+    };
+    phase(twem.addr, args, &raw, "wt", WARMUP, done).await?;
+    let side = phase(twem.addr, args, &raw, "t", args.duration, done).await?;
+    drop(twem);
+    del_key(&config.proxy.upstream, raw.as_ref()).await?;
+    sides.push(("twemproxy", side));
+    Ok((sides, false))
 }
 
 /// A migrated database without the previous runs' rows and key.
@@ -260,7 +309,7 @@ fn mirror_options(config: &Config, args: &ProxyArgs) -> MirrorOptions {
 }
 
 /// Waits up to `deadline` until every push became a job, repairing what a
-/// stall parked in the gap list meanwhile; returns the jobs counted.
+/// stall parked in the gap list meanwhile; returns the copies counted.
 async fn wait_for_mirror(
     db: &PgPool,
     spool: &mut ::redis::aio::ConnectionManager,
@@ -274,7 +323,7 @@ async fn wait_for_mirror(
     while Instant::now() < until {
         // Quiet unless something was parked (a --slow-postgres stall).
         while repair_gaps_once(db, spool, routes, payload_limit).await? > 0 {}
-        mirrored = count_jobs(db).await?;
+        mirrored = count_mirrored(db).await?;
         if mirrored >= pushed as i64 {
             return Ok(mirrored);
         }
@@ -342,13 +391,16 @@ async fn del_key(redis_url: &str, key: &[u8]) -> Result<()> {
         .map_err(redis)
 }
 
-async fn count_jobs(db: &PgPool) -> Result<i64> {
-    Ok(
-        sqlx::query_scalar("SELECT count(*) FROM qbridge.jobs WHERE queue = $1")
-            .bind(PROXY_QUEUE)
-            .fetch_one(db)
-            .await?,
+/// Mirror copies in the ledger: a copy pushed in `dual_write` with shadow
+/// calls off (the bench route) is recorded in `job_keys` without a `jobs`
+/// row (`ingest::Item::ledger_only`).
+async fn count_mirrored(db: &PgPool) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM qbridge.job_keys WHERE queue = $1 AND copy = 'mirror'",
     )
+    .bind(PROXY_QUEUE)
+    .fetch_one(db)
+    .await?)
 }
 
 fn lag_count(probe: &LagProbe) -> u64 {

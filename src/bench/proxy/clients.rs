@@ -58,8 +58,17 @@ pub(super) async fn phase(
     let tasks: Vec<_> = (0..args.clients)
         .map(|c| {
             let (key, done, prefix) = (key.clone(), done.clone(), format!("{tag}{c}"));
-            let (depth, bytes) = (args.depth, args.payload_bytes);
-            tokio::spawn(client(addr, key, prefix, bytes, depth, until, done))
+            let shape = Shape {
+                depth: args.depth,
+                payload_bytes: args.payload_bytes,
+                // Each client sends `depth` pushes every `every`.
+                every: (args.rate > 0).then(|| {
+                    Duration::from_secs_f64((args.clients * args.depth) as f64 / args.rate as f64)
+                }),
+                // Paced clients start spread over one interval, not at once.
+                offset: c as f64 / args.clients as f64,
+            };
+            tokio::spawn(client(addr, key, prefix, shape, until, done))
         })
         .collect();
     let mut lat_us = Vec::new();
@@ -78,6 +87,17 @@ pub(super) async fn phase(
     })
 }
 
+/// What one client sends.
+struct Shape {
+    depth: usize,
+    payload_bytes: usize,
+    /// Paced: one round of `depth` pushes per this interval (a round that
+    /// ends late starts the next at once; the schedule does not drift).
+    every: Option<Duration>,
+    /// Where in the first interval this client starts, as a fraction.
+    offset: f64,
+}
+
 /// One connection: writes `depth` LPUSHes, reads `depth` integer replies,
 /// until `until`. Returns each command's send→reply latency in µs (u32: a
 /// million samples stay small next to the RSS being measured).
@@ -85,16 +105,26 @@ async fn client(
     addr: SocketAddr,
     key: Arc<[u8]>,
     prefix: String,
-    payload_bytes: usize,
-    depth: usize,
+    shape: Shape,
     until: Instant,
     done: Arc<AtomicU64>,
 ) -> Result<Vec<u32>> {
+    let Shape {
+        depth,
+        payload_bytes,
+        every,
+        offset,
+    } = shape;
     let mut stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     let (mut out, mut input, mut lat) = (Vec::new(), BytesMut::with_capacity(4096), Vec::new());
     let mut n = 0u64;
+    let mut next = Instant::now() + every.map_or(Duration::ZERO, |e| e.mul_f64(offset));
     while Instant::now() < until {
+        if let Some(every) = every {
+            tokio::time::sleep_until(next.into()).await;
+            next += every;
+        }
         out.clear();
         for _ in 0..depth {
             encode_lpush(&mut out, &key, &format!("{prefix}-{n:012}"), payload_bytes);

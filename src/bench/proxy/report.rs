@@ -5,19 +5,32 @@ use super::ProxyRun;
 use crate::bench::BenchReport;
 use crate::output::table;
 
-// The issue's targets (issue 3, "Performance").
+// The targets: issue 3's against direct Redis; issue 17's against the
+// proxy's own splice (mirroring on at >= 0.9x its rate with mirroring off,
+// at depth 1) and for the mirror's sustained rate.
 const TARGET_RATIO: f64 = 0.5;
+const TARGET_SPLICE_RATIO: f64 = 0.9;
+const TARGET_MIRROR_ITEMS_S: f64 = 35_000.0;
 const TARGET_ADDED_P99_MS: f64 = 2.0;
 const TARGET_LAG_P99_MS: f64 = 100.0;
 
 impl ProxyRun {
-    /// Every proxy push became exactly one Postgres job.
+    /// Every proxy push became exactly one mirror copy in Postgres.
     pub fn all_mirrored(&self) -> bool {
         self.mirrored == self.pushed as i64
     }
 
     fn ratio(&self) -> f64 {
         self.proxy.ops_s() / self.direct.ops_s().max(1e-9)
+    }
+
+    /// The mirroring proxy over its splice alone, when that was measured.
+    fn splice_ratio(&self) -> Option<f64> {
+        let splice = self
+            .references
+            .iter()
+            .find(|(n, _)| *n == "qbridge splice")?;
+        Some(self.proxy.ops_s() / splice.1.ops_s().max(1e-9))
     }
 
     fn added_p50(&self) -> f64 {
@@ -44,6 +57,24 @@ impl ProxyRun {
                 judge(self.ratio() >= TARGET_RATIO, self.args.depth == 1),
             ),
             (
+                "mirroring / splice alone",
+                format!(">= {TARGET_SPLICE_RATIO:.2} (depth 1)"),
+                self.splice_ratio().and_then(|r| {
+                    judge(
+                        r >= TARGET_SPLICE_RATIO,
+                        self.args.depth == 1 && self.args.rate == 0,
+                    )
+                }),
+            ),
+            (
+                "mirrored items/s",
+                format!(">= {TARGET_MIRROR_ITEMS_S:.0} (unpaced)"),
+                judge(
+                    self.mirror_items_s >= TARGET_MIRROR_ITEMS_S,
+                    self.args.rate == 0,
+                ),
+            ),
+            (
                 "added latency p99",
                 format!("<= {TARGET_ADDED_P99_MS} ms"),
                 judge(self.added_p99() <= TARGET_ADDED_P99_MS, true),
@@ -59,7 +90,9 @@ impl ProxyRun {
     /// Numbers and notes for `--json` (and the generic printer).
     pub fn report(&self) -> BenchReport {
         let mut numbers = Vec::new();
-        for (name, side) in [("direct", &self.direct), ("proxy", &self.proxy)] {
+        let sides = self.sides();
+        for (name, side) in &sides {
+            let name = name.replace(' ', "_");
             numbers.push((format!("{name}_ops_s"), side.ops_s()));
             numbers.push((format!("{name}_p50_ms"), side.p50));
             numbers.push((format!("{name}_p99_ms"), side.p99));
@@ -68,6 +101,8 @@ impl ProxyRun {
         }
         let mut more = vec![
             ("ratio_proxy_direct", self.ratio()),
+            ("ratio_proxy_splice", self.splice_ratio().unwrap_or(0.0)),
+            ("mirrored_items_s", self.mirror_items_s),
             ("added_p50_ms", self.added_p50()),
             ("added_p99_ms", self.added_p99()),
             ("mirror_lag_p50_ms", self.lag(50.0)),
@@ -109,6 +144,7 @@ impl ProxyRun {
                 "clients": a.clients, "depth": a.depth, "duration_s": a.duration.as_secs_f64(),
                 "payload_bytes": a.payload_bytes, "slow_postgres_s": a.slow_postgres.as_secs_f64(),
                 "mirror_batch": self.batch, "mirror_writers": self.writers, "phase": a.phase,
+                "rate": a.rate, "twemproxy": !self.twemproxy_missing,
             }),
             numbers,
             ok: self.all_mirrored(),
@@ -121,10 +157,21 @@ impl ProxyRun {
         let a = &self.args;
         let mut out = format!(
             "qbridge bench proxy: {} clients, depth {}, {:?} per side, {}-byte payloads, \
-             route phase {}, mirror batch {} x {} writers\n\n",
-            a.clients, a.depth, a.duration, a.payload_bytes, a.phase, self.batch, self.writers
+             {}, route phase {}, mirror batch {} x {} writers\n\n",
+            a.clients,
+            a.depth,
+            a.duration,
+            a.payload_bytes,
+            match a.rate {
+                0 => "unpaced".to_string(),
+                r => format!("paced at {r} pushes/s"),
+            },
+            a.phase,
+            self.batch,
+            self.writers
         );
-        let rows: Vec<Vec<String>> = [("direct", &self.direct), ("proxy", &self.proxy)]
+        let rows: Vec<Vec<String>> = self
+            .sides()
             .iter()
             .map(|(name, s)| {
                 let ms = |v: f64| format!("{v:.3}");
@@ -143,6 +190,9 @@ impl ProxyRun {
             "side", "ops/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "commands",
         ];
         out.push_str(&table(&head, &rows));
+        if self.twemproxy_missing {
+            out.push_str("(twemproxy: not measured, `nutcracker` is not installed)\n");
+        }
         let targets = self.targets();
         let line = |what: &str, value: String, t: usize| {
             let (_, target, met) = &targets[t];
@@ -157,6 +207,11 @@ impl ProxyRun {
             format!("{:.2}", self.ratio()),
             0,
         ));
+        if let Some(r) = self.splice_ratio() {
+            out.push_str(&line("mirroring / splice alone", format!("{r:.2}"), 1));
+        }
+        let rate = format!("{:.0}", self.mirror_items_s);
+        out.push_str(&line("mirrored items/s", rate, 2));
         out.push_str(&format!(
             "  {:<28} {:>12.3}\n",
             "added latency p50 (ms)",
@@ -165,10 +220,10 @@ impl ProxyRun {
         out.push_str(&line(
             "added latency p99 (ms)",
             format!("{:.3}", self.added_p99()),
-            1,
+            3,
         ));
         let lag = format!("{:.1} / {:.1}", self.lag(50.0), self.lag(99.0));
-        out.push_str(&line("mirror lag p50 / p99 (ms)", lag, 2));
+        out.push_str(&line("mirror lag p50 / p99 (ms)", lag, 4));
         let max = self.lag_ms.last().copied().unwrap_or(0.0);
         out.push_str(&format!("  {:<28} {max:>12.1}\n", "mirror lag max (ms)"));
         out.push_str(&format!(
@@ -205,6 +260,19 @@ impl ProxyRun {
         out
     }
 
+    /// Every measured side, in the order they ran, the mirroring proxy last.
+    fn sides(&self) -> Vec<(&str, &super::Side)> {
+        let mut sides = vec![("direct", &self.direct)];
+        sides.extend(self.references.iter().map(|(n, s)| (*n, s)));
+        let name = if self.args.phase == "dual_write" {
+            "qbridge mirroring"
+        } else {
+            "qbridge splice"
+        };
+        sides.push((name, &self.proxy));
+        sides
+    }
+
     fn after_stall_ops_s(&self) -> f64 {
         let Some(s) = &self.stall else { return 0.0 };
         let left = self.proxy.secs - super::STALL_AT.as_secs_f64() - s.locked_secs;
@@ -213,7 +281,7 @@ impl ProxyRun {
 
     fn mismatch(&self) -> String {
         format!(
-            "MIRROR MISMATCH: {} jobs in Postgres for {} proxy pushes",
+            "MIRROR MISMATCH: {} mirror copies in Postgres for {} proxy pushes",
             self.mirrored, self.pushed
         )
     }
