@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the integration tests drive besides Postgres and Redis:
-# Sidekiq 6.4 (Debian's ruby-sidekiq) and the Python framework clients
+# Sidekiq 6.4 (Debian's ruby-sidekiq), chromium with chromedriver (the
+# console's browser tests) and the Python framework clients
 # (Celery with kombu's Redis transport, RQ, redis-py) into a virtual
 # environment at .venv, from PyPI, pinned in
 # tests/python/requirements.txt. Tests run them from there
@@ -34,6 +35,11 @@ ruby -e 'require "sidekiq"' >/dev/null 2>&1 || apt_install ruby-sidekiq \
 # The pg gem for the Sidekiq adapter's SQL reporting path (adapters/ruby).
 ruby -e 'require "pg"' >/dev/null 2>&1 || apt_install ruby-pg \
   || die "Ruby's pg gem is needed for the Sidekiq adapter's tests (Debian: apt-get install -y ruby-pg)"
+# Chromium and its WebDriver for the console's browser tests
+# (tests/it/console/webdriver.rs).
+{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } \
+  || apt_install chromium chromium-driver \
+  || die "chromium and chromedriver are needed for the console tests (Debian: apt-get install -y chromium chromium-driver)"
 req=tests/python/requirements.txt
 stamp=.venv/.installed
 if [ ! -x .venv/bin/python ]; then
