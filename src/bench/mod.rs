@@ -73,12 +73,19 @@ pub enum BenchMode {
         #[arg(long, default_value = "250ms", value_parser = parse_dur)]
         poll_interval: Duration,
     },
-    /// Claim statement latency with a large dead-letter history present.
-    #[command(after_help = "Example:\n  qbridge bench claim --dead-history 1000000")]
+    /// Claim and completion latency with a large dead-letter and completed history present.
+    #[command(
+        after_help = "Examples:\n  qbridge bench claim --dead-history 1000000\n  \
+        qbridge bench claim --done-history 10000000"
+    )]
     Claim {
         /// Dead-letter rows to create first (kept between runs).
         #[arg(long, default_value_t = 1_000_000)]
         dead_history: i64,
+        /// Completed-job rows (`jobs_done`, the history every completion
+        /// appends to) to create first, within the last day (kept between runs).
+        #[arg(long, default_value_t = 0)]
+        done_history: i64,
         /// Claims to time.
         #[arg(long, default_value_t = 2000)]
         samples: usize,
@@ -196,9 +203,16 @@ pub async fn run(config: &Config, args: BenchArgs, as_json: bool) -> Result<()> 
         } => latency::run(config, samples, interval, poll_interval).await?,
         BenchMode::Claim {
             dead_history,
+            done_history,
             samples,
             batch,
-        } => claim_latency::run(config, dead_history, samples, batch).await?,
+        } => {
+            let history = claim_latency::History {
+                dead: dead_history,
+                done: done_history,
+            };
+            claim_latency::run(config, history, samples, batch).await?
+        }
         BenchMode::Proxy(p) => {
             let run = proxy::run(config, &p).await?;
             human = Some(run.table());

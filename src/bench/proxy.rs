@@ -68,6 +68,9 @@ pub struct ProxyArgs {
     /// without mirroring, to tell its cost from the mirror's.
     #[arg(long, default_value = "dual_write", value_parser = ["dual_write", "redis_only"])]
     pub phase: String,
+    /// Items per LPUSH (a bulk push: one command carries this many).
+    #[arg(long, default_value_t = 1)]
+    pub items: usize,
     /// Pushes per second of all clients together, paced (0: as fast as the
     /// clients can): latency and mirror lag at a given load, not at
     /// saturation.
@@ -139,7 +142,7 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
     let warm = phase(proxy_addr, args, &key, "wp", WARMUP, &done).await?;
     // Warm-up lags are not recorded: wait for their commits, then forget them.
     if mirrors {
-        wait_for(Duration::from_secs(10), || lag_count(&probe) >= warm.ops).await;
+        wait_for(Duration::from_secs(10), || lag_count(&probe) >= warm.items).await;
     }
     take_lags(&probe);
     let direct = phase(upstream, args, &key, "d", args.duration, &done).await?;
@@ -169,7 +172,7 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
     };
 
     // Every proxy push (warm-up included) must become exactly one mirror copy.
-    let pushed = if mirrors { warm.ops + proxy.ops } else { 0 };
+    let pushed = if mirrors { warm.items + proxy.items } else { 0 };
     let deadline = Duration::from_secs(30) + args.slow_postgres;
     let mirrored = if mirrors {
         let limit = config.payload_limit;
@@ -177,7 +180,7 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
     } else {
         count_mirrored(&db).await?
     };
-    let mirror_items_s = proxy.ops as f64 / phase_start.elapsed().as_secs_f64();
+    let mirror_items_s = proxy.items as f64 / phase_start.elapsed().as_secs_f64();
     rss_stop.cancel();
     let rss_peak_mib = rss.await.unwrap_or(0.0);
     let mut lag_ms: Vec<f64> = take_lags(&probe).into_iter().map(|s| s * 1e3).collect();

@@ -19,7 +19,10 @@ use crate::error::{Error, Result};
 /// direct phase are freed before the proxy phase's RSS is sampled.
 #[derive(Debug, Default)]
 pub(super) struct Side {
+    /// LPUSH commands answered.
     pub ops: u64,
+    /// Items they pushed (`ops` times `--items`).
+    pub items: u64,
     pub secs: f64,
     /// Latency percentiles p50, p99, p99.9 and the maximum, in ms.
     pub p50: f64,
@@ -61,6 +64,7 @@ pub(super) async fn phase(
             let shape = Shape {
                 depth: args.depth,
                 payload_bytes: args.payload_bytes,
+                items: args.items.max(1),
                 // Each client sends `depth` pushes every `every`.
                 every: (args.rate > 0).then(|| {
                     Duration::from_secs_f64((args.clients * args.depth) as f64 / args.rate as f64)
@@ -79,6 +83,7 @@ pub(super) async fn phase(
     lat_us.sort_unstable();
     Ok(Side {
         ops: lat_us.len() as u64,
+        items: lat_us.len() as u64 * args.items.max(1) as u64,
         secs,
         p50: pct_ms(&lat_us, 50.0),
         p99: pct_ms(&lat_us, 99.0),
@@ -91,6 +96,8 @@ pub(super) async fn phase(
 struct Shape {
     depth: usize,
     payload_bytes: usize,
+    /// Items per LPUSH.
+    items: usize,
     /// Paced: one round of `depth` pushes per this interval (a round that
     /// ends late starts the next at once; the schedule does not drift).
     every: Option<Duration>,
@@ -112,6 +119,7 @@ async fn client(
     let Shape {
         depth,
         payload_bytes,
+        items,
         every,
         offset,
     } = shape;
@@ -127,8 +135,11 @@ async fn client(
         }
         out.clear();
         for _ in 0..depth {
-            encode_lpush(&mut out, &key, &format!("{prefix}-{n:012}"), payload_bytes);
-            n += 1;
+            let ids: Vec<String> = (n..n + items as u64)
+                .map(|i| format!("{prefix}-{i:012}"))
+                .collect();
+            encode_lpush(&mut out, &key, &ids, payload_bytes);
+            n += items as u64;
         }
         let sent = Instant::now();
         stream.write_all(&out).await?;
@@ -148,17 +159,22 @@ async fn client(
     Ok(lat)
 }
 
-/// Appends `LPUSH key {"id":"<id>","pad":"xx…"}`, the payload padded to
-/// `payload_bytes` (or longer, if the id alone does not fit).
-fn encode_lpush(out: &mut Vec<u8>, key: &[u8], id: &str, payload_bytes: usize) {
-    let head = format!("{{\"id\":\"{id}\",\"pad\":\"");
-    let pad = payload_bytes.saturating_sub(head.len() + 2);
-    out.extend_from_slice(format!("*3\r\n$5\r\nLPUSH\r\n${}\r\n", key.len()).as_bytes());
-    out.extend_from_slice(key);
-    out.extend_from_slice(format!("\r\n${}\r\n", head.len() + pad + 2).as_bytes());
+/// Appends `LPUSH key {"id":"<id>","pad":"xx…"} …`, one item per id, each
+/// payload padded to `payload_bytes` (or longer, if the id alone does not
+/// fit).
+fn encode_lpush(out: &mut Vec<u8>, key: &[u8], ids: &[String], payload_bytes: usize) {
+    let head = format!("*{}\r\n$5\r\nLPUSH\r\n${}\r\n", ids.len() + 2, key.len());
     out.extend_from_slice(head.as_bytes());
-    out.resize(out.len() + pad, b'x');
-    out.extend_from_slice(b"\"}\r\n");
+    out.extend_from_slice(key);
+    out.extend_from_slice(b"\r\n");
+    for id in ids {
+        let head = format!("{{\"id\":\"{id}\",\"pad\":\"");
+        let pad = payload_bytes.saturating_sub(head.len() + 2);
+        out.extend_from_slice(format!("${}\r\n", head.len() + pad + 2).as_bytes());
+        out.extend_from_slice(head.as_bytes());
+        out.resize(out.len() + pad, b'x');
+        out.extend_from_slice(b"\"}\r\n");
+    }
 }
 
 /// Consumes one `:<n>\r\n` reply if complete; an error reply is an error.
@@ -181,13 +197,26 @@ mod tests {
     #[test]
     fn lpush_is_one_resp_command_with_a_padded_json_payload() {
         let mut out = Vec::new();
-        encode_lpush(&mut out, b"k", "p0-000000000001", 200);
+        encode_lpush(&mut out, b"k", &["p0-000000000001".into()], 200);
         let text = String::from_utf8(out).expect("ascii");
         let payload = text.lines().nth(6).expect("payload line");
         assert_eq!(payload.len(), 200);
         assert!(text.starts_with("*3\r\n$5\r\nLPUSH\r\n$1\r\nk\r\n$200\r\n"));
         let json: serde_json::Value = serde_json::from_str(payload).expect("json");
         assert_eq!(json["id"], "p0-000000000001");
+    }
+
+    #[test]
+    fn a_bulk_push_carries_every_item() {
+        let mut out = Vec::new();
+        let ids: Vec<String> = (0..3).map(|i| format!("p0-{i}")).collect();
+        encode_lpush(&mut out, b"k", &ids, 50);
+        let text = String::from_utf8(out).expect("ascii");
+        assert!(text.starts_with("*5\r\n$5\r\nLPUSH\r\n$1\r\nk\r\n$50\r\n"));
+        let payloads: Vec<&str> = text.lines().filter(|l| l.starts_with('{')).collect();
+        assert_eq!(payloads.len(), 3);
+        assert!(payloads.iter().all(|p| p.len() == 50));
+        assert!(payloads[2].contains("p0-2"));
     }
 
     #[test]
