@@ -18,13 +18,15 @@
 //! room (the proxy then stops reading from that client) instead of growing
 //! the queue. Nothing here logs an item.
 //!
-//! Layout: [`writer`] (the handle and the group-commit writers), `options`
+//! Layout: [`writer`] (the handle and the group-commit writers), `batch`
+//! (one batch's decode and store, in one transaction), `options`
 //! (their tuning and errors), `due` (copies due later), [`breaker`]
 //! (writers skip Postgres for a moment after finding it down), [`spool`]
 //! (parking items in the gap list), `retained` (the writers' own copy of
 //! what they parked, written once Postgres is back even if Redis lost the
 //! gap list), [`gap_repair`] (writing the gap list once Postgres is back).
 
+mod batch;
 mod breaker;
 mod due;
 mod gap_repair;

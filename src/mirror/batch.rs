@@ -1,0 +1,120 @@
+//! One group-commit batch's write: the items of its requests, as [`Part`]s,
+//! decoded by their route's format (an RQ id with its job hash from Redis)
+//! and stored in one transaction.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use ::redis::aio::ConnectionManager;
+use bytes::Bytes;
+use sqlx::PgPool;
+
+use super::spool;
+use crate::error::Error;
+use crate::ingest::{self, Item, Stored, Via};
+use crate::model::formats::{self, decode_bytes, Format, KeySource};
+use crate::queue::JobCopy;
+use crate::redis::rq_jobs::{self, JobHash};
+use crate::routes::Route;
+
+/// One item of a batch, with what its request says of it.
+pub(super) struct Part<'a> {
+    route: &'a Route,
+    copy: JobCopy,
+    via: Via,
+    ledger_only: bool,
+    writes: uuid::Uuid,
+    /// When Redis acknowledged the push, as wall-clock time.
+    pushed_at: chrono::DateTime<chrono::Utc>,
+    index: usize,
+    bytes: &'a Bytes,
+}
+
+impl<'a> Part<'a> {
+    /// The parts of one request's (or one kept request's) items, in order.
+    pub(super) fn all(
+        route: &'a Route,
+        (copy, via, ledger_only): (JobCopy, Via, bool),
+        writes: uuid::Uuid,
+        acked_at: Instant,
+        items: &'a [Bytes],
+    ) -> impl Iterator<Item = Part<'a>> + 'a {
+        let ago = chrono::Duration::from_std(acked_at.elapsed()).unwrap_or_default();
+        let pushed_at = chrono::Utc::now() - ago;
+        items.iter().enumerate().map(move |(index, bytes)| Part {
+            route,
+            copy,
+            via,
+            ledger_only,
+            writes,
+            pushed_at,
+            index,
+            bytes,
+        })
+    }
+}
+
+/// The job hashes of the RQ ids among `parts` (`redis::rq_jobs`), read on
+/// the writer's Redis connection (none, or a failed read: the copies keep
+/// the id alone, logged).
+pub(super) async fn rq_jobs_of(
+    conn: &mut Option<ConnectionManager>,
+    parts: &[Part<'_>],
+) -> HashMap<String, JobHash> {
+    let ids: Vec<&str> = parts
+        .iter()
+        .filter(|p| p.route.format == Format::Rq)
+        .filter_map(|p| std::str::from_utf8(p.bytes).ok())
+        .collect();
+    rq_jobs::read_or_none(conn.as_mut(), &ids).await
+}
+
+/// Decodes and stores every item of `batch` in one transaction; results in
+/// request order, items in order. Items are decoded and stored `chunk` at a
+/// time: one push may carry a million items, and decoding them all at once
+/// (payloads, keys, bind arrays) cost about 3 KiB each, far past the mirror
+/// buffer. Chunks of one transaction see each other's rows, so keys and
+/// duplicates come out as in one statement.
+pub(super) async fn write_batch(
+    pool: &PgPool,
+    all: Vec<Part<'_>>,
+    rq_jobs: &HashMap<String, JobHash>,
+    payload_limit: usize,
+    chunk: usize,
+) -> Result<Vec<Stored>, Error> {
+    let mut tx = pool.begin().await?;
+    // A batch stuck behind a lock (a business transaction holding a key it
+    // shares, a manual LOCK TABLE) fails over to the gap list instead of
+    // stalling every proxy client behind the mirror buffer.
+    sqlx::query("SET LOCAL lock_timeout = '2s'")
+        .execute(&mut *tx)
+        .await?;
+    let mut stored = Vec::with_capacity(all.len());
+    for part in all.chunks(chunk.max(1)) {
+        let items: Vec<Item<'_>> = part
+            .iter()
+            .map(|p| {
+                let mut decoded = decode_bytes(&p.route.format, p.bytes.clone());
+                if let KeySource::Id(id) = &decoded.key {
+                    if let Some(job) = rq_jobs.get(id).filter(|_| p.route.format == Format::Rq) {
+                        formats::rq::with_job(&mut decoded.payload, job);
+                    }
+                }
+                let hashed = decoded.key.is_content_hash();
+                let mut item = Item::new(p.route, decoded, p.copy, p.via);
+                if p.copy == JobCopy::Mirror {
+                    item.pushed_at = Some(p.pushed_at);
+                    item.ledger_only = p.ledger_only;
+                }
+                // Only content hashes are numbered; an id is its own key.
+                if hashed {
+                    item.write = Some(spool::write_id(p.writes, p.index));
+                }
+                item
+            })
+            .collect();
+        stored.extend(ingest::store(&mut tx, items, payload_limit).await?);
+    }
+    tx.commit().await?;
+    Ok(stored)
+}
