@@ -99,11 +99,12 @@ pub struct Item<'a> {
     /// When the job is due, if later than now (a job carried from a
     /// framework's schedule or retry set).
     pub run_at: Option<chrono::DateTime<chrono::Utc>>,
-    /// A mirror copy the Postgres side would only complete without a call
-    /// (pushed in `dual_write` with shadow calls off): its key and bytes go
-    /// into `job_keys` and no `jobs` row is written — the row's claim and
-    /// completion were most of the mirror's cost (issue 17). A copy due
-    /// later keeps its row (the diff reads its due time there).
+    /// A mirror copy pushed in `dual_write` on a route that records them in
+    /// the ledger (`[routes.shadow] dual_write = "ledger"`, the default): its
+    /// key and bytes go into `job_keys` and no `jobs` row is written — the
+    /// row, its claim and its completion were most of the mirror's cost
+    /// (issue 17). A copy due later keeps its row (the diff reads its due
+    /// time there).
     pub ledger_only: bool,
 }
 

@@ -10,13 +10,20 @@ use serde::Deserialize;
 
 use super::{Dur, HandlerConfig};
 
-/// What the Postgres consumer does with a mirror copy in `dual_write`. In
-/// `shadow` it always calls the handler in shadow mode.
+/// What becomes of a mirror copy in `dual_write`. In `shadow` the Postgres
+/// consumer always calls the handler in shadow mode. Decided where the copy
+/// is written: by the config of the process that runs the proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DualWriteMirrors {
-    /// Complete it without a call: proves claims and throughput, no side effects.
+    /// A proxied push is recorded in the key ledger only (`job_keys`: key
+    /// and bytes, all the diff and repair read), with no `jobs` row: the
+    /// cheapest mirror (issue 17). Copies due later, RQ items and the other
+    /// producer paths still get rows, drained as with `Skip`.
     #[default]
+    Ledger,
+    /// A `jobs` row the Postgres consumer completes without a call: proves
+    /// claims at the production rate already, no side effects.
     Skip,
     /// Call the handler in shadow mode already.
     Shadow,
@@ -73,7 +80,7 @@ pub(super) struct GatesFile {
 /// How a route's mirror copies are consumed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShadowConfig {
-    /// Mirror copies in `dual_write`: skipped or called in shadow mode.
+    /// Mirror copies in `dual_write`: ledger entries, drained rows or shadow calls.
     pub dual_write: DualWriteMirrors,
     /// A separate handler for shadow calls (a shadow URL or command); `None`
     /// calls the route's handler with `Qbridge-Mode: shadow`
@@ -235,7 +242,7 @@ mod tests {
     #[test]
     fn defaults_are_the_documented_ones() {
         let c = CutoverConfig::default();
-        assert_eq!(c.shadow.dual_write, DualWriteMirrors::Skip);
+        assert_eq!(c.shadow.dual_write, DualWriteMirrors::Ledger);
         assert_eq!(c.gates.window, Duration::from_secs(600));
         assert_eq!(c.gates.mirror_completeness, 0.9999);
         assert_eq!(c.diff.settle, Duration::from_secs(30));

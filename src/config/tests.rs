@@ -276,7 +276,7 @@ fn cutover_tables_default_when_absent() {
     let cfg = load(&cutover_route("")).unwrap();
     let c = &cfg.routes[0].cutover;
     assert_eq!(*c, CutoverConfig::default());
-    assert_eq!(c.shadow.dual_write, DualWriteMirrors::Skip);
+    assert_eq!(c.shadow.dual_write, DualWriteMirrors::Ledger);
     assert_eq!(c.shadow.handler, None);
     assert_eq!(c.shadow.noise_sample, 0.01);
     assert!(c.diff.ignore_fields.is_empty() && c.diff.ignore_patterns.is_empty());

@@ -118,9 +118,9 @@ impl Mirror {
         self.mirror_copies(route, items, acked_at, false).await
     }
 
-    /// [`Mirror::mirror`] for items the Postgres side would only complete
-    /// without a call (pushed in `dual_write`, shadow calls off): recorded
-    /// in `job_keys` alone ([`ingest::Item::ledger_only`]).
+    /// [`Mirror::mirror`] for items pushed in `dual_write` on a route that
+    /// records its mirror copies in the ledger: written to `job_keys` alone
+    /// ([`ingest::Item::ledger_only`]).
     pub async fn mirror_ledger_only(
         &self,
         route: Arc<Route>,

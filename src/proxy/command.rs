@@ -71,9 +71,9 @@ pub(super) struct MirrorPush {
     /// For members added to a framework's schedule or retry set (`ZADD`):
     /// when each is due (its score). `None` for a list push.
     pub due: Option<Vec<Option<chrono::DateTime<chrono::Utc>>>>,
-    /// Pushed in `dual_write` with shadow calls off: the Postgres side
-    /// would only complete the copies without a call, so they are recorded
-    /// in `job_keys` alone (`ingest::Item::ledger_only`).
+    /// Pushed in `dual_write` on a route whose mirror copies are ledger
+    /// entries there (`[routes.shadow] dual_write = "ledger"`, the default):
+    /// recorded in `job_keys` alone (`ingest::Item::ledger_only`).
     pub ledger_only: bool,
 }
 
@@ -83,7 +83,7 @@ impl MirrorPush {
     /// which the ledger's bytes (the id alone) do not.
     pub fn new(route: Arc<Route>, items: Vec<Bytes>, phase: Phase) -> MirrorPush {
         let ledger_only = phase == Phase::DualWrite
-            && route.config.cutover.shadow.dual_write == DualWriteMirrors::Skip
+            && route.config.cutover.shadow.dual_write == DualWriteMirrors::Ledger
             && route.format != Format::Rq;
         MirrorPush {
             route,

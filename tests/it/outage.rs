@@ -75,8 +75,9 @@ async fn postgres_down_in_dual_write_keeps_pushes_working_and_fills_the_gap_late
     support::wait_for("the gap filled", Duration::from_secs(60), || {
         let db = db.clone();
         async move {
-            // The ledger: parked copies written back keep their ledger-only
-            // form (no jobs row), as copies written at once would.
+            // The ledger: a parked copy is written back by the proxy's
+            // retained copy (a ledger entry) or by gap repair (a row,
+            // drained), whichever commits first; either is in the ledger.
             sqlx::query_scalar::<_, i64>(
                 "SELECT count(*) FROM qbridge.job_keys WHERE copy = 'mirror'",
             )

@@ -261,7 +261,7 @@ async fn walk_the_phases(
     drill.say("== redis_only: producers write Redis; the Redis consumer runs every job");
     drill.hold(opts.step).await;
     drill.advance(None, patience).await?;
-    drill.say("== dual_write: both sides get every job; Postgres drains its mirror copies without calling the handler");
+    drill.say("== dual_write: both sides get every job; Postgres records a mirror copy of each and calls no handler");
     drill.hold(opts.step).await;
     let (caught, repaired) = drill.plant_and_repair().await?;
     drill.print_diff().await?;

@@ -342,24 +342,30 @@ async fn a_client_killed_mid_pipeline_leaves_no_half_mirrored_batch(pool: PgPool
     proxy.stop().await;
 }
 
-/// Issue 17: a push the Postgres side would only drain (dual_write, shadow
-/// calls off: the default) is recorded in the ledger alone — key, copy and
-/// bytes, all the diff and repair read — and gets no jobs row; a push that
-/// will be called in shadow mode (shadow calls on in dual_write, or the
-/// shadow phase) keeps its row.
+/// Issue 17: a push in dual_write on a route that records mirror copies in
+/// the ledger (`[routes.shadow] dual_write = "ledger"`, the default) is
+/// recorded there alone — key, copy and bytes, all the diff and repair read —
+/// and gets no jobs row; a push the Postgres side will claim (`"skip"`:
+/// drained without a call, proving claims; `"shadow"`; the shadow phase)
+/// keeps its row.
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
-async fn only_pushes_the_postgres_side_would_call_get_a_jobs_row(pool: PgPool) {
+async fn only_pushes_the_postgres_side_claims_get_a_jobs_row(pool: PgPool) {
+    use qbridge::config::DualWriteMirrors;
     let prefix = harness::prefix();
-    let mut called = harness::route("called", &format!("{prefix}:called"), Phase::DualWrite);
-    called.cutover.shadow.dual_write = qbridge::config::DualWriteMirrors::Shadow;
+    let route = |name: &str, phase, mirrors| {
+        let mut r = harness::route(name, &format!("{prefix}:{name}"), phase);
+        r.cutover.shadow.dual_write = mirrors;
+        r
+    };
     let routes = vec![
-        harness::route("drained", &format!("{prefix}:drained"), Phase::DualWrite),
-        called,
+        harness::route("ledger", &format!("{prefix}:ledger"), Phase::DualWrite),
+        route("drained", Phase::DualWrite, DualWriteMirrors::Skip),
+        route("called", Phase::DualWrite, DualWriteMirrors::Shadow),
         harness::route("shadowed", &format!("{prefix}:shadowed"), Phase::Shadow),
     ];
     let proxy = harness::start(&pool, &prefix, routes).await;
     let mut conn = proxy.conn().await;
-    for route in ["drained", "called", "shadowed"] {
+    for route in ["ledger", "drained", "called", "shadowed"] {
         let (a, b) = (item(&format!("{route}-a")), item(&format!("{route}-b")));
         let key = format!("{prefix}:{route}");
         assert_eq!(conn.call(&["LPUSH", &key, &a, &b]).await, b":2\r\n");
@@ -383,7 +389,12 @@ async fn only_pushes_the_postgres_side_would_call_get_a_jobs_row(pool: PgPool) {
                 .expect("count")
         }
     };
-    assert_eq!(rows("drained").await, 0, "a drained-only copy has no row");
+    assert_eq!(rows("ledger").await, 0, "a ledger entry has no row");
+    assert_eq!(
+        rows("drained").await,
+        2,
+        "\"skip\" drains rows: claims are proven"
+    );
     assert_eq!(
         rows("called").await,
         2,
