@@ -71,6 +71,10 @@ pub struct ProxyArgs {
     /// Items per LPUSH (a bulk push: one command carries this many).
     #[arg(long, default_value_t = 1)]
     pub items: usize,
+    /// Leave twemproxy out (it is measured by default, and its absence is
+    /// an error: `scripts/bench-deps.sh` installs it).
+    #[arg(long)]
+    pub without_twemproxy: bool,
     /// Pushes per second of all clients together, paced (0: as fast as the
     /// clients can): latency and mirror lag at a given load, not at
     /// saturation.
@@ -98,8 +102,8 @@ pub struct ProxyRun {
     /// Sides that only forward, measured in the same run: qbridge's splice
     /// alone (`redis_only`) and twemproxy when installed.
     references: Vec<(&'static str, Side)>,
-    /// `nutcracker` was not on PATH.
-    twemproxy_missing: bool,
+    /// `--without-twemproxy`: the table says it was left out.
+    twemproxy_left_out: bool,
     proxy: Side,
     /// Proxy pushes mirrored per second: the measured pushes over the time
     /// from the phase's start until the last of them was committed.
@@ -148,8 +152,7 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
     let direct = phase(upstream, args, &key, "d", args.duration, &done).await?;
     // Keeps Redis's memory to one phase of items; not timed.
     del_key(&config.proxy.upstream, &key).await?;
-    let (references, twemproxy_missing) =
-        references(config, args, &key_text, upstream, &mirror, &done).await?;
+    let references = references(config, args, &key_text, upstream, &mirror, &done).await?;
     // RSS from here on is the proxy's (the direct samples are freed).
     let rss_before_mib = rss_mib();
     let rss_stop = CancellationToken::new();
@@ -195,7 +198,7 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
         buffer_bytes: opts.buffer_bytes,
         direct,
         references,
-        twemproxy_missing,
+        twemproxy_left_out: args.without_twemproxy,
         proxy,
         mirror_items_s: if mirrors { mirror_items_s } else { 0.0 },
         lag_ms,
@@ -209,7 +212,8 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
 
 /// The forwarding-only sides, each after an unrecorded warm-up, with the
 /// list emptied after each: qbridge's splice alone (unless the bench route
-/// is `redis_only` already: then the proxy side is that) and twemproxy.
+/// is `redis_only` already: then the proxy side is that) and twemproxy
+/// (unless `--without-twemproxy`).
 async fn references(
     config: &Config,
     args: &ProxyArgs,
@@ -217,7 +221,7 @@ async fn references(
     upstream: SocketAddr,
     mirror: &Mirror,
     done: &Arc<AtomicU64>,
-) -> Result<(Vec<(&'static str, Side)>, bool)> {
+) -> Result<Vec<(&'static str, Side)>> {
     let raw: Arc<[u8]> = Arc::from(key.as_bytes());
     let mut sides = Vec::new();
     if args.phase == "dual_write" {
@@ -233,15 +237,16 @@ async fn references(
         del_key(&config.proxy.upstream, raw.as_ref()).await?;
         sides.push(("qbridge splice", side));
     }
-    let Some(twem) = Twemproxy::start(upstream).await? else {
-        return Ok((sides, true));
-    };
+    if args.without_twemproxy {
+        return Ok(sides);
+    }
+    let twem = Twemproxy::start(upstream).await?;
     phase(twem.addr, args, &raw, "wt", WARMUP, done).await?;
     let side = phase(twem.addr, args, &raw, "t", args.duration, done).await?;
     drop(twem);
     del_key(&config.proxy.upstream, raw.as_ref()).await?;
     sides.push(("twemproxy", side));
-    Ok((sides, false))
+    Ok(sides)
 }
 
 /// A migrated database without the previous runs' rows and key.

@@ -115,22 +115,13 @@ impl Mirror {
         items: Vec<Bytes>,
         acked_at: Instant,
     ) -> Result<(), MirrorClosed> {
-        self.mirror_copies(route, items, acked_at, false).await
+        self.mirror_as(route, items, acked_at, false).await
     }
 
-    /// [`Mirror::mirror`] for items pushed in `dual_write` on a route that
-    /// records its mirror copies in the ledger: written to `job_keys` alone
-    /// ([`ingest::Item::ledger_only`]).
-    pub async fn mirror_ledger_only(
-        &self,
-        route: Arc<Route>,
-        items: Vec<Bytes>,
-        acked_at: Instant,
-    ) -> Result<(), MirrorClosed> {
-        self.mirror_copies(route, items, acked_at, true).await
-    }
-
-    async fn mirror_copies(
+    /// [`Mirror::mirror`], the copies recorded in `job_keys` alone when
+    /// `ledger_only` ([`ingest::Item::ledger_only`]: pushed in `dual_write`
+    /// on a route that records its mirror copies in the ledger).
+    pub async fn mirror_as(
         &self,
         route: Arc<Route>,
         items: Vec<Bytes>,

@@ -411,13 +411,10 @@ impl<R: AsyncRead + Unpin> Replies<R> {
                 let items = push.items.into_iter().zip(due).collect();
                 self.settle(mirror.mirror_due(push.route, items)).await
             }
-            None if push.ledger_only => {
-                let queued = mirror.mirror_ledger_only(push.route, push.items, Instant::now());
-                self.settle(queued).await
-            }
             None => {
-                self.settle(mirror.mirror(push.route, push.items, Instant::now()))
-                    .await
+                let queued =
+                    mirror.mirror_as(push.route, push.items, Instant::now(), push.ledger_only);
+                self.settle(queued).await
             }
         };
         if let Err(e) = queued {

@@ -145,7 +145,7 @@ impl ProxyRun {
                 "clients": a.clients, "depth": a.depth, "duration_s": a.duration.as_secs_f64(),
                 "payload_bytes": a.payload_bytes, "slow_postgres_s": a.slow_postgres.as_secs_f64(),
                 "mirror_batch": self.batch, "mirror_writers": self.writers, "phase": a.phase,
-                "rate": a.rate, "items": a.items.max(1), "twemproxy": !self.twemproxy_missing,
+                "rate": a.rate, "items": a.items.max(1), "twemproxy": !self.twemproxy_left_out,
             }),
             numbers,
             ok: self.all_mirrored(),
@@ -192,8 +192,8 @@ impl ProxyRun {
             "side", "ops/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "commands",
         ];
         out.push_str(&table(&head, &rows));
-        if self.twemproxy_missing {
-            out.push_str("(twemproxy: not measured, `nutcracker` is not installed)\n");
+        if self.twemproxy_left_out {
+            out.push_str("\n(twemproxy: left out, --without-twemproxy)");
         }
         let targets = self.targets();
         let line = |what: &str, value: String, t: usize| {

@@ -1,8 +1,8 @@
 //! The bench's reference sides, measured in the same run as the mirroring
 //! proxy: qbridge's proxy with the route in `redis_only` (the splice alone,
-//! nothing mirrored) and twemproxy (Debian's `nutcracker`) in front of the
-//! same Redis, when it is installed. Both only forward, so they tell the
-//! cost of the extra hop from the cost of the mirror.
+//! nothing mirrored) and twemproxy (Debian's `nutcracker`, installed by
+//! `scripts/bench-deps.sh`) in front of the same Redis. Both only forward,
+//! so they tell the cost of the extra hop from the cost of the mirror.
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -53,12 +53,16 @@ pub(super) struct Twemproxy {
 }
 
 impl Twemproxy {
-    /// Starts `nutcracker` on a free port; `Ok(None)` when it is not
-    /// installed (the table says so: `apt-get install nutcracker`), an
-    /// error when it will not start.
-    pub async fn start(upstream: SocketAddr) -> Result<Option<Twemproxy>> {
+    /// Starts `nutcracker` on a free port. Not installed is an error naming
+    /// the script that installs it: a run without the reference side would
+    /// print a table that looks complete.
+    pub async fn start(upstream: SocketAddr) -> Result<Twemproxy> {
         let Some(bin) = which("nutcracker") else {
-            return Ok(None);
+            return Err(Error::InvalidInput(
+                "bench proxy: twemproxy (nutcracker) is not installed: run ./scripts/bench-deps.sh, \
+                 or pass --without-twemproxy"
+                    .into(),
+            ));
         };
         let (listen, stats) = (free_port()?, free_port()?);
         let dir = std::env::temp_dir().join(format!("qbridge-twem-{}", uuid::Uuid::new_v4()));
@@ -96,7 +100,7 @@ impl Twemproxy {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Ok(Some(twem))
+        Ok(twem)
     }
 }
 
