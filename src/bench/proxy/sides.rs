@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ProxyConfig;
+use crate::demo::servers::free_port;
 use crate::error::{Error, Result};
 use crate::mirror::Mirror;
 use crate::proxy::{ProxyDeps, ProxyServer};
@@ -64,7 +65,7 @@ impl Twemproxy {
                     .into(),
             ));
         };
-        let (listen, stats) = (free_port()?, free_port()?);
+        let (listen, stats) = (free_port(), free_port());
         let dir = std::env::temp_dir().join(format!("qbridge-twem-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir)?;
         let conf = dir.join("nutcracker.yml");
@@ -122,11 +123,4 @@ fn which(name: &str) -> Option<std::path::PathBuf> {
         .map(|dir| std::path::Path::new(dir).join(name))
         .find(|p| p.is_file());
     found
-}
-
-/// A port nothing listens on now (bound, then released).
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
