@@ -20,6 +20,11 @@ pub struct Cli {
     )]
     pub database_url: Option<String>,
 
+    /// A transaction-mode pooler (PgBouncer, Supavisor, Neon) in front of
+    /// Postgres (default: the config file's [database] pooler, else none).
+    #[arg(long, global = true, value_enum, env = "QBRIDGE_POOLER")]
+    pub pooler: Option<crate::config::Pooler>,
+
     /// Redis URL of the routes (default: the config file's, else redis://127.0.0.1:6379).
     #[arg(long, global = true, env = "QBRIDGE_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,

@@ -6,6 +6,7 @@
 
 mod assemble;
 mod cutover;
+mod database;
 mod pools;
 mod proxy;
 mod routes;
@@ -27,6 +28,7 @@ use crate::secret::Secret;
 
 use assemble::validate_file;
 pub use cutover::{CutoverConfig, DiffConfig, DualWriteMirrors, GatesConfig, ShadowConfig};
+pub use database::{DatabaseConfig, Pooler};
 pub use pools::header_map;
 pub(crate) use pools::{check_handler, validate_pool};
 pub use proxy::{check_redis_url, ProxyConfig};
@@ -197,6 +199,8 @@ struct FileConfig {
     #[serde(default)]
     max_connections: Option<u32>,
     #[serde(default)]
+    database: database::DatabaseFile,
+    #[serde(default)]
     worker_id: Option<String>,
     #[serde(default)]
     shutdown_deadline: Option<Dur>,
@@ -231,6 +235,8 @@ struct FileConfig {
 pub struct Config {
     pub database_url: String,
     pub max_connections: u32,
+    /// `[database]`: a pooler in front, a direct URL for sessions.
+    pub database: DatabaseConfig,
     /// `locked_by` of this process's claims.
     pub worker_id: String,
     /// Longest a graceful shutdown waits for running handlers.
@@ -260,6 +266,8 @@ pub struct Config {
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
     pub database_url: Option<String>,
+    /// `--pooler` / `QBRIDGE_POOLER`: wins over `[database] pooler`.
+    pub pooler: Option<Pooler>,
     pub http_listen: Option<String>,
     pub redis_url: Option<String>,
     /// `QBRIDGE_ADMIN_TOKEN`: wins over `[http] admin_token_file`.

@@ -6,13 +6,34 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
+use crate::config::{Config, Pooler};
 use crate::error::{Error, Result};
 use crate::queue::MIGRATOR;
 use crate::redact::redact_url;
 
-/// Opens a pool of at most `max_connections`, failing fast (5 s) with a
-/// one-line error when the server cannot be reached.
+/// The pool of a command or process: `database_url` through `[database]
+/// pooler`, at most `max_connections`.
+pub async fn open(config: &Config, max_connections: u32) -> Result<PgPool> {
+    connect_via(
+        &config.database_url,
+        config.database.pooler,
+        max_connections,
+    )
+    .await
+}
+
+/// Opens a pool straight to Postgres (no pooler in between).
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
+    connect_via(url, Pooler::None, max_connections).await
+}
+
+/// Opens a pool of at most `max_connections`, failing fast (5 s) with a
+/// one-line error when the server cannot be reached. Behind a
+/// transaction-mode `pooler` no statement is named (the statement cache is
+/// off: with the patched sqlx-postgres in `vendor/`, statements are
+/// unnamed and sent as one sequence) and no startup parameter a pooler
+/// rejects is sent.
+pub async fn connect_via(url: &str, pooler: Pooler, max_connections: u32) -> Result<PgPool> {
     let unreachable = |reason: String| Error::Unreachable {
         url: redact_url(url),
         reason,
@@ -25,13 +46,24 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
     })?;
     // Statement logging would print bound values, i.e. payloads.
     let options = options.disable_statement_logging();
+    let options = match pooler {
+        Pooler::None => options,
+        // PgBouncer refuses `extra_float_digits` at startup unless told to
+        // ignore it; qbridge reads floats in binary, so it is not needed.
+        Pooler::PgbouncerTransaction => {
+            options.statement_cache_capacity(0).extra_float_digits(None)
+        }
+    };
     // One direct connection first: the pool reports every failure as "timed
     // out", while the connection says why (refused, bad password, no database).
     match tokio::time::timeout(Duration::from_secs(5), options.connect()).await {
         Err(_) => return Err(unreachable("no answer within 5s".into())),
         Ok(Err(e)) => {
             let reason = first_line(&e.to_string());
-            let hint = tls_hint(&reason);
+            let hint = match tls_hint(&reason) {
+                "" if pooler == Pooler::None => crate::error::undeclared_pooler_hint(&reason),
+                tls => tls,
+            };
             return Err(unreachable(format!("{reason}{hint}")));
         }
         Ok(Ok(conn)) => {
@@ -59,7 +91,8 @@ const UNDEFINED_TABLE: &str = "42P01";
 const INVALID_SCHEMA_NAME: &str = "3F000";
 
 /// Errors with [`Error::SchemaNotCurrent`] unless every embedded migration is
-/// applied. Any other failure (Postgres down, a timeout, no permission) is an
+/// applied, and with [`Error::SchemaNewer`] when a newer binary's migrations
+/// are applied too. Any other failure (Postgres down, a timeout, no permission) is an
 /// [`Error::Db`]: "run qbridge migrate" would be the wrong advice for it.
 pub async fn check_schema(pool: &PgPool) -> Result<()> {
     let applied: Option<i64> = sqlx::query_scalar(
@@ -79,11 +112,13 @@ pub async fn check_schema(pool: &PgPool) -> Result<()> {
             Error::Db(e)
         }
     })?;
-    let wanted = MIGRATOR.iter().map(|m| m.version).max();
-    if applied.is_some() && applied >= wanted {
-        Ok(())
-    } else {
-        Err(Error::SchemaNotCurrent)
+    let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    match applied {
+        Some(applied) if applied == known => Ok(()),
+        // A newer binary migrated ahead of this one (a rolling deploy
+        // half-way): its tables may hold states this binary would mishandle.
+        Some(applied) if applied > known => Err(Error::SchemaNewer { applied, known }),
+        _ => Err(Error::SchemaNotCurrent),
     }
 }
 

@@ -71,8 +71,12 @@ pub enum Error {
     #[error("database schema is not current: run `qbridge migrate` first")]
     SchemaNotCurrent,
 
+    /// The schema is newer than this binary: a newer qbridge migrated it.
+    #[error("database schema is newer than this qbridge (migration {applied} applied, this binary knows up to {known}): run the newer qbridge, or roll the deploy forward")]
+    SchemaNewer { applied: i64, known: i64 },
+
     /// A database error during an operation.
-    #[error("database: {0}")]
+    #[error("database: {0}{hint}", hint = undeclared_pooler_hint(&.0.to_string()))]
     Db(#[from] sqlx::Error),
 
     /// A migration failed.
@@ -121,6 +125,22 @@ impl Error {
 /// shutdown, admin termination), 08 (connection exception) and 55P03
 /// (lock not available, which the mirror's `lock_timeout` raises when a
 /// batch is stuck behind a lock).
+/// What to change when a failure shows a transaction-mode pooler that was
+/// not declared: PgBouncer's refusal of a startup parameter, or a named
+/// statement that met another client's on a shared server connection
+/// ("already exists", SQLSTATE 42P05) or is missing from the one it landed
+/// on ("does not exist", 26000). Declared, statements are unnamed and
+/// neither can happen.
+pub fn undeclared_pooler_hint(reason: &str) -> &'static str {
+    if reason.contains("prepared statement \"sqlx_s_")
+        || reason.contains("unsupported startup parameter")
+    {
+        " (a transaction-mode pooler such as PgBouncer is in front of Postgres: set [database] pooler = \"pgbouncer-transaction\" or --pooler pgbouncer-transaction)"
+    } else {
+        ""
+    }
+}
+
 fn is_postgres_unavailable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)

@@ -55,12 +55,19 @@ pub fn start(
     listen: bool,
     gauge_interval: Duration,
 ) {
-    if listen {
-        let token = services.token().clone();
-        services.spawn(
-            "LISTEN connection",
-            listener::run(cfg.database_url.clone(), wakers, token),
-        );
+    match cfg.database.listen_url(&cfg.database_url) {
+        Some(url) if listen => {
+            let token = services.token().clone();
+            services.spawn(
+                "LISTEN connection",
+                listener::run(url.to_string(), wakers, token),
+            );
+        }
+        None if listen => tracing::info!(
+            "no LISTEN behind a transaction-mode pooler without [database] direct_url: \
+             workers find jobs by polling (each pool's poll_interval)"
+        ),
+        _ => {}
     }
     services.every(
         "reaper",

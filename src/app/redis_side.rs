@@ -78,8 +78,14 @@ impl RedisSide {
     ) -> Result<RedisSide> {
         // The stored phases, kept current: a phase change reaches every
         // path of this process (proxy, producer, HTTP, both consumers).
-        let (phases, watcher) =
-            watch::attach(db, &cfg.routes, &cfg.worker_id, services.token()).await?;
+        let (phases, watcher) = watch::attach(
+            db,
+            cfg.database.listen_url(&cfg.database_url),
+            &cfg.routes,
+            &cfg.worker_id,
+            services.token(),
+        )
+        .await?;
         if let Some(watcher) = watcher {
             services.adopt("phase watch", watcher);
         }

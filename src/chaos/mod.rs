@@ -231,8 +231,14 @@ impl Harness {
                 ..Overrides::default()
             },
         )?;
-        let (view, watch_task) =
-            watch::attach(&rig.db, &config.routes, "qbridge-chaos", &stop_watch).await?;
+        let (view, watch_task) = watch::attach(
+            &rig.db,
+            Some(&config.database_url),
+            &config.routes,
+            "qbridge-chaos",
+            &stop_watch,
+        )
+        .await?;
         let routes = Routes::new(&config.routes, view);
         let route = Arc::clone(
             routes

@@ -20,6 +20,7 @@ use crate::output;
 pub async fn dispatch(cli: Cli) -> Result<()> {
     let overrides = Overrides {
         database_url: cli.database_url.clone(),
+        pooler: cli.pooler,
         redis_url: cli.redis_url.clone(),
         http_listen: match &cli.command {
             Command::Run(args) => args.http_listen.clone(),
@@ -54,7 +55,10 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
     let config = Config::load(cli.config.as_deref(), &overrides)?;
     match cli.command {
         Command::Migrate => {
-            let db = crate::db::connect(&config.database_url, 2).await?;
+            // Migrations hold a session lock: straight to Postgres, never
+            // through a transaction-mode pooler.
+            let url = config.database.migrate_url(&config.database_url)?;
+            let db = crate::db::connect(url, 2).await?;
             crate::db::migrate(&db).await?;
             output::done(cli.json, "schema qbridge is current");
             Ok(())

@@ -57,9 +57,11 @@ pub(super) fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<C
     add_route_pools(&mut pools, route_pools)?;
     let worker_id = file.worker_id.unwrap_or_else(default_worker_id);
     let or = |d: Option<super::Dur>, default: Duration| d.map(|d| d.0).unwrap_or(default);
+    let database = super::database::validate_database(file.database, overrides.pooler)?;
     Ok(Config {
         database_url,
         max_connections: file.max_connections.unwrap_or(10).max(2),
+        database,
         worker_id,
         shutdown_deadline: or(file.shutdown_deadline, Duration::from_secs(30)),
         payload_limit,

@@ -28,9 +28,12 @@ const RELISTEN_EVERY: Duration = Duration::from_secs(5);
 
 /// Registers `routes`, returns a view of their stored phases and the task
 /// that keeps it current until `token` is cancelled. `by` names this process
-/// in the audit log of a first registration.
+/// in the audit log of a first registration. `listen_url` is where the
+/// LISTEN connection goes (`None` behind a transaction-mode pooler without
+/// a direct URL: the poll alone, within [`INTERVAL`]).
 pub async fn attach(
     pool: &PgPool,
+    listen_url: Option<&str>,
     routes: &[RouteConfig],
     by: &str,
     token: &CancellationToken,
@@ -51,6 +54,7 @@ pub async fn attach(
     let names: Vec<String> = routes.iter().map(|r| r.name.clone()).collect();
     let task = tokio::spawn(run(
         pool.clone(),
+        listen_url.map(str::to_string),
         view.clone(),
         names,
         INTERVAL,
@@ -90,6 +94,7 @@ fn publish<'a>(view: &PhaseView, routes: impl Iterator<Item = &'a str>) {
 /// when it starts and once when it ends, not on every poll.
 pub async fn run(
     pool: PgPool,
+    listen_url: Option<String>,
     view: PhaseView,
     routes: Vec<String>,
     interval: Duration,
@@ -116,12 +121,13 @@ pub async fn run(
             }
             Err(_) => {}
         }
-        if listener.is_none()
-            && !failing
-            && last_listen_try.is_none_or(|t| t.elapsed() >= RELISTEN_EVERY)
-        {
+        if let Some(url) = listen_url.as_deref().filter(|_| {
+            listener.is_none()
+                && !failing
+                && last_listen_try.is_none_or(|t| t.elapsed() >= RELISTEN_EVERY)
+        }) {
             last_listen_try = Some(Instant::now());
-            listener = listen(&pool).await;
+            listener = listen(url).await;
         }
         let wait = tokio::time::sleep(interval);
         tokio::select! {
@@ -143,8 +149,8 @@ pub async fn run(
     }
 }
 
-async fn listen(pool: &PgPool) -> Option<PgListener> {
-    let mut listener = PgListener::connect_with(pool).await.ok()?;
+async fn listen(url: &str) -> Option<PgListener> {
+    let mut listener = PgListener::connect(url).await.ok()?;
     listener.listen(store::CHANNEL).await.ok()?;
     Some(listener)
 }

@@ -196,8 +196,14 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
     let db = crate::db::connect(database_url, 6).await?;
     crate::db::migrate(&db).await?;
     let watch_stop = CancellationToken::new();
-    let (view, watch_task) =
-        watch::attach(&db, &config.routes, "qbridge-demo", &watch_stop).await?;
+    let (view, watch_task) = watch::attach(
+        &db,
+        Some(&config.database_url),
+        &config.routes,
+        "qbridge-demo",
+        &watch_stop,
+    )
+    .await?;
     let routes = Routes::new(&config.routes, view);
     let route = Arc::clone(
         routes

@@ -1,7 +1,8 @@
 //! The HTTP listener, in three groups by who may call:
 //!
 //! - open: `/metrics` (Prometheus text), `/livez` (the process answers),
-//!   `/readyz` (Postgres reachable and the schema current);
+//!   `/readyz` (Postgres reachable and the schema current, the wake-up
+//!   mode, each route's Redis: [`ready`]);
 //! - open unless `[http] enqueue_requires_token`: `POST
 //!   /v1/queues/{queue}/jobs` (enqueue, see [`enqueue`]) and `POST
 //!   /v1/outcomes` (outcomes from outside workers, see [`outcomes`]) —
@@ -21,10 +22,10 @@ pub mod auth;
 mod diff;
 mod enqueue;
 mod outcomes;
+mod ready;
 mod ui;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
@@ -58,6 +59,8 @@ pub struct AppState {
     pub enqueue_requires_token: bool,
     /// The web console's sessions and requeues (`/ui`).
     pub console: ui::Console,
+    /// How Postgres is reached and workers woken, for `/readyz`.
+    pub database_mode: String,
 }
 
 impl AppState {
@@ -73,6 +76,7 @@ impl AppState {
             admin_token: cfg.admin_token.clone(),
             enqueue_requires_token: cfg.http.enqueue_requires_token,
             console: ui::Console::default(),
+            database_mode: database_mode(cfg),
         }
     }
 
@@ -87,8 +91,21 @@ impl AppState {
             admin_token: None,
             enqueue_requires_token: false,
             console: ui::Console::default(),
+            database_mode: "pooler none; wake-ups LISTEN".into(),
         }
     }
+}
+
+/// `pooler <mode>; wake-ups LISTEN|polling only`, as `/readyz` shows it.
+fn database_mode(cfg: &Config) -> String {
+    let wakeups = match cfg.database.listen_url(&cfg.database_url) {
+        Some(_) => "LISTEN",
+        None => "polling only (no [database] direct_url behind the pooler)",
+    };
+    format!(
+        "pooler {}; wake-ups {wakeups}",
+        cfg.database.pooler.as_str()
+    )
 }
 
 /// A JSON reply or a JSON error.
@@ -146,7 +163,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
+        .route("/readyz", get(ready::readyz))
         .merge(producers)
         .merge(admin)
         .merge(ui::router(state.clone()))
@@ -156,17 +173,4 @@ pub fn router(state: AppState) -> Router {
 
 async fn metrics(State(state): State<AppState>) -> String {
     state.prometheus.render()
-}
-
-async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
-    let check =
-        tokio::time::timeout(Duration::from_secs(2), crate::db::check_schema(&state.db)).await;
-    match check {
-        Ok(Ok(())) => (StatusCode::OK, "ready\n".into()),
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: Postgres did not answer within 2s\n".into(),
-        ),
-    }
 }

@@ -1,8 +1,12 @@
 //! The diff as Prometheus gauges, refreshed every minute for routes between
 //! `dual_write` and `postgres_only` (before and after, one side is empty by
 //! design). A diff reads the whole gate window, so only one process per
-//! database computes it (a session advisory lock, released right after; no
-//! transaction stays open meanwhile): scrape that one, or sum with `max`.
+//! database computes it: the one whose open transaction holds the
+//! transaction-scoped advisory lock (it writes nothing and, read committed,
+//! keeps no snapshot between statements, so it holds back no vacuum; a
+//! session lock would not survive a transaction-mode pooler, where the
+//! unlock can reach another server connection). Scrape that one, or sum
+//! with `max`.
 
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
@@ -21,19 +25,13 @@ pub async fn publish_once(
     redis: &mut ConnectionManager,
     routes: &Routes,
 ) -> Result<bool> {
-    let mut lock = db.acquire().await?;
-    let led: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-        .bind(leader::DIFF_GAUGES)
-        .fetch_one(&mut *lock)
-        .await?;
-    if !led {
+    let mut lead = db.begin().await?;
+    if !leader::try_lead(&mut lead, leader::DIFF_GAUGES).await? {
         return Ok(false);
     }
     let result = publish_routes(db, redis, routes).await;
-    sqlx::query("SELECT pg_advisory_unlock($1)")
-        .bind(leader::DIFF_GAUGES)
-        .execute(&mut *lock)
-        .await?;
+    // Ending the transaction releases the lock, whatever the result.
+    lead.rollback().await?;
     result.map(|()| true)
 }
 

@@ -14,8 +14,8 @@ pub const SCHEDULER: i64 = 0x7162_7200_0002;
 /// Advisory lock key of the history partition pass.
 pub const HISTORY: i64 = 0x7162_7200_0003;
 
-/// Advisory lock key of the diff gauges (a session lock, see
-/// `shadow::diff_metrics`: the pass runs on other connections).
+/// Advisory lock key of the diff gauges (held by a transaction of its own
+/// while the pass runs on other connections: `ops::diff_metrics`).
 pub const DIFF_GAUGES: i64 = 0x7162_7200_0004;
 
 /// Tries to become this pass's leader inside the caller's open transaction.

@@ -66,6 +66,39 @@ async fn readyz_does_not_blame_the_schema_when_postgres_is_down() {
     let resp = reqwest::get(format!("http://{addr}/readyz")).await.unwrap();
     assert_eq!(resp.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
     let body = resp.text().await.unwrap();
-    assert!(body.starts_with("not ready: database"), "{body}");
+    assert!(body.starts_with("not ready\npostgres: database"), "{body}");
     assert!(!body.contains("migrate"), "{body}");
+}
+
+/// A newer qbridge migrated ahead of this one (a rolling deploy half-way):
+/// the old binary refuses to start, in one line, instead of running against
+/// tables it does not know.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_schema_newer_than_the_binary_is_refused_in_one_line(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99990101, 'from a newer qbridge', true, '\\x00', 0)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let err = qbridge::db::check_schema(&pool).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::SchemaNewer {
+                applied: 99990101,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+        .args(["run", "--database-url", &crate::support::db_url(&pool)])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let line = crate::support::last_stderr_line(&out);
+    assert!(line.contains("newer than this qbridge"), "{line}");
+    assert!(line.contains("99990101"), "{line}");
 }

@@ -92,8 +92,14 @@ pub async fn run(database_url: &str, redis_url: &str, opts: DrillOptions) -> Res
     crate::db::migrate(&db).await?;
 
     let watch_stop = CancellationToken::new();
-    let (view, watch_task) =
-        watch::attach(&db, &config.routes, "qbridge-demo", &watch_stop).await?;
+    let (view, watch_task) = watch::attach(
+        &db,
+        Some(&config.database_url),
+        &config.routes,
+        "qbridge-demo",
+        &watch_stop,
+    )
+    .await?;
     let routes = Routes::new(&config.routes, view);
     let route = Arc::clone(
         routes
