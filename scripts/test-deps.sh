@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the integration tests drive besides Postgres and Redis:
 # Sidekiq 6.4 (Debian's ruby-sidekiq), chromium with chromedriver (the
-# console's browser tests) and the Python framework clients
+# console's browser tests), pgbouncer and redis-sentinel and the Python framework clients
 # (Celery with kombu's Redis transport, RQ, redis-py) into a virtual
 # environment at .venv, from PyPI, pinned in
 # tests/python/requirements.txt. Tests run them from there
@@ -40,6 +40,12 @@ ruby -e 'require "pg"' >/dev/null 2>&1 || apt_install ruby-pg \
 { command -v chromium >/dev/null && command -v chromedriver >/dev/null; } \
   || apt_install chromium chromium-driver \
   || die "chromium and chromedriver are needed for the console tests (Debian: apt-get install -y chromium chromium-driver)"
+# PgBouncer (transaction-mode pooler tests: tests/it/pooler.rs and the fault
+# suite's --via-pgbouncer runs) and Redis Sentinel (tests/it/sentinel.rs).
+command -v pgbouncer >/dev/null || apt_install pgbouncer \
+  || die "pgbouncer is needed for the pooler tests (Debian: apt-get install -y pgbouncer)"
+command -v redis-sentinel >/dev/null || apt_install redis-sentinel \
+  || die "redis-sentinel is needed for the Sentinel tests (Debian: apt-get install -y redis-sentinel)"
 req=tests/python/requirements.txt
 stamp=.venv/.installed
 if [ ! -x .venv/bin/python ]; then

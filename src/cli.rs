@@ -173,6 +173,10 @@ pub struct ChaosArgs {
     /// default skip threshold of half of Postgres's 8 GB queue).
     #[arg(long, default_value_t = 4500)]
     pub notify_fill_mb: u64,
+    /// Run qbridge's processes through a throwaway PgBouncer in transaction
+    /// mode (pgbouncer on PATH), declared as `[database] pooler`.
+    #[arg(long)]
+    pub via_pgbouncer: bool,
     /// cutover-random: how many seeds to walk.
     #[arg(long, default_value_t = 10)]
     pub seeds: u64,

@@ -21,6 +21,7 @@ fn reduced() -> Options {
         // Far below half of the 8 GB queue: the scenario lowers the skip
         // threshold to reach it (see `Options::notify_fill_mb`).
         notify_fill_mb: 32,
+        via_pgbouncer: false,
     }
 }
 
@@ -29,8 +30,12 @@ fn reduced() -> Options {
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn holds(scenario: Scenario) {
+    holds_with(scenario, reduced()).await
+}
+
+async fn holds_with(scenario: Scenario, opts: Options) {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let report = chaos::run(scenario, &reduced()).await.unwrap();
+    let report = chaos::run(scenario, &opts).await.unwrap();
     let table = chaos::table(std::slice::from_ref(&report));
     assert!(report.passed(), "{table}");
     assert!(report.verdict.jobs > 0, "no load ran: {table}");
@@ -54,6 +59,30 @@ async fn worker_sigkill_five_times() {
 #[tokio::test(flavor = "multi_thread")]
 async fn terminated_backends_and_listen_connection() {
     holds(Scenario::TerminateBackends).await;
+}
+
+/// The same two scenarios with every qbridge process behind a throwaway
+/// PgBouncer in transaction mode (4 server connections for 3 processes of
+/// 6 clients each), declared as `[database] pooler` and without a direct
+/// URL: no LISTEN, polling only. Killed workers' leases come back through
+/// the reaper, the handler's planted failures retry, and terminated
+/// backends are PgBouncer's server connections.
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_sigkill_through_pgbouncer() {
+    let opts = Options {
+        via_pgbouncer: true,
+        ..reduced()
+    };
+    holds_with(Scenario::WorkerKill, opts).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn terminated_backends_through_pgbouncer() {
+    let opts = Options {
+        via_pgbouncer: true,
+        ..reduced()
+    };
+    holds_with(Scenario::TerminateBackends, opts).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -115,6 +115,8 @@ pub struct Options {
     /// (half of Postgres's 8 GB queue) the skip threshold is lowered to
     /// 0.02% so the fallback is still reached.
     pub notify_fill_mb: u64,
+    /// The qbridge processes go through a transaction-mode PgBouncer.
+    pub via_pgbouncer: bool,
 }
 
 /// One row of the table.
@@ -143,7 +145,7 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report> {
         }
         _ => "",
     };
-    let mut rig = Rig::start(&opts.bin, scenario.phase(), setup).await?;
+    let mut rig = Rig::start(&opts.bin, scenario.phase(), setup, opts.via_pgbouncer).await?;
     let harness = Harness::attach(&rig).await?;
     let route = Arc::clone(&harness.route);
     let load = load::Load::start(opts.rate, rig.proxy_port, harness.producer.clone());
@@ -285,7 +287,7 @@ async fn diff_and_repair(rig: &Rig) -> Result<String> {
         cmd.args(["-c"])
             .arg(rig.dir.path().join("w1.toml"))
             .args(["--json", "diff", "--route", ROUTE, "--since", "1h"])
-            .env("QBRIDGE_DATABASE_URL", rig.database_url());
+            .env("QBRIDGE_DATABASE_URL", rig.process_url());
         if repair {
             cmd.arg("--repair");
         }

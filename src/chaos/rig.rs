@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 
 use super::items::Items;
+use crate::demo::pgbouncer::ThrowawayPgBouncer;
 use crate::demo::servers::{free_port, ThrowawayPostgres, ThrowawayRedis};
 use crate::error::{Error, Result};
 use crate::model::Phase;
@@ -41,6 +42,10 @@ pub struct Rig {
     pub redis_back_at: Option<chrono::DateTime<chrono::Utc>>,
     /// What the producers push, and so the route's format.
     pub items: Items,
+    /// A transaction-mode PgBouncer the qbridge processes go through
+    /// (`--via-pgbouncer`); the harness and the faults reach Postgres
+    /// directly.
+    pub pgbouncer: Option<ThrowawayPgBouncer>,
 }
 
 /// One qbridge child process.
@@ -117,13 +122,29 @@ impl Rig {
     /// the proxy and two workers with the route in `phase`.
     /// `setup` runs first, as the superuser (database settings the
     /// processes must start with).
-    pub async fn start(bin: &Path, phase: Phase, setup: &str) -> Result<Rig> {
-        Rig::start_with(bin, phase, setup, Items::Ids).await
+    /// With `via_pgbouncer` the processes reach Postgres through a
+    /// transaction-mode PgBouncer, declared in their config, without a
+    /// direct URL (so they poll: no LISTEN).
+    pub async fn start(bin: &Path, phase: Phase, setup: &str, via_pgbouncer: bool) -> Result<Rig> {
+        let mut rig = Rig::prepare(setup, Items::Ids, bin).await?;
+        if via_pgbouncer {
+            rig.pgbouncer =
+                Some(ThrowawayPgBouncer::try_start(rig.pg.port).map_err(Error::Config)?);
+        }
+        rig.launch(phase).await?;
+        Ok(rig)
     }
 
     /// [`Rig::start`] for producers pushing `items` (the route's format
-    /// follows).
+    /// follows), straight to Postgres.
     pub async fn start_with(bin: &Path, phase: Phase, setup: &str, items: Items) -> Result<Rig> {
+        let mut rig = Rig::prepare(setup, items, bin).await?;
+        rig.launch(phase).await?;
+        Ok(rig)
+    }
+
+    /// Servers, schema and the ledger handler; no qbridge process yet.
+    async fn prepare(setup: &str, items: Items, bin: &Path) -> Result<Rig> {
         let pg = ThrowawayPostgres::try_start().map_err(Error::Config)?;
         let redis = ThrowawayRedis::try_start().map_err(Error::Config)?;
         let db = crate::db::connect(&harness_url(&pg.url()), 24).await?;
@@ -136,7 +157,7 @@ impl Rig {
         let dir = tempfile::Builder::new()
             .prefix("qbridge-chaos-")
             .tempdir()?;
-        let mut rig = Rig {
+        Ok(Rig {
             pg,
             redis,
             db,
@@ -148,7 +169,13 @@ impl Rig {
             proxy: None,
             redis_back_at: None,
             items,
-        };
+            pgbouncer: None,
+        })
+    }
+
+    /// Writes the configs and starts the proxy and two workers.
+    async fn launch(&mut self, phase: Phase) -> Result<()> {
+        let rig = self;
         for name in ["w1", "w2"] {
             let config = rig.write_config(name, phase)?;
             rig.workers.push(Process {
@@ -174,13 +201,21 @@ impl Rig {
             child: None,
         });
         rig.spawn_all()?;
-        rig.wait_for_proxy().await?;
-        Ok(rig)
+        rig.wait_for_proxy().await
     }
 
-    /// postgres://… for qbridge's own processes.
+    /// postgres://… of the throwaway cluster itself.
     pub fn database_url(&self) -> String {
         self.pg.url()
+    }
+
+    /// postgres://… for qbridge's own processes: through the PgBouncer when
+    /// there is one.
+    pub fn process_url(&self) -> String {
+        match &self.pgbouncer {
+            Some(b) => b.url("postgres"),
+            None => self.pg.url(),
+        }
     }
 
     fn write_config(&self, name: &str, phase: Phase) -> Result<PathBuf> {
@@ -193,7 +228,7 @@ reaper_interval = "500ms"
 redis_url = "{redis}"
 [history]
 retention_days = 1
-[proxy]
+{database}[proxy]
 listen = "127.0.0.1:{proxy_port}"
 [[routes]]
 name = "{ROUTE}"
@@ -208,6 +243,10 @@ diff = {{ settle = "1s" }}
 gates = {{ window = "2s", min_jobs = 1 }}
 "#,
             redis = self.redis.url(),
+            database = match self.pgbouncer {
+                Some(_) => "[database]\npooler = \"pgbouncer-transaction\"\n",
+                None => "",
+            },
             proxy_port = self.proxy_port,
             phase = phase.as_str(),
             format = self.items.format(),
@@ -220,7 +259,7 @@ gates = {{ window = "2s", min_jobs = 1 }}
     }
 
     fn spawn_all(&mut self) -> Result<()> {
-        let url = self.database_url();
+        let url = self.process_url();
         let dir = self.dir.path().to_path_buf();
         for w in &mut self.workers {
             let port = w.http_port;
@@ -240,7 +279,7 @@ gates = {{ window = "2s", min_jobs = 1 }}
     /// exits with its error): starts it again. Returns one line per restart,
     /// with the exit status and the last log lines, for the walk's report.
     pub fn supervise(&mut self) -> Vec<String> {
-        let url = self.database_url();
+        let url = self.process_url();
         let dir = self.dir.path().to_path_buf();
         let mut said = Vec::new();
         for p in self.workers.iter_mut().chain(self.proxy.iter_mut()) {
@@ -271,7 +310,7 @@ gates = {{ window = "2s", min_jobs = 1 }}
 
     /// Starts worker `i` again after a kill.
     pub fn restart_worker(&mut self, i: usize) -> Result<()> {
-        let url = self.database_url();
+        let url = self.process_url();
         let dir = self.dir.path().to_path_buf();
         self.workers[i].spawn(&self.bin, &dir, &url)
     }

@@ -18,6 +18,7 @@ pub async fn run(args: &ChaosArgs, as_json: bool) -> Result<()> {
         span: parse_duration(&args.span)?,
         patience: parse_duration(&args.patience)?,
         notify_fill_mb: args.notify_fill_mb,
+        via_pgbouncer: args.via_pgbouncer,
     };
     let scenarios = match args.scenario.is_empty() {
         true => Scenario::ALL.to_vec(),

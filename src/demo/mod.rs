@@ -13,6 +13,7 @@
 mod drill;
 mod fleet;
 pub mod handler;
+pub mod pgbouncer;
 pub mod servers;
 
 use std::time::Duration;

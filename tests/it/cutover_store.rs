@@ -186,6 +186,7 @@ async fn the_watch_follows_the_store_and_keeps_the_last_known_phase(pool: PgPool
     let token = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(watch::run(
         pool.clone(),
+        None,
         view.clone(),
         vec!["r".to_string()],
         watch::INTERVAL,

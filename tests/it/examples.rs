@@ -207,9 +207,15 @@ async fn python_handler_runs_each_job_live_once_and_shadow_calls_leave_no_trace(
     let config = Config::from_toml(&toml, &overrides(&pool)).expect("config");
 
     let watch_stop = CancellationToken::new();
-    let (view, _) = watch::attach(&pool, &config.routes, "test", &watch_stop)
-        .await
-        .expect("phases registered");
+    let (view, _) = watch::attach(
+        &pool,
+        Some(&crate::support::db_url(&pool)),
+        &config.routes,
+        "test",
+        &watch_stop,
+    )
+    .await
+    .expect("phases registered");
     let producer = Producer::connect(
         pool.clone(),
         Some(REDIS),

@@ -107,9 +107,15 @@ diff = {{ settle = "0s" }}
     };
     let config = Config::from_toml(&toml, &overrides).expect("config");
     let stop_watch = CancellationToken::new();
-    let (view, _) = watch::attach(&pool, &config.routes, "test", &stop_watch)
-        .await
-        .unwrap();
+    let (view, _) = watch::attach(
+        &pool,
+        Some(&crate::support::db_url(&pool)),
+        &config.routes,
+        "test",
+        &stop_watch,
+    )
+    .await
+    .unwrap();
     let routes = Routes::new(&config.routes, view);
     let route = Arc::clone(routes.by_name(&name).unwrap());
     let route_keys = RouteKeys::of(&route);

@@ -27,6 +27,7 @@ mod mirror;
 mod outage;
 mod outcomes;
 mod oversized;
+mod pooler;
 mod producer;
 mod proxy;
 mod redaction;

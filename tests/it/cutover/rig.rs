@@ -173,9 +173,15 @@ gates = {{ window = "{window}", min_jobs = {min_jobs}, quiet_period = "{quiet}",
         };
         let config = Config::from_toml(&toml, &overrides).expect("config");
         let watch_stop = CancellationToken::new();
-        let (view, _) = watch::attach(pool, &config.routes, "test", &watch_stop)
-            .await
-            .expect("phases registered");
+        let (view, _) = watch::attach(
+            pool,
+            Some(&crate::support::db_url(pool)),
+            &config.routes,
+            "test",
+            &watch_stop,
+        )
+        .await
+        .expect("phases registered");
         let routes = Routes::new(&config.routes, view);
         let producer = Producer::connect(pool.clone(), Some(REDIS), routes.clone(), 1 << 20)
             .await

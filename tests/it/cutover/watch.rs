@@ -43,9 +43,15 @@ async fn keeps_the_last_known_phase_while_postgres_is_down_and_follows_a_flip_af
         .await
         .unwrap();
     let token = CancellationToken::new();
-    let (view, task) = watch::attach(&db, &config.routes, "test", &token)
-        .await
-        .expect("attach");
+    let (view, task) = watch::attach(
+        &db,
+        Some(&crate::support::db_url(&db)),
+        &config.routes,
+        "test",
+        &token,
+    )
+    .await
+    .expect("attach");
     assert_eq!(view.get("w"), Phase::DualWrite);
 
     server.kill();
