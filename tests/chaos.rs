@@ -30,10 +30,10 @@ fn reduced() -> Options {
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn holds(scenario: Scenario) {
-    holds_with(scenario, reduced()).await
+    holds_with(scenario, reduced()).await;
 }
 
-async fn holds_with(scenario: Scenario, opts: Options) {
+async fn holds_with(scenario: Scenario, opts: Options) -> chaos::Report {
     let _turn = ONE_AT_A_TIME.lock().await;
     let report = chaos::run(scenario, &opts).await.unwrap();
     let table = chaos::table(std::slice::from_ref(&report));
@@ -49,6 +49,7 @@ async fn holds_with(scenario: Scenario, opts: Options) {
             .contains_key("retry after a handler failure"),
         "{table}"
     );
+    report
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -83,6 +84,30 @@ async fn terminated_backends_through_pgbouncer() {
         ..reduced()
     };
     holds_with(Scenario::TerminateBackends, opts).await;
+}
+
+/// Three `qbridge run` and two proxies on one database, one run SIGKILLed
+/// and another restarted: every job exactly once, and the leader log
+/// (each process's `led` lines) shows the reaper led in turn, never by two
+/// at once. Through PgBouncer, so the leader locks are the
+/// transaction-scoped ones a pooler keeps.
+#[tokio::test(flavor = "multi_thread")]
+async fn many_processes_through_pgbouncer_one_leader_at_a_time() {
+    let opts = Options {
+        via_pgbouncer: true,
+        span: Duration::from_secs(6),
+        ..reduced()
+    };
+    let report = holds_with(Scenario::ManyProcesses, opts).await;
+    let reaper = regex::Regex::new(r"reaper: (\d+) passes led by (\S+)")
+        .unwrap()
+        .captures(&report.note)
+        .map(|c| (c[1].parse::<u32>().unwrap(), c[2].to_string()));
+    let (passes, who) =
+        reaper.unwrap_or_else(|| panic!("no reaper passes logged: {}", report.note));
+    assert!(passes >= 5, "{}", report.note);
+    // w1 was SIGKILLed a third of the way in: someone else led after it.
+    assert!(who.contains('/'), "one process led alone: {}", report.note);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -29,6 +29,18 @@ pub async fn kill_worker(rig: &mut Rig, span: Duration) -> Result<String> {
     Ok("w1 SIGKILLed 5× with batches in flight, restarted at once".into())
 }
 
+/// 10: many processes on one database (three `qbridge run`, two proxies):
+/// w1 SIGKILLed and left down, w2 stopped gracefully and started again.
+pub async fn kill_one_restart_another(rig: &mut Rig, span: Duration) -> Result<String> {
+    tokio::time::sleep(span / 3).await;
+    rig.workers[0].kill();
+    tokio::time::sleep(span / 3).await;
+    rig.workers[1].stop();
+    rig.restart_worker(1)?;
+    tokio::time::sleep(span / 3).await;
+    Ok("3 run + 2 proxy processes; w1 SIGKILLed (left down), w2 restarted".into())
+}
+
 /// 2: `pg_terminate_backend` on every qbridge connection, LISTEN included.
 pub async fn terminate_backends(rig: &mut Rig, span: Duration) -> Result<String> {
     let (mut cut, mut listeners) = (0i64, 0i64);

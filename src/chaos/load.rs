@@ -73,17 +73,30 @@ impl Load {
 
     /// [`Load::start`] with `items`.
     pub fn start_with(rate: u32, proxy_port: u16, producer: Producer, items: Items) -> Load {
+        Load::start_across(rate, &[proxy_port], producer, items)
+    }
+
+    /// [`Load::start_with`] with the proxy half spread over several proxies
+    /// (one producer each, its keys named apart).
+    pub fn start_across(rate: u32, proxy_ports: &[u16], producer: Producer, items: Items) -> Load {
         let acked = Acked::default();
         let stop = CancellationToken::new();
         let period = Duration::from_secs_f64(2.0 / f64::from(rate.max(2)));
         let mut tasks = JoinSet::new();
-        tasks.spawn(through_proxy(
-            items,
-            proxy_port,
-            period,
-            acked.clone(),
-            stop.clone(),
-        ));
+        for (i, &port) in proxy_ports.iter().enumerate() {
+            let prefix = match i {
+                0 => "p".to_string(),
+                i => format!("p{i}"),
+            };
+            tasks.spawn(through_proxy(
+                items,
+                prefix,
+                port,
+                period * proxy_ports.len() as u32,
+                acked.clone(),
+                stop.clone(),
+            ));
+        }
         tasks.spawn(through_api(
             items,
             producer,
@@ -135,6 +148,7 @@ pub async fn reply_line(conn: &mut TcpStream) -> Option<Vec<u8>> {
 
 async fn through_proxy(
     items: Items,
+    prefix: String,
     port: u16,
     period: Duration,
     acked: Acked,
@@ -146,7 +160,7 @@ async fn through_proxy(
     let mut n = 0u64;
     while !stop.is_cancelled() {
         tick.tick().await;
-        let key = items.name("p", n);
+        let key = items.name(&prefix, n);
         n += 1;
         if conn.is_none() {
             conn = TcpStream::connect(("127.0.0.1", port)).await.ok();

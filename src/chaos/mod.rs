@@ -19,6 +19,7 @@ pub mod cutover_random;
 pub mod faults;
 pub mod handler;
 pub mod items;
+pub mod leaders;
 pub mod load;
 pub mod oracle;
 pub mod rig;
@@ -53,13 +54,16 @@ pub enum Scenario {
     NotifyQueueFull,
     PoolExhaustion,
     PhaseFlip,
+    /// Three `qbridge run` and two proxies on one database: one run
+    /// SIGKILLed, another restarted; exactly once, one leader at a time.
+    ManyProcesses,
     /// The randomized cutover oracle: runs by seeds ([`cutover_random`]),
     /// not in the table of the nine faults.
     CutoverRandom,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::WorkerKill,
         Scenario::TerminateBackends,
         Scenario::PostgresRestart,
@@ -69,6 +73,7 @@ impl Scenario {
         Scenario::NotifyQueueFull,
         Scenario::PoolExhaustion,
         Scenario::PhaseFlip,
+        Scenario::ManyProcesses,
     ];
 
     /// Its name on the command line and in the table.
@@ -83,6 +88,7 @@ impl Scenario {
             Scenario::NotifyQueueFull => "notify-queue-full",
             Scenario::PoolExhaustion => "pool-exhaustion",
             Scenario::PhaseFlip => "phase-flip",
+            Scenario::ManyProcesses => "many-processes",
             Scenario::CutoverRandom => "cutover-random",
         }
     }
@@ -148,7 +154,13 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report> {
     let mut rig = Rig::start(&opts.bin, scenario.phase(), setup, opts.via_pgbouncer).await?;
     let harness = Harness::attach(&rig).await?;
     let route = Arc::clone(&harness.route);
-    let load = load::Load::start(opts.rate, rig.proxy_port, harness.producer.clone());
+    let mut proxy_ports = vec![rig.proxy_port];
+    if scenario == Scenario::ManyProcesses {
+        rig.add_process("w3", scenario.phase(), false).await?;
+        proxy_ports.push(rig.add_process("proxy2", scenario.phase(), true).await?);
+    }
+    let load =
+        load::Load::start_across(opts.rate, &proxy_ports, harness.producer.clone(), rig.items);
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let span = opts.span;
@@ -164,6 +176,7 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report> {
         }
         Scenario::PoolExhaustion => faults::exhaust_connections(&mut rig, span).await,
         Scenario::PhaseFlip => faults::flip_phases(&mut rig, span, &route).await,
+        Scenario::ManyProcesses => faults::kill_one_restart_another(&mut rig, span).await,
         Scenario::CutoverRandom => Err(Error::InvalidInput(
             "cutover-random runs by seeds (qbridge chaos --scenario cutover-random --seeds N)"
                 .into(),
@@ -188,6 +201,12 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report> {
     oracle::record_acked(&rig.db, rig.items, &acked.take()).await?;
     let drained = oracle::wait_until_done(&rig.db, opts.patience).await;
     let mut verdict = oracle::judge(&rig.db).await?;
+    if scenario == Scenario::ManyProcesses {
+        let (led, overlaps) = leaders::judge(&leaders::read(rig.dir.path()));
+        note.push_str("; ");
+        note.push_str(&led);
+        verdict.violations.extend(overlaps);
+    }
     if note.starts_with("FAULT FAILED") {
         verdict.violations.push(note.clone());
     }

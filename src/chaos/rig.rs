@@ -69,7 +69,10 @@ impl Process {
             // failed seed (their logs go to the dump directory).
             .env(
                 "RUST_LOG",
-                std::env::var("QBRIDGE_CHAOS_LOG").unwrap_or_else(|_| "warn".into()),
+                // Leader passes are logged at debug: the record the
+                // many-processes scenario reads (`super::leaders`).
+                std::env::var("QBRIDGE_CHAOS_LOG")
+                    .unwrap_or_else(|_| "warn,qbridge::queue::leader=debug".into()),
             )
             .stdout(Stdio::null())
             .stderr(log)
@@ -88,7 +91,7 @@ impl Process {
     }
 
     /// SIGTERM and wait: the graceful stop at the end of a scenario.
-    fn stop(&mut self) {
+    pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             if let Ok(pid) = i32::try_from(child.id()) {
                 let _ = Command::new("kill")
@@ -177,7 +180,7 @@ impl Rig {
     async fn launch(&mut self, phase: Phase) -> Result<()> {
         let rig = self;
         for name in ["w1", "w2"] {
-            let config = rig.write_config(name, phase)?;
+            let config = rig.write_config(name, phase, rig.proxy_port)?;
             rig.workers.push(Process {
                 name: name.to_string(),
                 args: vec![
@@ -189,7 +192,7 @@ impl Rig {
                 child: None,
             });
         }
-        let config = rig.write_config("proxy", phase)?;
+        let config = rig.write_config("proxy", phase, rig.proxy_port)?;
         rig.proxy = Some(Process {
             name: "proxy".into(),
             args: vec![
@@ -218,7 +221,34 @@ impl Rig {
         }
     }
 
-    fn write_config(&self, name: &str, phase: Phase) -> Result<PathBuf> {
+    /// Starts one more qbridge process, `qbridge run` or (`proxy`) a RESP
+    /// proxy on a port of its own, which is returned; it joins
+    /// [`Rig::workers`] (killed, restarted and stopped like them).
+    pub async fn add_process(&mut self, name: &str, phase: Phase, proxy: bool) -> Result<u16> {
+        let port = free_port();
+        let config = self.write_config(name, phase, port)?;
+        let mut process = Process {
+            name: name.to_string(),
+            args: vec![
+                if proxy { "proxy" } else { "run" }.into(),
+                "-c".into(),
+                config.to_string_lossy().into_owned(),
+            ],
+            http_port: free_port(),
+            child: None,
+        };
+        process
+            .args
+            .push(format!("--http-listen=127.0.0.1:{}", process.http_port));
+        process.spawn(&self.bin, self.dir.path(), &self.process_url())?;
+        self.workers.push(process);
+        if proxy {
+            wait_for_port(port, &|| self.log_tail(name)).await?;
+        }
+        Ok(port)
+    }
+
+    fn write_config(&self, name: &str, phase: Phase, proxy_port: u16) -> Result<PathBuf> {
         let text = format!(
             r#"# written by the fault suite for process {name}
 worker_id = "{name}"
@@ -247,7 +277,6 @@ gates = {{ window = "2s", min_jobs = 1 }}
                 Some(_) => "[database]\npooler = \"pgbouncer-transaction\"\n",
                 None => "",
             },
-            proxy_port = self.proxy_port,
             phase = phase.as_str(),
             format = self.items.format(),
             url = self.handler_url,
@@ -316,20 +345,7 @@ gates = {{ window = "2s", min_jobs = 1 }}
     }
 
     async fn wait_for_proxy(&self) -> Result<()> {
-        let until = Instant::now() + Duration::from_secs(30);
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.proxy_port))
-            .await
-            .is_err()
-        {
-            if Instant::now() > until {
-                return Err(Error::Config(format!(
-                    "the proxy did not start within 30 s; its log: {}",
-                    self.log_tail("proxy")
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(())
+        wait_for_port(self.proxy_port, &|| self.log_tail("proxy")).await
     }
 
     /// The last lines a process logged (for a failure message).
@@ -362,6 +378,25 @@ impl Drop for Rig {
             p.kill();
         }
     }
+}
+
+/// Waits until a proxy accepts connections on `port` (30 s at most; the
+/// error carries `log_tail()`).
+async fn wait_for_port(port: u16, log_tail: &dyn Fn() -> String) -> Result<()> {
+    let until = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if Instant::now() > until {
+            return Err(Error::Config(format!(
+                "the proxy did not start within 30 s; its log: {}",
+                log_tail()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
 }
 
 /// The harness's URL: the same database, marked so faults spare it.

@@ -26,10 +26,11 @@ pub async fn publish_once(
     routes: &Routes,
 ) -> Result<bool> {
     let mut lead = db.begin().await?;
-    if !leader::try_lead(&mut lead, leader::DIFF_GAUGES).await? {
+    let Some(led) = leader::try_lead(&mut lead, leader::DIFF_GAUGES).await? else {
         return Ok(false);
-    }
+    };
     let result = publish_routes(db, redis, routes).await;
+    led.done();
     // Ending the transaction releases the lock, whatever the result.
     lead.rollback().await?;
     result.map(|()| true)

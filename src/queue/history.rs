@@ -27,9 +27,9 @@ fn partition_name(day: NaiveDate) -> String {
 pub async fn run_once(pool: &PgPool, retention_days: u32) -> Result<HistoryReport> {
     let mut report = HistoryReport::default();
     let mut tx = pool.begin().await?;
-    if !leader::try_lead(&mut tx, leader::HISTORY).await? {
+    let Some(led) = leader::try_lead(&mut tx, leader::HISTORY).await? else {
         return Ok(report);
-    }
+    };
     report.led = true;
     // Partition DDL takes strong locks on jobs_done; behind a long query it
     // would queue every history-keeping completion. Fail fast, retry next pass.
@@ -99,6 +99,7 @@ pub async fn run_once(pool: &PgPool, retention_days: u32) -> Result<HistoryRepor
     report.in_default = sqlx::query_scalar("SELECT count(*) FROM qbridge.jobs_done_default")
         .fetch_one(&mut *tx)
         .await?;
+    led.done();
     tx.commit().await?;
     if report.in_default > 0 {
         tracing::warn!(

@@ -66,9 +66,9 @@ SELECT queue, count(*) FROM ins GROUP BY queue
 /// One reaper pass over at most `limit` expired jobs of each kind.
 pub async fn run_once(pool: &PgPool, limit: i64) -> Result<ReapReport> {
     let mut tx = pool.begin().await?;
-    if !leader::try_lead(&mut tx, leader::REAPER).await? {
+    let Some(led) = leader::try_lead(&mut tx, leader::REAPER).await? else {
         return Ok(ReapReport::default());
-    }
+    };
     let requeued: Vec<(String, i64)> = sqlx::query_as(REQUEUE_SQL)
         .bind(limit)
         .fetch_all(&mut *tx)
@@ -77,6 +77,7 @@ pub async fn run_once(pool: &PgPool, limit: i64) -> Result<ReapReport> {
         .bind(limit)
         .fetch_all(&mut *tx)
         .await?;
+    led.done();
     tx.commit().await?;
 
     let mut report = ReapReport {

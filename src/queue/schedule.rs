@@ -89,9 +89,9 @@ pub async fn run_once(
 ) -> Result<ScheduleReport> {
     let mut report = ScheduleReport::default();
     let mut tx = pool.begin().await?;
-    if !leader::try_lead(&mut tx, leader::SCHEDULER).await? {
+    let Some(led) = leader::try_lead(&mut tx, leader::SCHEDULER).await? else {
         return Ok(report);
-    }
+    };
     report.led = true;
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(&mut *tx)
@@ -115,6 +115,7 @@ pub async fn run_once(
             .execute(&mut *tx)
             .await?;
     }
+    led.done();
     tx.commit().await?;
     Ok(report)
 }
