@@ -11,6 +11,7 @@ mod pools;
 mod proxy;
 mod routes;
 mod schedules;
+mod sentinel_url;
 pub mod tls;
 mod units;
 
@@ -33,6 +34,7 @@ pub use pools::header_map;
 pub(crate) use pools::{check_handler, validate_pool};
 pub use proxy::{check_redis_url, ProxyConfig};
 pub use routes::{PushEnd, RedisConsumerConfig, RedisSideKind, RouteConfig};
+pub use sentinel_url::{is_sentinel_url, SentinelUrl};
 use tls::RedisTls;
 pub use units::{parse_duration, parse_size, Bytes, Dur};
 

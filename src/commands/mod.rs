@@ -52,7 +52,10 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
         })
         .await;
     }
-    let config = Config::load(cli.config.as_deref(), &overrides)?;
+    let mut config = Config::load(cli.config.as_deref(), &overrides)?;
+    if !matches!(cli.command, Command::Migrate) {
+        follow_sentinels(&mut config).await?;
+    }
     match cli.command {
         Command::Migrate => {
             // Migrations hold a session lock: straight to Postgres, never
@@ -104,4 +107,22 @@ pub(crate) fn operator(args_by: Option<&str>) -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_default();
     format!("{user}@{host}")
+}
+
+/// Redis behind Sentinel: a `redis+sentinel://` URL (routes' Redis, proxy
+/// upstream) is replaced by the URL of a relay to the current master that
+/// lives as long as the process (`redis::sentinel`). The same URL twice
+/// shares one relay.
+async fn follow_sentinels(config: &mut Config) -> Result<()> {
+    let lives_with_the_process = tokio_util::sync::CancellationToken::new();
+    let named = config.redis_url.clone();
+    config.redis_url = crate::redis::sentinel::resolve(&named, &lives_with_the_process).await?;
+    if config.proxy.upstream == named {
+        config.proxy.upstream = config.redis_url.clone();
+    } else {
+        config.proxy.upstream =
+            crate::redis::sentinel::resolve(&config.proxy.upstream, &lives_with_the_process)
+                .await?;
+    }
+    Ok(())
 }

@@ -148,6 +148,9 @@ pub(super) fn redis_tls(
 
 /// The database number of a Redis URL (`redis://host/2` → 2; none → 0).
 pub(super) fn redis_url_db(url: &str) -> std::result::Result<i64, String> {
+    if super::is_sentinel_url(url) {
+        return super::SentinelUrl::parse(url).map(|u| u.db);
+    }
     let parsed = url::Url::parse(url).map_err(|e| e.to_string())?;
     let path = parsed.path().trim_start_matches('/');
     if path.is_empty() {
@@ -166,11 +169,14 @@ pub(super) fn redis_url_db(url: &str) -> std::result::Result<i64, String> {
 
 /// A Redis URL qbridge can connect to: `redis://` or `rediss://`, with a host.
 pub fn check_redis_url(url: &str) -> std::result::Result<(), String> {
+    if super::is_sentinel_url(url) {
+        return super::SentinelUrl::parse(url).map(|_| ());
+    }
     let parsed = url::Url::parse(url)
         .map_err(|e| format!("{:?} is not a URL: {e}", crate::redact::redact_url(url)))?;
     if !matches!(parsed.scheme(), "redis" | "rediss") {
         return Err(format!(
-            "{:?} must start with redis:// or rediss://",
+            "{:?} must start with redis://, rediss:// or redis+sentinel://",
             crate::redact::redact_url(url)
         ));
     }

@@ -14,6 +14,7 @@ mod drill;
 mod fleet;
 pub mod handler;
 pub mod pgbouncer;
+pub mod sentinel;
 pub mod servers;
 
 use std::time::Duration;

@@ -13,3 +13,4 @@ pub mod outbox;
 pub mod producer;
 pub mod route_stats;
 pub mod rq_jobs;
+pub mod sentinel;

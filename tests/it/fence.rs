@@ -277,14 +277,14 @@ async fn one_reaper_at_a_time(pool: PgPool) {
     support::claim(&pool, "q", 3, Duration::from_millis(1)).await;
     wait_expired(&pool).await;
     let mut tx = pool.begin().await.unwrap();
-    assert!(
-        qbridge::queue::leader::try_lead(&mut tx, qbridge::queue::leader::REAPER)
-            .await
-            .unwrap()
-    );
+    let led = qbridge::queue::leader::try_lead(&mut tx, qbridge::queue::leader::REAPER)
+        .await
+        .unwrap()
+        .expect("the lock is free");
     let r = reaper::run_once(&pool, 100).await.unwrap();
     assert!(!r.led);
     assert_eq!(r.requeued, 0);
+    led.done();
     tx.rollback().await.unwrap();
     let r = reaper::run_once(&pool, 100).await.unwrap();
     assert!(r.led);

@@ -37,6 +37,7 @@ mod roles;
 mod route_pool;
 mod schedule;
 mod schema_check;
+mod sentinel;
 mod servers;
 mod shutdown;
 mod support;
