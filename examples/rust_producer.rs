@@ -55,14 +55,19 @@ phase = "{phase}"
     };
     let config = Config::from_toml(&toml, &overrides)?;
 
-    let pool = qbridge::db::connect(&config.database_url, 5).await?;
+    // Through [database] pooler when one is declared.
+    let pool = config.open_db(5).await?;
     // Fail with "run qbridge migrate" rather than a missing-table error.
     qbridge::db::check_schema(&pool).await?;
 
     // Follow the stored phase flag, not the config: an operator's
     // `qbridge cutover advance` must reach this producer within a second.
     let stop = CancellationToken::new();
-    let (phases, watcher) = watch::attach(&pool, &config.routes, "rust_producer", &stop).await?;
+    // LISTEN makes a change arrive sooner; behind a transaction-mode pooler
+    // without [database] direct_url the poll alone carries it.
+    let listen = config.database.listen_url(&config.database_url);
+    let (phases, watcher) =
+        watch::attach(&pool, listen, &config.routes, "rust_producer", &stop).await?;
     let routes = Routes::new(&config.routes, phases);
     let producer = Producer::connect(
         pool.clone(),

@@ -290,6 +290,12 @@ impl Overrides {
 }
 
 impl Config {
+    /// The pool of a command or process: `database_url` through `[database]
+    /// pooler`, at most `max_connections`.
+    pub async fn open_db(&self, max_connections: u32) -> Result<sqlx::PgPool> {
+        crate::db::connect_via(&self.database_url, self.database.pooler, max_connections).await
+    }
+
     /// Reads and validates a config file (or none: defaults), then applies overrides.
     pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config> {
         let text = match path {

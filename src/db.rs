@@ -6,20 +6,30 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
-use crate::config::{Config, Pooler};
 use crate::error::{Error, Result};
 use crate::queue::MIGRATOR;
 use crate::redact::redact_url;
 
-/// The pool of a command or process: `database_url` through `[database]
-/// pooler`, at most `max_connections`.
-pub async fn open(config: &Config, max_connections: u32) -> Result<PgPool> {
-    connect_via(
-        &config.database_url,
-        config.database.pooler,
-        max_connections,
-    )
-    .await
+/// What sits between qbridge and Postgres.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pooler {
+    /// Postgres itself, or a pooler in session mode.
+    #[default]
+    None,
+    /// A pooler in transaction mode: no named prepared statements, no
+    /// session state, LISTEN only over `[database] direct_url`.
+    PgbouncerTransaction,
+}
+
+impl Pooler {
+    /// The setting's value, as written in the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pooler::None => "none",
+            Pooler::PgbouncerTransaction => "pgbouncer-transaction",
+        }
+    }
 }
 
 /// Opens a pool straight to Postgres (no pooler in between).

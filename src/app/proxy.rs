@@ -20,7 +20,7 @@ const SERVICES_GRACE: Duration = Duration::from_secs(5);
 /// Runs the proxy until `stop` is cancelled. `listen` overrides
 /// `[proxy] listen`.
 pub async fn run(config: Config, listen: Option<&str>, stop: CancellationToken) -> Result<()> {
-    let db = crate::db::open(&config, config.max_connections).await?;
+    let db = config.open_db(config.max_connections).await?;
     crate::db::check_schema(&db).await?;
     let mut services = Services::new();
     let mut side = RedisSide::start(&config, &db, true, &mut services).await?;

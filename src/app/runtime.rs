@@ -51,7 +51,7 @@ pub struct Runtime {
 impl Runtime {
     /// Connects and checks the schema.
     pub async fn build(config: Config) -> Result<Runtime> {
-        let db = crate::db::open(&config, config.max_connections).await?;
+        let db = config.open_db(config.max_connections).await?;
         crate::db::check_schema(&db).await?;
         Ok(Runtime {
             config,

@@ -18,7 +18,7 @@ use crate::queue::backoff::Backoff;
 
 /// Connects, migrates and empties the bench queue (live and dead rows).
 pub async fn prepare(config: &Config) -> Result<PgPool> {
-    let db = crate::db::open(&config, 4).await?;
+    let db = config.open_db(4).await?;
     crate::db::migrate(&db).await?;
     sqlx::query("DELETE FROM qbridge.jobs WHERE queue = $1")
         .bind(BENCH_QUEUE)

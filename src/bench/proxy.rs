@@ -128,7 +128,7 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
     let repair_routes = routes.clone();
     let opts = mirror_options(config, args);
     // The writers get their own pool, one connection each, like `qbridge proxy`.
-    let mirror_db = crate::db::open(&config, opts.writers as u32 + 1).await?;
+    let mirror_db = config.open_db(opts.writers as u32 + 1).await?;
     let probe: LagProbe = Arc::default();
     // The gap spool of production: a batch Postgres cannot take (a stall
     // beyond the writers' lock timeout) is parked in Redis and repaired
@@ -251,7 +251,7 @@ async fn references(
 
 /// A migrated database without the previous runs' rows and key.
 async fn prepare(config: &Config, key: &str) -> Result<PgPool> {
-    let db = crate::db::open(&config, 2).await?;
+    let db = config.open_db(2).await?;
     crate::db::migrate(&db).await?;
     cleanup(&db, &config.proxy.upstream, key).await?;
     // Earlier runs' deleted rows would slow this one (a server with

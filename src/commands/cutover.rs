@@ -18,7 +18,7 @@ use crate::routes::Routes;
 use super::operator;
 
 pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<()> {
-    let db = crate::db::open(&config, 2).await?;
+    let db = config.open_db(2).await?;
     crate::db::check_schema(&db).await?;
     if config.routes.is_empty() {
         return Err(Error::Config(

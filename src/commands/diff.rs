@@ -10,7 +10,7 @@ use crate::redis::connect::connect_redis_with;
 
 pub async fn run(config: &Config, args: &DiffArgs, as_json: bool) -> Result<()> {
     let assume = assumption(args)?;
-    let db = crate::db::open(&config, 2).await?;
+    let db = config.open_db(2).await?;
     crate::db::check_schema(&db).await?;
     let routes = super::routes::stored_routes(&db, config).await?;
     let route = super::routes::find(&routes, &args.route)?;

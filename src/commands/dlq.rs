@@ -18,7 +18,7 @@ fn selector(f: &DlqFilter) -> Result<Selector> {
 }
 
 pub async fn run(config: &Config, cmd: DlqCommand, as_json: bool) -> Result<()> {
-    let db = crate::db::open(&config, 2).await?;
+    let db = config.open_db(2).await?;
     crate::db::check_schema(&db).await?;
     match cmd {
         DlqCommand::List { filter, limit } => {

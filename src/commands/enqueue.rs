@@ -72,7 +72,7 @@ pub async fn run(config: &Config, args: &EnqueueArgs, as_json: bool) -> Result<(
         jobs.push(job);
     }
 
-    let db = crate::db::open(&config, 2).await?;
+    let db = config.open_db(2).await?;
     crate::db::check_schema(&db).await?;
     let bar = output::progress(jobs.len() as u64, as_json || jobs.len() < BATCH, "enqueue");
     let mut tx = db.begin().await?;

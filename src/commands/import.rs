@@ -12,7 +12,7 @@ use crate::output;
 use crate::redis::connect::connect_redis_with;
 
 pub async fn run(config: &Config, args: &ImportArgs, as_json: bool) -> Result<()> {
-    let db = crate::db::open(&config, 2).await?;
+    let db = config.open_db(2).await?;
     crate::db::check_schema(&db).await?;
     let routes = super::routes::stored_routes(&db, config).await?;
     let route = super::routes::find(&routes, &args.route)?;

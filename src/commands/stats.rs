@@ -8,7 +8,7 @@ use crate::redis::connect::connect_redis_with;
 use crate::redis::route_stats;
 
 pub async fn run(config: &Config, as_json: bool) -> Result<()> {
-    let db = crate::db::open(&config, 2).await?;
+    let db = config.open_db(2).await?;
     crate::db::check_schema(&db).await?;
     let queues = stats::queues(&db).await?;
     let health = stats::db_health(&db).await?;

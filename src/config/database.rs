@@ -6,29 +6,8 @@
 
 use serde::Deserialize;
 
+pub use crate::db::Pooler;
 use crate::error::{Error, Result};
-
-/// What sits between qbridge and Postgres.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Pooler {
-    /// Postgres itself, or a pooler in session mode.
-    #[default]
-    None,
-    /// A pooler in transaction mode: no named prepared statements, no
-    /// session state, LISTEN only over `direct_url`.
-    PgbouncerTransaction,
-}
-
-impl Pooler {
-    /// The setting's value, as written in the file.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Pooler::None => "none",
-            Pooler::PgbouncerTransaction => "pgbouncer-transaction",
-        }
-    }
-}
 
 /// `[database]` as written.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -81,6 +60,13 @@ pub(crate) fn validate_database(
     pooler: Option<Pooler>,
 ) -> Result<DatabaseConfig> {
     if let Some(url) = &file.direct_url {
+        // sqlx parses any scheme; a MySQL or Redis URL here is a mistake.
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(Error::Config(format!(
+                "[database] direct_url: {:?} must start with postgres://",
+                crate::redact::redact_url(url)
+            )));
+        }
         url.parse::<sqlx::postgres::PgConnectOptions>()
             .map_err(|e| {
                 Error::Config(format!(

@@ -248,12 +248,24 @@ async fn a_forced_failover_under_load_loses_no_acknowledged_push(pool: PgPool) {
         }
         if started.elapsed() >= Duration::from_secs(30) {
             let out = std::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
-                .args(["-c", &cfg_s, "--database-url", &db, "--json", "diff", "--route", "orders"])
+                .args([
+                    "-c",
+                    &cfg_s,
+                    "--database-url",
+                    &db,
+                    "--json",
+                    "diff",
+                    "--route",
+                    "orders",
+                ])
                 .args(["--since", "1h"])
                 .output()
                 .unwrap();
             let said = String::from_utf8_lossy(&out.stdout);
-            eprintln!("FINAL DIFF {}", said.split_whitespace().collect::<Vec<_>>().join(" "));
+            eprintln!(
+                "FINAL DIFF {}",
+                said.split_whitespace().collect::<Vec<_>>().join(" ")
+            );
         }
         assert!(
             started.elapsed() < Duration::from_secs(30),
