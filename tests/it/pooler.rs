@@ -179,12 +179,7 @@ async fn a_worker_behind_pgbouncer_retries_and_dead_letters_by_polling(pool: PgP
         ),
     )
     .unwrap();
-    let mut run = tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
-        .args(["run", "--database-url", &url, "--config"])
-        .arg(cfg.path())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut run = crate::support::spawn_run(&url, cfg.path());
     let started = Instant::now();
     loop {
         let left = crate::support::jobs(&pool).await;
@@ -208,14 +203,7 @@ async fn a_worker_behind_pgbouncer_retries_and_dead_letters_by_polling(pool: PgP
         ready.contains("pooler pgbouncer-transaction; wake-ups polling only"),
         "{ready}"
     );
-    let _ = tokio::process::Command::new("kill")
-        .args(["-TERM", &run.id().unwrap().to_string()])
-        .status()
-        .await;
-    let status = tokio::time::timeout(Duration::from_secs(20), run.wait())
-        .await
-        .expect("stops on SIGTERM")
-        .unwrap();
+    let status = crate::support::sigterm_and_wait(&mut run).await;
     assert!(status.success());
     let done: i64 =
         sqlx::query_scalar("SELECT count(*) FROM qbridge.jobs_done WHERE queue = 'pooled'")

@@ -87,12 +87,7 @@ async fn the_runtime_role_runs_jobs_and_can_change_no_schema() {
         ),
     )
     .unwrap();
-    let mut run = tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
-        .args(["run", "--database-url", &as_runtime, "--config"])
-        .arg(cfg.path())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut run = crate::support::spawn_run(&as_runtime, cfg.path());
     let started = Instant::now();
     loop {
         let left: i64 = sqlx::query_scalar("SELECT count(*) FROM qbridge.jobs")
@@ -105,14 +100,7 @@ async fn the_runtime_role_runs_jobs_and_can_change_no_schema() {
         assert!(started.elapsed() < Duration::from_secs(30), "jobs ran");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let _ = tokio::process::Command::new("kill")
-        .args(["-TERM", &run.id().unwrap().to_string()])
-        .status()
-        .await;
-    let status = tokio::time::timeout(Duration::from_secs(20), run.wait())
-        .await
-        .expect("stops on SIGTERM")
-        .unwrap();
+    let status = crate::support::sigterm_and_wait(&mut run).await;
     assert!(status.success(), "qbridge run as the runtime role");
     for args in [
         vec!["stats"],

@@ -65,6 +65,24 @@ fn ran_ids(ran: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// `qbridge --json diff --route orders --since 1h` with `extra` arguments;
+/// fails the test unless it succeeds; its JSON.
+async fn diff(cfg: &str, db: &str, extra: &[&str]) -> serde_json::Value {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+        .args(["-c", cfg, "--database-url", db, "--json", "diff"])
+        .args(["--route", "orders", "--since", "1h"])
+        .args(extra)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "diff {extra:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn spawn(args: &[&str], log: &std::path::Path) -> tokio::process::Child {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
         .args(args)
@@ -208,28 +226,9 @@ async fn a_forced_failover_under_load_loses_no_acknowledged_push(pool: PgPool) {
             "Sentinel failover",
         ],
     ] {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
-            .args([
-                "-c",
-                &cfg_s,
-                "--database-url",
-                &db,
-                "--json",
-                "diff",
-                "--route",
-                "orders",
-            ])
-            .args(["--since", "1h", "--repair"])
-            .args(&extra)
-            .output()
-            .await
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "diff --repair: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let said: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let mut args = vec!["--repair"];
+        args.extend(extra.iter().copied());
+        let said = diff(&cfg_s, &db, &args).await;
         let d = &said["diff"];
         eprintln!(
             "diff --repair {extra:?}: only_postgres {} repairable {} unaccounted {} redis_waiting {} repair {}",
@@ -247,25 +246,8 @@ async fn a_forced_failover_under_load_loses_no_acknowledged_push(pool: PgPool) {
             break;
         }
         if started.elapsed() >= Duration::from_secs(30) {
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
-                .args([
-                    "-c",
-                    &cfg_s,
-                    "--database-url",
-                    &db,
-                    "--json",
-                    "diff",
-                    "--route",
-                    "orders",
-                ])
-                .args(["--since", "1h"])
-                .output()
-                .unwrap();
-            let said = String::from_utf8_lossy(&out.stdout);
-            eprintln!(
-                "FINAL DIFF {}",
-                said.split_whitespace().collect::<Vec<_>>().join(" ")
-            );
+            let said = diff(&cfg_s, &db, &[]).await;
+            eprintln!("the diff at the end: {said}");
         }
         assert!(
             started.elapsed() < Duration::from_secs(30),
@@ -284,22 +266,7 @@ async fn a_forced_failover_under_load_loses_no_acknowledged_push(pool: PgPool) {
     let all = ran_ids(&ran);
     let distinct: BTreeSet<&String> = all.iter().collect();
     let twice = (all.len() - distinct.len()) as u64;
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
-        .args([
-            "-c",
-            &cfg_s,
-            "--database-url",
-            &db,
-            "--json",
-            "diff",
-            "--route",
-            "orders",
-        ])
-        .args(["--since", "1h"])
-        .output()
-        .await
-        .unwrap();
-    let diff: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let diff = diff(&cfg_s, &db, &[]).await;
     let counted = diff["diff"]["redis"]["ran_twice"].as_u64().unwrap();
     eprintln!("{twice} job(s) ran twice; the diff counts {counted}");
     assert!(

@@ -306,3 +306,26 @@ pub fn python() -> std::path::PathBuf {
     );
     path
 }
+
+/// `qbridge run --database-url URL --config CFG` as a child process (killed
+/// if the test ends first).
+pub fn spawn_run(database_url: &str, config: &std::path::Path) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+        .args(["run", "--database-url", database_url, "--config"])
+        .arg(config)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// SIGTERM, then the exit status (within 20 s, else the test fails).
+pub async fn sigterm_and_wait(child: &mut tokio::process::Child) -> std::process::ExitStatus {
+    let _ = tokio::process::Command::new("kill")
+        .args(["-TERM", &child.id().unwrap().to_string()])
+        .status()
+        .await;
+    tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("stops on SIGTERM")
+        .unwrap()
+}
