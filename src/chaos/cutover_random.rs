@@ -48,6 +48,8 @@ pub struct Campaign {
     pub rate: u32,
     /// How long the end may take to drain.
     pub patience: Duration,
+    /// The qbridge processes go through a transaction-mode PgBouncer.
+    pub via_pgbouncer: bool,
 }
 
 /// What one seed did and what the oracle found.
@@ -91,7 +93,7 @@ pub async fn campaign(
 async fn start_rig(c: &Campaign, items: Items) -> Result<Rig> {
     let mut tries = 0;
     loop {
-        match Rig::start_with(&c.bin, Phase::DualWrite, "", items).await {
+        match Rig::start_with(&c.bin, Phase::DualWrite, "", items, c.via_pgbouncer).await {
             Ok(rig) => return Ok(rig),
             Err(e) if tries < 2 => {
                 tries += 1;

@@ -129,19 +129,23 @@ impl Rig {
     /// transaction-mode PgBouncer, declared in their config, without a
     /// direct URL (so they poll: no LISTEN).
     pub async fn start(bin: &Path, phase: Phase, setup: &str, via_pgbouncer: bool) -> Result<Rig> {
-        let mut rig = Rig::prepare(setup, Items::Ids, bin).await?;
+        Rig::start_with(bin, phase, setup, Items::Ids, via_pgbouncer).await
+    }
+
+    /// [`Rig::start`] for producers pushing `items` (the route's format
+    /// follows).
+    pub async fn start_with(
+        bin: &Path,
+        phase: Phase,
+        setup: &str,
+        items: Items,
+        via_pgbouncer: bool,
+    ) -> Result<Rig> {
+        let mut rig = Rig::prepare(setup, items, bin).await?;
         if via_pgbouncer {
             rig.pgbouncer =
                 Some(ThrowawayPgBouncer::try_start(rig.pg.port).map_err(Error::Config)?);
         }
-        rig.launch(phase).await?;
-        Ok(rig)
-    }
-
-    /// [`Rig::start`] for producers pushing `items` (the route's format
-    /// follows), straight to Postgres.
-    pub async fn start_with(bin: &Path, phase: Phase, setup: &str, items: Items) -> Result<Rig> {
-        let mut rig = Rig::prepare(setup, items, bin).await?;
         rig.launch(phase).await?;
         Ok(rig)
     }

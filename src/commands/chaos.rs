@@ -58,6 +58,7 @@ async fn walk(args: &ChaosArgs, as_json: bool) -> Result<()> {
         steps: args.steps,
         rate: args.rate.max(2),
         patience: parse_duration(&args.patience)?,
+        via_pgbouncer: args.via_pgbouncer,
     };
     let reports = chaos::cutover_random::campaign(&campaign, |r| {
         if !as_json {

@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 use super::servers::free_port;
 
 /// Server connections per database and user: fewer than qbridge's clients.
+/// (`server_login_retry` is 1 s instead of PgBouncer's 15: after a Postgres
+/// restart PgBouncer refuses every client for that long after one failed
+/// login, which would stretch a one-second outage to fifteen; README says
+/// so for production poolers too.)
 pub const SERVER_POOL: u32 = 4;
 
 /// A pgbouncer process and its files.
@@ -56,7 +60,7 @@ impl ThrowawayPgBouncer {
              [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
              unix_socket_dir =\nauth_type = trust\nauth_file = {users}\n\
              pool_mode = transaction\ndefault_pool_size = {SERVER_POOL}\n\
-             max_client_conn = 400\nlogfile = {log}\n",
+             max_client_conn = 400\nserver_login_retry = 1\nlogfile = {log}\n",
             users = path("users.txt"),
             log = path("pgbouncer.log"),
         );
