@@ -201,17 +201,29 @@ impl RedisConsumer {
         let unreachable = |e| crate::redis::connect::unreachable(redis_url, e);
         let client = tls.client(redis_url).map_err(unreachable)?;
         if routes.phase(&route) != Phase::Decommissioned {
-            let config = ::redis::AsyncConnectionConfig::new()
+            let timeouts = ::redis::AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(Duration::from_secs(3)))
                 .set_response_timeout(Some(Duration::from_secs(3)));
             let mut conn = client
-                .get_multiplexed_async_connection_with_config(&config)
+                .get_multiplexed_async_connection_with_config(&timeouts)
                 .await
                 .map_err(unreachable)?;
             let _: String = ::redis::cmd("PING")
                 .query_async(&mut conn)
                 .await
                 .map_err(unreachable)?;
+            let keys = RouteKeys::of(&route).consumer(&config.consumer_name);
+            if heartbeat::in_use(&mut conn, &keys)
+                .await
+                .map_err(unreachable)?
+            {
+                return Err(Error::Config(format!(
+                    "route {:?}: redis_consumer.consumer_name {:?} is in use by another running \
+                     consumer (its heartbeat goes on); give each process its own name, stable \
+                     across its restarts",
+                    route.name, config.consumer_name
+                )));
+            }
         }
         let route_keys = RouteKeys::of(&route);
         let keys = route_keys.consumer(&config.consumer_name);

@@ -355,3 +355,48 @@ async fn a_permanent_failure_goes_dead_at_once(pool: PgPool) {
     assert_eq!(redis().await.llen::<_, i64>(fx.dead()).await.unwrap(), 1);
     fx.cleanup().await;
 }
+
+/// Two consumers under one name would share — and each recover — one set
+/// of processing lists. The second refuses to start, in one line, while
+/// the first beats; a heartbeat nobody renews (this consumer's own run,
+/// killed before it could delete it) does not stop it, after two beats.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_consumer_name_in_use_is_refused_and_a_stale_heartbeat_is_not(pool: PgPool) {
+    let fx = Fixture::new(
+        "json:/id",
+        Phase::DualWrite,
+        PushEnd::Lpush,
+        sh("true", &[]),
+        1,
+        3,
+    );
+    let heartbeat = format!("qbridge:consumer:{}:{}", fx.name, fx.consumer);
+    let running = fx.start(&pool).await;
+    crate::support::wait_for("the first heartbeat", Duration::from_secs(10), || async {
+        redis().await.exists::<_, bool>(&heartbeat).await.unwrap()
+    })
+    .await;
+    let refused = fx.consumer(&pool, REDIS).await.err().expect("refused");
+    let line = refused.to_string();
+    assert!(
+        line.contains("in use by another running consumer"),
+        "{line}"
+    );
+    assert!(!line.contains('\n'), "{line}");
+    running.stop().await;
+
+    let _: () = ::redis::pipe()
+        .hset_multiple(
+            &heartbeat,
+            &[("phase", "dual_write"), ("holding", "0"), ("at", "1")],
+        )
+        .pexpire(&heartbeat, 10_000)
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    fx.consumer(&pool, REDIS)
+        .await
+        .expect("a stale heartbeat is not a running consumer");
+    assert!(started.elapsed() >= Duration::from_secs(2));
+}

@@ -93,8 +93,20 @@ async fn a_schema_newer_than_the_binary_is_refused_in_one_line(pool: PgPool) {
         ),
         "{err:?}"
     );
+    let cfg = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        cfg.path(),
+        "[http]\nlisten = \"127.0.0.1:0\"\n[[pools]]\nqueues = [\"q\"]\nhandler = { type = \"noop\" }\n",
+    )
+    .unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
-        .args(["run", "--database-url", &crate::support::db_url(&pool)])
+        .args([
+            "run",
+            "--database-url",
+            &crate::support::db_url(&pool),
+            "--config",
+        ])
+        .arg(cfg.path())
         .output()
         .unwrap();
     assert!(!out.status.success());

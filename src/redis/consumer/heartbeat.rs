@@ -99,6 +99,34 @@ pub async fn write<C: ConnectionLike + Send>(
         .await
 }
 
+/// Whether another running consumer beats under `keys`'s name, asked before
+/// this one beats for the first time: two consumers with one name would
+/// share — and each recover — the same processing lists. A heartbeat that
+/// is there may also be this consumer's own previous run, killed before it
+/// could delete it; only one that is renewed while we watch (two beats)
+/// is another's. A consumer that exited cleanly deleted its key.
+pub async fn in_use<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &ConsumerKeys,
+) -> RedisResult<bool> {
+    let key = keys.heartbeat();
+    let first: Option<String> = ::redis::cmd("HGET")
+        .arg(&key)
+        .arg(AT)
+        .query_async(conn)
+        .await?;
+    let Some(first) = first else {
+        return Ok(false);
+    };
+    tokio::time::sleep(EVERY * 2 + Duration::from_millis(500)).await;
+    let then: Option<String> = ::redis::cmd("HGET")
+        .arg(&key)
+        .arg(AT)
+        .query_async(conn)
+        .await?;
+    Ok(then.is_some_and(|then| then != first))
+}
+
 /// The heartbeats stored under `found` (keys SCANned with
 /// [`RouteKeys::any_heartbeat`]); a key that expired since is left out.
 pub async fn read<C: ConnectionLike + Send>(
