@@ -218,3 +218,47 @@ async fn a_worker_behind_pgbouncer_retries_and_dead_letters_by_polling(pool: PgP
     assert_eq!(done, 20);
     assert_eq!(dead, vec![(serde_json::json!({"fail": "always"}), 3)]);
 }
+
+/// The diff gauges' leader lock through the pooler: transaction-scoped, so
+/// it is released on the server connection that took it. (A session lock
+/// taken on one server connection and "released" on another would leave
+/// the pass leaderless for good.) Three passes in a row each lead; while
+/// another transaction holds the lock, a pass does not.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn the_diff_gauges_leader_lock_holds_and_releases_behind_pgbouncer(pool: PgPool) {
+    let (_bouncer, url) = bouncer_for(&pool);
+    let pooled = qbridge::db::connect_via(&url, Pooler::PgbouncerTransaction, 8)
+        .await
+        .unwrap();
+    let config = qbridge::config::Config::from_toml(
+        "[[routes]]\nname = \"gauged\"\nredis_key = \"qbt:pooler:gauged\"\nqueue = \"gauged\"\n\
+         format = \"raw\"\nphase = \"dual_write\"\n",
+        &Default::default(),
+    )
+    .unwrap();
+    let routes = qbridge::routes::Routes::from_config(&config.routes);
+    let mut redis = qbridge::redis::connect::connect_redis("redis://127.0.0.1:6379")
+        .await
+        .unwrap();
+    for pass in 0..3 {
+        let led = qbridge::ops::diff_metrics::publish_once(&pooled, &mut redis, &routes)
+            .await
+            .unwrap();
+        assert!(led, "pass {pass} found the lock taken");
+    }
+    let mut holder = pooled.begin().await.unwrap();
+    let held = qbridge::queue::leader::try_lead(&mut holder, qbridge::queue::leader::DIFF_GAUGES)
+        .await
+        .unwrap()
+        .expect("free");
+    let led = qbridge::ops::diff_metrics::publish_once(&pooled, &mut redis, &routes)
+        .await
+        .unwrap();
+    assert!(!led, "two leaders at once");
+    held.done();
+    holder.rollback().await.unwrap();
+    let led = qbridge::ops::diff_metrics::publish_once(&pooled, &mut redis, &routes)
+        .await
+        .unwrap();
+    assert!(led, "the lock was not released");
+}
