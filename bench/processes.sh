@@ -2,8 +2,9 @@
 # Drain with 1, 2 and 4 `qbridge run` processes on one database, the same
 # total concurrency (C handlers, split evenly), no-op handler: N jobs are
 # enqueued, the processes start, and the clock stops when the queue is
-# empty (process start-up included). RUNS rounds, round-robin over the
-# process counts; medians. Issue 18: no drop from 1 to 4 processes.
+# empty (process start-up included). Also counts the transactions Postgres
+# committed per job (pg_stat_database.xact_commit). RUNS rounds, round-robin
+# over the process counts; medians. Issue 18: no drop from 1 to 4 processes.
 # Env: DB (qbridge_processes, dropped and recreated), N (100000), C (64),
 #      B (500: claim batch), RUNS (3), PGHOST/PGPORT/PGUSER.
 set -euo pipefail
@@ -24,6 +25,9 @@ for r in $(seq "$RUNS"); do
   for k in 1 2 4; do
     RUST_LOG=warn $bin enqueue --database-url "$URL" --queue bench --file "$dir/jobs.jsonl" >/dev/null
     psql -qX -d "$DB" -c 'VACUUM ANALYZE qbridge.jobs' -c CHECKPOINT >/dev/null
+    commits() { psql -qAtX -d "$DB" -c "SELECT pg_stat_force_next_flush()" \
+                  -c "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()" | tail -1; }
+    c0=$(commits)
     pids=()
     start=$(date +%s.%N)
     for i in $(seq "$k"); do
@@ -36,17 +40,21 @@ for r in $(seq "$RUNS"); do
     done
     end=$(date +%s.%N)
     kill -TERM "${pids[@]}"; wait "${pids[@]}" 2>/dev/null || true
+    sleep 1
+    per_job=$(python3 -c "print(round(($(commits) - $c0) / $N, 3))")
     rate=$(python3 -c "print(int($N / ($end - $start)))")
-    echo ">> run $r/$RUNS: $k process(es): $rate jobs/s" >&2
-    echo "$k $rate" >>"$out"
+    echo ">> run $r/$RUNS: $k process(es): $rate jobs/s, $per_job commits per job" >&2
+    echo "$k $rate $per_job" >>"$out"
   done
 done
 python3 - "$out" "$N" "$C" <<'PY'
 import sys, statistics
 rows = [l.split() for l in open(sys.argv[1])]
 by = {k: [int(r[1]) for r in rows if r[0] == k] for k in ("1", "2", "4")}
+commits = {k: [float(r[2]) for r in rows if r[0] == k] for k in ("1", "2", "4")}
 one = statistics.median(by["1"])
 for k, xs in by.items():
     m = statistics.median(xs)
-    print(f"{k} process(es), {int(sys.argv[3])//int(k)} handlers each: drain {m:.0f} jobs/s (x{m/one:.2f} of 1)  runs {xs}")
+    print(f"{k} process(es), {int(sys.argv[3])//int(k)} handlers each: drain {m:.0f} jobs/s (x{m/one:.2f} of 1), "
+          f"{statistics.median(commits[k]):.3f} commits per job  runs {xs}")
 PY
