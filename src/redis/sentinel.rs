@@ -5,8 +5,8 @@
 //! `redis://` URL and keeps reconnecting to that one address. So a process
 //! whose `redis_url` names sentinels starts a [`Relay`] first: a listener on
 //! 127.0.0.1 whose every accepted connection is spliced to the master the
-//! sentinels name *at that moment*, checked with `ROLE` before a byte is
-//! relayed. The process then uses the relay's `redis://127.0.0.1:<port>/<db>`
+//! sentinels name, as last confirmed with `ROLE` (asked every
+//! [`FOLLOW_EVERY`]). The process then uses the relay's `redis://127.0.0.1:<port>/<db>`
 //! URL (with the master's credentials) everywhere.
 //!
 //! The relay asks the sentinels every [`FOLLOW_EVERY`]; when they name
@@ -114,8 +114,8 @@ impl Relay {
             "Redis through Sentinel: connections go to the master the sentinels name");
         let url = format!("redis://{}127.0.0.1:{port}/{}", target.userinfo, target.db);
         let (current, seen) = watch::channel(master);
-        tokio::spawn(follow(target.clone(), current, token.clone()));
-        tokio::spawn(relay(listener, target, seen, token));
+        tokio::spawn(follow(target, current, token.clone()));
+        tokio::spawn(relay(listener, seen, token));
         Ok(Relay { url })
     }
 }
@@ -144,12 +144,7 @@ async fn follow(target: SentinelUrl, current: watch::Sender<String>, token: Canc
     }
 }
 
-async fn relay(
-    listener: TcpListener,
-    target: SentinelUrl,
-    seen: watch::Receiver<String>,
-    token: CancellationToken,
-) {
+async fn relay(listener: TcpListener, seen: watch::Receiver<String>, token: CancellationToken) {
     loop {
         let accepted = tokio::select! {
             _ = token.cancelled() => return,
@@ -158,26 +153,23 @@ async fn relay(
         let Ok((client, _)) = accepted else {
             continue;
         };
-        tokio::spawn(splice(client, target.clone(), seen.clone()));
+        tokio::spawn(splice(client, seen.clone()));
     }
 }
 
 /// One client connection, spliced to the master named now until either
 /// side closes or the sentinels name another master. Either way the client
 /// sees its connection close, reconnects, and reaches the new master.
-async fn splice(mut client: TcpStream, target: SentinelUrl, mut seen: watch::Receiver<String>) {
-    let addr = match master_addr(&target).await {
-        Ok(addr) => addr,
-        Err(e) => {
-            // Dropping the client is what a refused connection looks like
-            // to it; it retries.
-            tracing::warn!(error = %e, "no Redis master to relay to");
-            return;
-        }
-    };
+async fn splice(mut client: TcpStream, mut seen: watch::Receiver<String>) {
+    // The master the follower confirmed last (within FOLLOW_EVERY): asking
+    // the sentinels again for every connection would add two connections
+    // and round trips to each client's connect.
+    let addr = seen.borrow_and_update().clone();
     let mut server = match TcpStream::connect(&addr).await {
         Ok(server) => server,
         Err(e) => {
+            // Dropping the client is what a refused connection looks like
+            // to it; it retries, and reaches the next master named.
             tracing::warn!(error = %e, at = %addr, "cannot reach the Redis master");
             return;
         }
