@@ -25,6 +25,14 @@ fn reduced() -> Options {
     }
 }
 
+/// [`reduced`] with every qbridge process behind a throwaway PgBouncer.
+fn through_pgbouncer() -> Options {
+    Options {
+        via_pgbouncer: true,
+        ..reduced()
+    }
+}
+
 /// One scenario at a time (the tests run on separate runtimes, so an
 /// async mutex in a static).
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -70,20 +78,12 @@ async fn terminated_backends_and_listen_connection() {
 /// backends are PgBouncer's server connections.
 #[tokio::test(flavor = "multi_thread")]
 async fn worker_sigkill_through_pgbouncer() {
-    let opts = Options {
-        via_pgbouncer: true,
-        ..reduced()
-    };
-    holds_with(Scenario::WorkerKill, opts).await;
+    holds_with(Scenario::WorkerKill, through_pgbouncer()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn terminated_backends_through_pgbouncer() {
-    let opts = Options {
-        via_pgbouncer: true,
-        ..reduced()
-    };
-    holds_with(Scenario::TerminateBackends, opts).await;
+    holds_with(Scenario::TerminateBackends, through_pgbouncer()).await;
 }
 
 /// Three `qbridge run` and two proxies on one database, one run SIGKILLed
@@ -94,9 +94,8 @@ async fn terminated_backends_through_pgbouncer() {
 #[tokio::test(flavor = "multi_thread")]
 async fn many_processes_through_pgbouncer_one_leader_at_a_time() {
     let opts = Options {
-        via_pgbouncer: true,
         span: Duration::from_secs(6),
-        ..reduced()
+        ..through_pgbouncer()
     };
     let report = holds_with(Scenario::ManyProcesses, opts).await;
     let reaper = regex::Regex::new(r"reaper: (\d+) passes led by (\S+)")

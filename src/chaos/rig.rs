@@ -182,33 +182,31 @@ impl Rig {
 
     /// Writes the configs and starts the proxy and two workers.
     async fn launch(&mut self, phase: Phase) -> Result<()> {
-        let rig = self;
         for name in ["w1", "w2"] {
-            let config = rig.write_config(name, phase, rig.proxy_port)?;
-            rig.workers.push(Process {
-                name: name.to_string(),
-                args: vec![
-                    "run".into(),
-                    "-c".into(),
-                    config.to_string_lossy().into_owned(),
-                ],
-                http_port: free_port(),
-                child: None,
-            });
+            let worker = self.process(name, "run", phase, self.proxy_port)?;
+            self.workers.push(worker);
         }
-        let config = rig.write_config("proxy", phase, rig.proxy_port)?;
-        rig.proxy = Some(Process {
-            name: "proxy".into(),
+        self.proxy = Some(self.process("proxy", "proxy", phase, self.proxy_port)?);
+        self.spawn_all()?;
+        self.wait_for_proxy().await
+    }
+
+    /// A qbridge process (`command`: `run` or `proxy`) with its config
+    /// written and its own HTTP port; not started.
+    fn process(&self, name: &str, command: &str, phase: Phase, proxy_port: u16) -> Result<Process> {
+        let config = self.write_config(name, phase, proxy_port)?;
+        let http_port = free_port();
+        Ok(Process {
+            name: name.to_string(),
             args: vec![
-                "proxy".into(),
+                command.into(),
                 "-c".into(),
                 config.to_string_lossy().into_owned(),
+                format!("--http-listen=127.0.0.1:{http_port}"),
             ],
-            http_port: free_port(),
+            http_port,
             child: None,
-        });
-        rig.spawn_all()?;
-        rig.wait_for_proxy().await
+        })
     }
 
     /// postgres://… of the throwaway cluster itself.
@@ -230,20 +228,8 @@ impl Rig {
     /// [`Rig::workers`] (killed, restarted and stopped like them).
     pub async fn add_process(&mut self, name: &str, phase: Phase, proxy: bool) -> Result<u16> {
         let port = free_port();
-        let config = self.write_config(name, phase, port)?;
-        let mut process = Process {
-            name: name.to_string(),
-            args: vec![
-                if proxy { "proxy" } else { "run" }.into(),
-                "-c".into(),
-                config.to_string_lossy().into_owned(),
-            ],
-            http_port: free_port(),
-            child: None,
-        };
-        process
-            .args
-            .push(format!("--http-listen=127.0.0.1:{}", process.http_port));
+        let command = if proxy { "proxy" } else { "run" };
+        let mut process = self.process(name, command, phase, port)?;
         process.spawn(&self.bin, self.dir.path(), &self.process_url())?;
         self.workers.push(process);
         if proxy {
@@ -294,14 +280,7 @@ gates = {{ window = "2s", min_jobs = 1 }}
     fn spawn_all(&mut self) -> Result<()> {
         let url = self.process_url();
         let dir = self.dir.path().to_path_buf();
-        for w in &mut self.workers {
-            let port = w.http_port;
-            w.args.push(format!("--http-listen=127.0.0.1:{port}"));
-            w.spawn(&self.bin, &dir, &url)?;
-        }
-        if let Some(p) = &mut self.proxy {
-            let port = p.http_port;
-            p.args.push(format!("--http-listen=127.0.0.1:{port}"));
+        for p in self.workers.iter_mut().chain(self.proxy.iter_mut()) {
             p.spawn(&self.bin, &dir, &url)?;
         }
         Ok(())

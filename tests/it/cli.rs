@@ -2,7 +2,6 @@
 //! on stdout, and an error under `--json` is one JSON line on stderr with a
 //! non-zero exit code.
 
-use std::process::Output;
 use std::time::Duration;
 
 use qbridge::queue::{fence, NewJob};
@@ -10,21 +9,9 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 
 use crate::support;
+use crate::support::qbridge;
 
 /// Runs the binary with `args`, away from the caller's QBRIDGE_* settings.
-async fn qbridge(args: &[&str]) -> Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
-        .args(args)
-        .env_remove("QBRIDGE_DATABASE_URL")
-        .env_remove("QBRIDGE_CONFIG")
-        .env_remove("QBRIDGE_HTTP_LISTEN")
-        .env_remove("QBRIDGE_REDIS_URL")
-        .env_remove("QBRIDGE_PROXY_LISTEN")
-        .env("QBRIDGE_LOG_FORMAT", "text")
-        .output()
-        .await
-        .expect("qbridge runs")
-}
 
 #[tokio::test]
 async fn json_errors_are_one_json_line_on_stderr() {

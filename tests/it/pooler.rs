@@ -12,7 +12,7 @@ use qbridge::demo::pgbouncer::ThrowawayPgBouncer;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
-use crate::support::{db_name, last_stderr_line};
+use crate::support::{db_name, last_stderr_line, qbridge};
 
 fn bouncer_for(pool: &PgPool) -> (ThrowawayPgBouncer, String) {
     let bouncer = ThrowawayPgBouncer::start(pool.connect_options().get_port());
@@ -83,14 +83,6 @@ async fn named_statements_break_behind_pgbouncer_and_the_pooler_mode_does_not(po
     assert_eq!(errors, Vec::<String>::new());
     assert_eq!(wrong, 0);
     qbridge::db::check_schema(&declared).await.unwrap();
-}
-
-async fn qbridge(args: &[&str]) -> std::process::Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
-        .args(args)
-        .output()
-        .await
-        .unwrap()
 }
 
 /// Not declared, the pooler's first refusal names the setting, in one line;

@@ -9,16 +9,9 @@ use std::time::{Duration, Instant};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
-const ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+use crate::support::qbridge;
 
-async fn qbridge(args: &[&str]) -> std::process::Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
-        .args(args)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("qbridge runs")
-}
+const ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
 async fn pool(url: &str) -> PgPool {
     PgPoolOptions::new()

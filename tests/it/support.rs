@@ -329,3 +329,20 @@ pub async fn sigterm_and_wait(child: &mut tokio::process::Child) -> std::process
         .expect("stops on SIGTERM")
         .unwrap()
 }
+
+/// Runs the built binary with `args` in a clean environment (no
+/// `QBRIDGE_*` setting of the machine leaks in); its output.
+pub async fn qbridge(args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+        .args(args)
+        .env_remove("QBRIDGE_DATABASE_URL")
+        .env_remove("QBRIDGE_POOLER")
+        .env_remove("QBRIDGE_CONFIG")
+        .env_remove("QBRIDGE_HTTP_LISTEN")
+        .env_remove("QBRIDGE_REDIS_URL")
+        .env_remove("QBRIDGE_PROXY_LISTEN")
+        .env("QBRIDGE_LOG_FORMAT", "text")
+        .output()
+        .await
+        .expect("qbridge runs")
+}
