@@ -6,11 +6,12 @@
 # committed per job (pg_stat_database.xact_commit). RUNS rounds, round-robin
 # over the process counts; medians. Issue 18: no drop from 1 to 4 processes.
 # Env: DB (qbridge_processes, dropped and recreated), N (100000), C (64),
-#      B (500: claim batch), RUNS (3), PGHOST/PGPORT/PGUSER.
+#      B (500: claim batch), W (50ms: prefetch_window, 0s turns prefetch off),
+#      RUNS (3), PGHOST/PGPORT/PGUSER.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
-DB=${DB:-qbridge_processes}; N=${N:-100000}; C=${C:-64}; B=${B:-500}; RUNS=${RUNS:-3}
+DB=${DB:-qbridge_processes}; N=${N:-100000}; C=${C:-64}; B=${B:-500}; W=${W:-50ms}; RUNS=${RUNS:-3}
 URL="postgres://$PGUSER@$PGHOST:$PGPORT/$DB"
 
 cargo build --release -q
@@ -31,8 +32,8 @@ for r in $(seq "$RUNS"); do
     pids=()
     start=$(date +%s.%N)
     for i in $(seq "$k"); do
-      printf 'worker_id = "p%s"\nmax_connections = %s\n[http]\nlisten = "127.0.0.1:0"\n[[pools]]\nqueues = ["bench"]\nconcurrency = %s\nbatch_size = %s\nhandler = { type = "noop" }\n' \
-        "$i" $((C / k / 8 + 4)) $((C / k)) "$B" >"$dir/p$i.toml"
+      printf 'worker_id = "p%s"\nmax_connections = %s\n[http]\nlisten = "127.0.0.1:0"\n[[pools]]\nqueues = ["bench"]\nconcurrency = %s\nbatch_size = %s\nprefetch_window = "%s"\nhandler = { type = "noop" }\n' \
+        "$i" $((C / k / 8 + 4)) $((C / k)) "$B" "$W" >"$dir/p$i.toml"
       RUST_LOG=warn $bin run -c "$dir/p$i.toml" --database-url "$URL" 2>>"$dir/run.log" & pids+=($!)
     done
     until [ "$(psql -qAtX -d "$DB" -c "SELECT NOT EXISTS (SELECT 1 FROM qbridge.jobs WHERE queue = 'bench')")" = t ]; do

@@ -30,8 +30,8 @@ use crate::secret::Secret;
 use assemble::validate_file;
 pub use cutover::{CutoverConfig, DiffConfig, DualWriteMirrors, GatesConfig, ShadowConfig};
 pub use database::{DatabaseConfig, Pooler};
-pub use pools::header_map;
 pub(crate) use pools::{check_handler, validate_pool};
+pub use pools::{header_map, DEFAULT_PREFETCH_WINDOW};
 pub use proxy::{check_redis_url, ProxyConfig};
 pub use routes::{PushEnd, RedisConsumerConfig, RedisSideKind, RouteConfig};
 pub use sentinel_url::{is_sentinel_url, SentinelUrl};
@@ -142,6 +142,8 @@ pub(crate) struct PoolFile {
     #[serde(default)]
     pub(crate) lock_retry_delay: Option<Dur>,
     #[serde(default)]
+    pub(crate) prefetch_window: Option<Dur>,
+    #[serde(default)]
     pub(crate) tenant: Option<TenantConfig>,
     pub(crate) handler: HandlerConfig,
 }
@@ -161,6 +163,9 @@ pub struct PoolConfig {
     pub poll_interval: Duration,
     pub backoff: Backoff,
     pub lock_retry_delay: Duration,
+    /// Claim beyond the free handlers about as many jobs as the pool starts
+    /// in this window (zero: off). See `worker::prefetch`.
+    pub prefetch_window: Duration,
     pub tenant: Option<TenantCap>,
     pub handler: HandlerConfig,
 }

@@ -19,6 +19,7 @@ pub const JOBS_DEAD_LETTERED: &str = "qbridge_jobs_dead_lettered_total";
 pub const JOBS_REAPED: &str = "qbridge_jobs_reaped_total";
 pub const JOBS_LOST_LEASE: &str = "qbridge_jobs_lost_lease_total";
 pub const LOCK_KEY_DEFERRED: &str = "qbridge_lock_key_deferred_total";
+pub const PREFETCH_HANDED_BACK: &str = "qbridge_prefetch_handed_back_total";
 pub const LISTENER_RECONNECTS: &str = "qbridge_listener_reconnects_total";
 
 pub const TABLE_DEAD_TUPLES: &str = "qbridge_jobs_table_dead_tuples";
@@ -81,6 +82,7 @@ pub const ALL: &[&str] = &[
     JOBS_REAPED,
     JOBS_LOST_LEASE,
     LOCK_KEY_DEFERRED,
+    PREFETCH_HANDED_BACK,
     LISTENER_RECONNECTS,
     TABLE_DEAD_TUPLES,
     TABLE_SINCE_VACUUM,
@@ -165,6 +167,10 @@ pub fn describe() {
     describe_counter!(
         LOCK_KEY_DEFERRED,
         "Claimed jobs put back because their lock key was busy"
+    );
+    describe_counter!(
+        PREFETCH_HANDED_BACK,
+        "Prefetched jobs handed back unstarted (held too long, or at shutdown)"
     );
     describe_counter!(LISTENER_RECONNECTS, "LISTEN connection losses");
     describe_gauge!(

@@ -50,6 +50,7 @@ pub fn worker_config(base: &Config, w: &WorkerArgs, poll: Duration) -> Config {
         poll_interval: poll,
         backoff: Backoff::default(),
         lock_retry_delay: Duration::from_secs(1),
+        prefetch_window: w.prefetch_window,
         tenant: None,
         handler: HandlerConfig::Noop {},
     }];

@@ -28,6 +28,7 @@ async fn measure(
         concurrency: 10,
         completer_batch: 100,
         enqueue_batch: 1,
+        prefetch_window: crate::config::DEFAULT_PREFETCH_WINDOW,
     };
     let cfg = harness::worker_config(config, &w, poll);
     let probe = Arc::new(Probe::default());

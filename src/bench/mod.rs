@@ -67,7 +67,7 @@ pub enum BenchMode {
         #[arg(long, default_value_t = 200)]
         samples: usize,
         /// Pause between enqueues.
-        #[arg(long, default_value = "20ms", value_parser = parse_dur)]
+        #[arg(long, default_value = "50ms", value_parser = parse_dur)]
         interval: Duration,
         /// Poll interval of the worker (the bound when a NOTIFY is lost).
         #[arg(long, default_value = "250ms", value_parser = parse_dur)]
@@ -127,6 +127,9 @@ pub struct WorkerArgs {
     /// Jobs per enqueue call (burn-down).
     #[arg(long, default_value_t = 5000)]
     pub enqueue_batch: usize,
+    /// The pools' prefetch window (`[[pools]] prefetch_window`; 0s: off).
+    #[arg(long, default_value = "50ms", value_parser = parse_dur)]
+    pub prefetch_window: Duration,
 }
 
 fn parse_dur(s: &str) -> std::result::Result<Duration, String> {

@@ -13,6 +13,11 @@ use crate::queue::backoff::Backoff;
 use crate::queue::claim::TenantCap;
 use crate::queue::validate;
 
+/// Long enough that a fast pool's claims carry hundreds of jobs, short
+/// enough that a held job starts within milliseconds (measured in
+/// `bench/processes.sh`).
+pub const DEFAULT_PREFETCH_WINDOW: Duration = Duration::from_millis(50);
+
 pub(crate) fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
     let name = p.name.unwrap_or_else(|| format!("pool{index}"));
     let ctx = |msg: String| Error::Config(format!("pool {name:?}: {msg}"));
@@ -26,7 +31,9 @@ pub(crate) fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
     if concurrency == 0 {
         return Err(ctx("concurrency must be at least 1".into()));
     }
-    let batch_size = p.batch_size.unwrap_or(concurrency.min(100) as i64);
+    // Claims may carry more than the free handlers (prefetch), so the default
+    // no longer follows concurrency.
+    let batch_size = p.batch_size.unwrap_or(100);
     if batch_size < 1 {
         return Err(ctx("batch_size must be at least 1".into()));
     }
@@ -81,6 +88,10 @@ pub(crate) fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
             .lock_retry_delay
             .map(|d| d.0)
             .unwrap_or(Duration::from_secs(1)),
+        prefetch_window: p
+            .prefetch_window
+            .map(|d| d.0)
+            .unwrap_or(DEFAULT_PREFETCH_WINDOW),
         tenant,
         handler: p.handler,
     })

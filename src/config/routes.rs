@@ -39,6 +39,8 @@ pub(super) struct RoutePoolFile {
     #[serde(default)]
     poll_interval: Option<Dur>,
     #[serde(default)]
+    prefetch_window: Option<Dur>,
+    #[serde(default)]
     backoff_base: Option<Dur>,
     #[serde(default)]
     backoff_cap: Option<Dur>,
@@ -378,6 +380,7 @@ fn route_pool(
             backoff_base: p.backoff_base,
             backoff_cap: p.backoff_cap,
             lock_retry_delay: None,
+            prefetch_window: p.prefetch_window,
             tenant: None,
             handler: handler.clone(),
         },

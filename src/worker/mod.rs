@@ -6,3 +6,4 @@
 pub mod gauges;
 pub mod heartbeat;
 pub mod pool;
+pub mod prefetch;

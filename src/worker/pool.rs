@@ -1,4 +1,5 @@
-//! One worker pool: claims batches from its queues while it has free slots, runs
+//! One worker pool: claims batches from its queues while it has free slots (plus
+//! a prefetch sized by its start rate, see [`crate::worker::prefetch`]), runs
 //! each job's handler in its own task, and sends the outcome to the completer.
 //! Sleeps until a NOTIFY wake-up or the poll interval, whichever comes first.
 //!
@@ -21,10 +22,11 @@ use crate::model::Phase;
 use crate::queue::backoff::Backoff;
 use crate::queue::claim::claim_batch;
 use crate::queue::completer::{Finished, Outcome};
-use crate::queue::{fence, ClaimRequest, ClaimedJob, JobCopy};
+use crate::queue::{fence, ClaimRequest, ClaimedJob, JobCopy, JobRef};
 use crate::routes::{Route, Routes};
 use crate::shadow::{Mode, Outcome as RecordedOutcome, OutcomeKind, OutcomeRecorder, Side};
 use crate::worker::heartbeat::{self, InFlight};
+use crate::worker::prefetch::{Held, Prefetch};
 
 /// Totals of one pool's life.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +34,8 @@ pub struct PoolReport {
     pub claimed: u64,
     /// Jobs handed back at shutdown because their handler did not finish in time.
     pub handed_back: u64,
+    /// Prefetched jobs handed back unstarted (held too long, or at shutdown).
+    pub prefetch_handed_back: u64,
 }
 
 /// Everything a pool needs.
@@ -96,17 +100,52 @@ impl WorkerPool {
         // Where the next tenant-capped claim starts (claims rotate through tenants).
         let mut tenant_cursor: Option<String> = None;
 
+        let mut prefetch = Prefetch::new(self.prefetch_window(), Instant::now());
+
         while !intake.is_cancelled() {
-            // Wait for one free slot, then take as many more as are free now.
+            // Wait for one free slot, then take as many more as are free now;
+            // hand back held jobs that waited too long meanwhile.
+            let hand_back_at = prefetch.hand_back_at().map(tokio::time::Instant::from_std);
             let first = tokio::select! {
                 _ = intake.cancelled() => break,
+                _ = sleep_until_some(hand_back_at) => {
+                    let expired = prefetch.expired(Instant::now());
+                    report.prefetch_handed_back += self.hand_back(expired, &inflight).await;
+                    continue;
+                }
                 p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             };
             let mut permits = self.more_permits(&slots, first);
+            // Held jobs first: they were claimed first.
+            let mut ready = Vec::new();
+            while ready.len() < permits.len() {
+                let Some(held) = prefetch.next() else { break };
+                if held.cancel.is_cancelled() {
+                    // Its lease was lost while it waited: someone else has it.
+                    inflight.remove(held.job.job_ref());
+                    continue;
+                }
+                ready.push((held.job, held.cancel));
+            }
+            let from_held = ready.len();
+            if from_held > 0 {
+                self.spawn_attempts(
+                    ready,
+                    &mut permits,
+                    &tracker,
+                    &inflight,
+                    &to_start,
+                    &queue_label,
+                );
+                prefetch.started(from_held, Instant::now());
+            }
+            if permits.is_empty() {
+                continue;
+            }
             let req = ClaimRequest {
                 queues: &self.config.queues,
                 kinds: self.config.kinds.as_deref(),
-                limit: permits.len() as i64,
+                limit: prefetch.claim_limit(permits.len(), self.config.batch_size),
                 worker: &self.worker_id,
                 lease: self.config.lease,
                 tenant: self.config.tenant.as_ref(),
@@ -137,22 +176,33 @@ impl WorkerPool {
             };
             // An empty claim restarts the rotation from the first tenant.
             tenant_cursor = claimed.tenant_cursor;
-            let jobs = claimed.jobs;
-            let got = jobs.len();
+            let got = claimed.jobs.len();
             report.claimed += got as u64;
             if got > 0 {
                 claimed_total.increment(got as u64);
             }
+            // Every claimed job is heartbeated from now, started or held.
+            let mut jobs = claimed.jobs.into_iter().map(|job| {
+                let cancel = inflight.insert(job.job_ref());
+                (job, cancel)
+            });
+            let now_running: Vec<_> = jobs.by_ref().take(permits.len()).collect();
+            let running = now_running.len();
             self.spawn_attempts(
-                jobs,
+                now_running,
                 &mut permits,
                 &tracker,
                 &inflight,
                 &to_start,
                 &queue_label,
             );
+            let now = Instant::now();
+            for (job, cancel) in jobs {
+                prefetch.hold(job, cancel, now);
+            }
+            prefetch.started(running, now);
             drop(permits);
-            if !claimed.more {
+            if !claimed.more && prefetch.is_empty() {
                 // The queue looked empty: sleep until a wake-up or the poll
                 // backstop. Polls keep a fixed cadence from the last claim's
                 // start, so a job nobody was told about waits at most one poll
@@ -166,10 +216,42 @@ impl WorkerPool {
             }
         }
 
+        // Held jobs never started: hand them back now, attempts refunded,
+        // rather than after their leases expire.
+        report.prefetch_handed_back += self.hand_back(prefetch.take_all(), &inflight).await;
         report.handed_back = self.settle(&tracker, &inflight, deadline).await;
         beat_stop.cancel();
         let _ = beat.await;
         report
+    }
+
+    /// The pool's prefetch window; off for tenant-capped pools, whose cap
+    /// counts claimed jobs, so a held job would use a tenant's share unrun.
+    fn prefetch_window(&self) -> Duration {
+        if self.config.tenant.is_some() {
+            Duration::ZERO
+        } else {
+            self.config.prefetch_window
+        }
+    }
+
+    /// Hands held jobs back unstarted, attempts refunded (fenced: a job whose
+    /// lease was lost meanwhile is left to its new holder). Returns how many.
+    async fn hand_back(&self, held: Vec<Held>, inflight: &InFlight) -> u64 {
+        if held.is_empty() {
+            return 0;
+        }
+        let refs: Vec<JobRef> = held.iter().map(|h| h.job.job_ref()).collect();
+        for r in &refs {
+            inflight.remove(*r);
+        }
+        metrics::counter!(m::PREFETCH_HANDED_BACK, "queue" => self.config.queues.join(","))
+            .increment(refs.len() as u64);
+        if let Err(err) = fence::release(&self.db, &refs, true).await {
+            tracing::warn!(pool = %self.config.name, jobs = refs.len(), error = %err,
+                "could not hand prefetched jobs back; they return when their leases expire");
+        }
+        refs.len() as u64
     }
 
     /// The free slot `first` plus as many more as are free now, up to a batch.
@@ -188,19 +270,19 @@ impl WorkerPool {
         permits
     }
 
-    /// Starts one attempt per claimed job, each holding one slot until it is
-    /// settled.
+    /// Starts one attempt per claimed job (already registered in flight),
+    /// each holding one of `permits` until it is settled.
     fn spawn_attempts(
         &self,
-        jobs: Vec<ClaimedJob>,
+        jobs: Vec<(ClaimedJob, CancellationToken)>,
         permits: &mut Vec<OwnedSemaphorePermit>,
         tracker: &TaskTracker,
         inflight: &InFlight,
         to_start: &metrics::Histogram,
         queue_label: &Arc<str>,
     ) {
-        for (job, permit) in jobs.into_iter().zip(permits.drain(..)) {
-            let cancel = inflight.insert(job.job_ref());
+        let n = jobs.len().min(permits.len());
+        for ((job, cancel), permit) in jobs.into_iter().zip(permits.drain(..n)) {
             let ctx = AttemptCtx {
                 db: self.db.clone(),
                 handler: self.handler.clone(),
@@ -238,6 +320,14 @@ impl WorkerPool {
             return left as u64;
         }
         0
+    }
+}
+
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -28,6 +28,7 @@ mod outage;
 mod outcomes;
 mod oversized;
 mod pooler;
+mod prefetch;
 mod producer;
 mod proxy;
 mod redaction;

@@ -189,6 +189,7 @@ impl PoolBuilder {
                 cap: Duration::from_millis(100),
             },
             lock_retry_delay: Duration::from_millis(50),
+            prefetch_window: qbridge::config::DEFAULT_PREFETCH_WINDOW,
             tenant: None,
             handler: HandlerConfig::Noop {},
         })
@@ -218,6 +219,13 @@ impl PoolBuilder {
 
     pub fn handler(mut self, h: HandlerConfig) -> Self {
         self.0.handler = h;
+        self
+    }
+
+    /// Lets claims carry up to `batch` jobs, prefetching `window` of starts.
+    pub fn prefetch(mut self, window: Duration, batch: i64) -> Self {
+        self.0.prefetch_window = window;
+        self.0.batch_size = batch;
         self
     }
 

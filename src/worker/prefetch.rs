@@ -1,0 +1,217 @@
+//! Prefetch: a pool claims, beyond its free handlers, about as many jobs as
+//! it will start within a short window at its recent start rate, and holds
+//! them until a handler is free.
+//!
+//! Why: a claim and its completion batch cost Postgres about the same whether
+//! they carry 16 jobs or 300, so a pool that claims only what its free
+//! handlers can take pays per job for every handler it lacks. Split the same
+//! handlers over four processes and each claims a quarter as much: the drain
+//! fell to half (issue 18). Sizing the extra by start rate keeps it near zero
+//! for slow handlers, where a held job would only wait while another process
+//! sits idle, and large for fast ones.
+//!
+//! A held job is claimed (its lease is heartbeated like a running one) but
+//! not started. One that is still waiting after [`HOLD`] is handed back with
+//! its attempt refunded, as is everything held at shutdown.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::queue::ClaimedJob;
+
+/// Longest a job is held unstarted before it is handed back. Jobs start
+/// within about the window when the rate estimate holds; this bounds how long
+/// a misjudged one (handlers that suddenly slowed) waits while another
+/// process could run it.
+pub const HOLD: Duration = Duration::from_secs(1);
+
+/// How often the start rate is re-estimated.
+const RATE_PERIOD: Duration = Duration::from_millis(100);
+
+/// A claimed job waiting for a free handler.
+pub struct Held {
+    pub job: ClaimedJob,
+    /// Cancelled by the heartbeat if the lease is lost while it waits.
+    pub cancel: CancellationToken,
+    since: Instant,
+}
+
+/// One pool's held jobs and its start-rate estimate.
+pub struct Prefetch {
+    window: Duration,
+    /// Jobs started per second, smoothed over periods of [`RATE_PERIOD`].
+    rate: f64,
+    period_start: Instant,
+    started_in_period: u64,
+    held: VecDeque<Held>,
+}
+
+impl Prefetch {
+    /// `window` zero turns prefetch off: claims take only free handlers.
+    pub fn new(window: Duration, now: Instant) -> Prefetch {
+        Prefetch {
+            window,
+            rate: 0.0,
+            period_start: now,
+            started_in_period: 0,
+            held: VecDeque::new(),
+        }
+    }
+
+    /// Counts `n` attempts started now.
+    pub fn started(&mut self, n: usize, now: Instant) {
+        self.started_in_period += n as u64;
+        let elapsed = now.saturating_duration_since(self.period_start);
+        if elapsed >= RATE_PERIOD {
+            let observed = self.started_in_period as f64 / elapsed.as_secs_f64();
+            // Half the weight on the last period: a pool that went idle stops
+            // prefetching within a few periods, one that got busy ramps as fast.
+            self.rate = 0.5 * self.rate + 0.5 * observed;
+            self.period_start = now;
+            self.started_in_period = 0;
+        }
+    }
+
+    /// How many jobs to claim for `free` handlers, at most `batch`. Only
+    /// called with nothing held (held jobs are started first).
+    pub fn claim_limit(&self, free: usize, batch: i64) -> i64 {
+        let extra = (self.rate * self.window.as_secs_f64()).ceil() as i64;
+        (free as i64 + extra).min(batch).max(free as i64)
+    }
+
+    /// Holds a claimed job the free handlers could not take.
+    pub fn hold(&mut self, job: ClaimedJob, cancel: CancellationToken, now: Instant) {
+        self.held.push_back(Held {
+            job,
+            cancel,
+            since: now,
+        });
+    }
+
+    /// The oldest held job, first claimed first started.
+    pub fn next(&mut self) -> Option<Held> {
+        self.held.pop_front()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// When the oldest held job is due to be handed back.
+    pub fn hand_back_at(&self) -> Option<Instant> {
+        self.held.front().map(|h| h.since + HOLD)
+    }
+
+    /// The held jobs that have waited [`HOLD`] or longer.
+    pub fn expired(&mut self, now: Instant) -> Vec<Held> {
+        let mut out = Vec::new();
+        while self
+            .held
+            .front()
+            .is_some_and(|h| now.saturating_duration_since(h.since) >= HOLD)
+        {
+            out.extend(self.held.pop_front());
+        }
+        out
+    }
+
+    /// Everything held (shutdown).
+    pub fn take_all(&mut self) -> Vec<Held> {
+        self.held.drain(..).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::JobCopy;
+
+    fn job(id: i64) -> ClaimedJob {
+        ClaimedJob {
+            id,
+            queue: "q".into(),
+            kind: None,
+            key: None,
+            payload: serde_json::Value::Null,
+            priority: 0,
+            attempts: 1,
+            max_attempts: 3,
+            lease: 1,
+            run_at: chrono::Utc::now(),
+            created_at: chrono::Utc::now(),
+            lock_key: None,
+            tenant: None,
+            copy: JobCopy::Live,
+        }
+    }
+
+    #[test]
+    fn claims_only_free_handlers_until_a_start_rate_is_known() {
+        let p = Prefetch::new(Duration::from_millis(20), Instant::now());
+        assert_eq!(p.claim_limit(16, 500), 16);
+    }
+
+    #[test]
+    fn claims_what_the_window_starts_at_the_measured_rate_capped_by_the_batch() {
+        let t0 = Instant::now();
+        let mut p = Prefetch::new(Duration::from_millis(20), t0);
+        // 1,000 starts in 100 ms: 10,000/s, smoothed from 0 to 5,000/s.
+        p.started(1_000, t0 + Duration::from_millis(100));
+        assert_eq!(p.claim_limit(16, 500), 16 + 100);
+        p.started(1_000, t0 + Duration::from_millis(200));
+        assert_eq!(p.claim_limit(16, 500), 16 + 150);
+        assert_eq!(p.claim_limit(16, 50), 50);
+        // The batch never cuts below the free handlers.
+        assert_eq!(p.claim_limit(16, 8), 16);
+    }
+
+    #[test]
+    fn slow_handlers_and_a_zero_window_prefetch_nothing() {
+        let t0 = Instant::now();
+        let mut slow = Prefetch::new(Duration::from_millis(20), t0);
+        slow.started(4, t0 + Duration::from_secs(1)); // 4 jobs/s
+        assert_eq!(slow.claim_limit(2, 500), 2 + 1);
+        let mut off = Prefetch::new(Duration::ZERO, t0);
+        off.started(100_000, t0 + Duration::from_secs(1));
+        assert_eq!(off.claim_limit(2, 500), 2);
+    }
+
+    #[test]
+    fn an_idle_pool_stops_prefetching() {
+        let t0 = Instant::now();
+        let mut p = Prefetch::new(Duration::from_millis(20), t0);
+        p.started(1_000, t0 + Duration::from_millis(100));
+        let busy = p.claim_limit(0, 10_000);
+        for i in 1..=12 {
+            p.started(0, t0 + Duration::from_millis(100 + 100 * i));
+        }
+        assert!(busy > 50 && p.claim_limit(0, 10_000) <= 1, "{busy}");
+    }
+
+    #[test]
+    fn held_jobs_start_in_claim_order_and_expire_after_the_hold() {
+        let t0 = Instant::now();
+        let mut p = Prefetch::new(Duration::from_millis(20), t0);
+        p.hold(job(1), CancellationToken::new(), t0);
+        p.hold(
+            job(2),
+            CancellationToken::new(),
+            t0 + Duration::from_millis(500),
+        );
+        p.hold(
+            job(3),
+            CancellationToken::new(),
+            t0 + Duration::from_millis(600),
+        );
+        assert_eq!(p.hand_back_at(), Some(t0 + HOLD));
+        assert!(p.expired(t0 + HOLD - Duration::from_millis(1)).is_empty());
+        let gone: Vec<i64> = p.expired(t0 + HOLD).iter().map(|h| h.job.id).collect();
+        assert_eq!(gone, vec![1]);
+        assert_eq!(p.next().map(|h| h.job.id), Some(2));
+        let rest: Vec<i64> = p.take_all().iter().map(|h| h.job.id).collect();
+        assert_eq!(rest, vec![3]);
+        assert!(p.is_empty() && p.hand_back_at().is_none());
+    }
+}
