@@ -119,7 +119,7 @@ impl WorkerPool {
             // Held jobs first: they were claimed first.
             let mut ready = Vec::new();
             while ready.len() < permits.len() {
-                let Some(held) = prefetch.next() else { break };
+                let Some(held) = prefetch.oldest() else { break };
                 if held.cancel.is_cancelled() {
                     // Its lease was lost while it waited: someone else has it.
                     inflight.remove(held.job.job_ref());

@@ -91,7 +91,7 @@ impl Prefetch {
     }
 
     /// The oldest held job, first claimed first started.
-    pub fn next(&mut self) -> Option<Held> {
+    pub fn oldest(&mut self) -> Option<Held> {
         self.held.pop_front()
     }
 
@@ -209,7 +209,7 @@ mod tests {
         assert!(p.expired(t0 + HOLD - Duration::from_millis(1)).is_empty());
         let gone: Vec<i64> = p.expired(t0 + HOLD).iter().map(|h| h.job.id).collect();
         assert_eq!(gone, vec![1]);
-        assert_eq!(p.next().map(|h| h.job.id), Some(2));
+        assert_eq!(p.oldest().map(|h| h.job.id), Some(2));
         let rest: Vec<i64> = p.take_all().iter().map(|h| h.job.id).collect();
         assert_eq!(rest, vec![3]);
         assert!(p.is_empty() && p.hand_back_at().is_none());
