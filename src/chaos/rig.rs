@@ -46,6 +46,10 @@ pub struct Rig {
     /// (`--via-pgbouncer`); the harness and the faults reach Postgres
     /// directly.
     pub pgbouncer: Option<ThrowawayPgBouncer>,
+    /// What the operator's steps (advance, rollback, ramp, diff, repair)
+    /// connect with: through the PgBouncer when there is one, declared as a
+    /// pooler, as an operator's `qbridge advance` there would; else [`Rig::db`].
+    pub operator: PgPool,
 }
 
 /// One qbridge child process.
@@ -143,8 +147,14 @@ impl Rig {
     ) -> Result<Rig> {
         let mut rig = Rig::prepare(setup, items, bin).await?;
         if via_pgbouncer {
-            rig.pgbouncer =
-                Some(ThrowawayPgBouncer::try_start(rig.pg.port).map_err(Error::Config)?);
+            let bouncer = ThrowawayPgBouncer::try_start(rig.pg.port).map_err(Error::Config)?;
+            rig.operator = crate::db::connect_via(
+                &harness_url(&bouncer.url("postgres")),
+                crate::db::Pooler::PgbouncerTransaction,
+                4,
+            )
+            .await?;
+            rig.pgbouncer = Some(bouncer);
         }
         rig.launch(phase).await?;
         Ok(rig)
@@ -167,7 +177,7 @@ impl Rig {
         Ok(Rig {
             pg,
             redis,
-            db,
+            db: db.clone(),
             bin: bin.to_path_buf(),
             dir,
             proxy_port: free_port(),
@@ -177,6 +187,7 @@ impl Rig {
             redis_back_at: None,
             items,
             pgbouncer: None,
+            operator: db.clone(),
         })
     }
 

@@ -92,7 +92,7 @@ pub async fn take(step: Step, rig: &mut Rig, h: &Harness, acked: &Acked) -> Resu
     let route = &h.route;
     match step {
         Step::Advance { percent } => {
-            let from = operate::state_of(&rig.db, route, BY).await?.phase;
+            let from = operate::state_of(&rig.operator, route, BY).await?.phase;
             let req = Request {
                 by: BY,
                 reason: Some(REASON),
@@ -101,7 +101,7 @@ pub async fn take(step: Step, rig: &mut Rig, h: &Harness, acked: &Acked) -> Resu
                 percent: (from == Phase::Shadow).then_some(percent),
             };
             let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
-            let state = operate::advance(&rig.db, Some(&mut redis), route, &req, 1 << 20)
+            let state = operate::advance(&rig.operator, Some(&mut redis), route, &req, 1 << 20)
                 .await
                 .map_err(|r| match r {
                     Refusal::Gate(_) => Error::CheckFailed("a forced advance was refused".into()),
@@ -111,12 +111,13 @@ pub async fn take(step: Step, rig: &mut Rig, h: &Harness, acked: &Acked) -> Resu
             Ok(format!("advance → {} ({}%)", state.phase, state.percent))
         }
         Step::Rollback => {
-            let state = operate::rollback(&rig.db, route, &Request::new(BY, Some(REASON))).await?;
+            let state =
+                operate::rollback(&rig.operator, route, &Request::new(BY, Some(REASON))).await?;
             Ok(format!("rollback → {}", state.phase))
         }
         Step::Ramp { percent } => {
             let req = Request::new(BY, Some(REASON));
-            operate::ramp(&rig.db, route, percent, &req).await?;
+            operate::ramp(&rig.operator, route, percent, &req).await?;
             Ok(format!("ramp → {percent}%"))
         }
         Step::KillWorker { worker } => {
@@ -216,9 +217,9 @@ async fn repair_once(
 ) -> Result<String> {
     let route = &h.route;
     let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
-    let state = operate::state_of(&rig.db, route, BY).await?;
+    let state = operate::state_of(&rig.operator, route, BY).await?;
     let since = chrono::Utc::now() - chrono::Duration::hours(1);
-    let (_, held) = gates::diff_since(&rig.db, &mut redis, route, state.phase, since).await?;
+    let (_, held) = gates::diff_since(&rig.operator, &mut redis, route, state.phase, since).await?;
     let input = repair::RepairInput {
         route,
         phase: state.phase,
@@ -227,7 +228,7 @@ async fn repair_once(
         payload_limit: 1 << 20,
         assume,
     };
-    let r = repair::repair_with(&rig.db, &mut redis, input).await?;
+    let r = repair::repair_with(&rig.operator, &mut redis, input).await?;
     Ok(format!(
         "repair: {} mirrored, {} pushed back, {} unaccounted, {} released",
         r.mirrored, r.repushed, r.unaccounted, r.released
