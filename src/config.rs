@@ -31,7 +31,7 @@ use assemble::validate_file;
 pub use cutover::{CutoverConfig, DiffConfig, DualWriteMirrors, GatesConfig, ShadowConfig};
 pub use database::{DatabaseConfig, Pooler};
 pub(crate) use pools::{check_handler, validate_pool};
-pub use pools::{header_map, DEFAULT_PREFETCH_WINDOW};
+pub use pools::{header_map, DEFAULT_PREFETCH_WINDOW, MAX_PREFETCH_WINDOW};
 pub use proxy::{check_redis_url, ProxyConfig};
 pub use routes::{PushEnd, RedisConsumerConfig, RedisSideKind, RouteConfig};
 pub use sentinel_url::{is_sentinel_url, SentinelUrl};

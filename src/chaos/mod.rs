@@ -30,14 +30,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Overrides};
-use crate::cutover::watch;
+use crate::demo::attach::{AttachedRoute, PhaseWatch};
 use crate::error::{Error, Result};
 use crate::model::Phase;
 use crate::redis::producer::Producer;
-use crate::routes::Routes;
 use oracle::Verdict;
 use rig::{Rig, ROUTE};
 
@@ -237,14 +235,12 @@ pub struct Harness {
     pub config: Config,
     pub route: Arc<crate::routes::Route>,
     pub producer: Producer,
-    stop_watch: CancellationToken,
-    watch_task: Option<tokio::task::JoinHandle<()>>,
+    watch: PhaseWatch,
 }
 
 impl Harness {
     /// Reads w1's config (the processes' route) and follows its phase.
     pub async fn attach(rig: &Rig) -> Result<Harness> {
-        let stop_watch = CancellationToken::new();
         let config = Config::load(
             Some(&rig.dir.path().join("w1.toml")),
             &Overrides {
@@ -252,42 +248,20 @@ impl Harness {
                 ..Overrides::default()
             },
         )?;
-        let (view, watch_task) = watch::attach(
-            &rig.db,
-            Some(&config.database_url),
-            &config.routes,
-            "qbridge-chaos",
-            &stop_watch,
-        )
-        .await?;
-        let routes = Routes::new(&config.routes, view);
-        let route = Arc::clone(
-            routes
-                .by_name(ROUTE)
-                .ok_or_else(|| Error::Config("chaos route missing".into()))?,
-        );
-        let producer = Producer::connect(
-            rig.db.clone(),
-            Some(&rig.redis.url()),
-            routes.clone(),
-            config.payload_limit,
-        )
-        .await?;
+        let attached =
+            AttachedRoute::attach(&rig.db, &config, ROUTE, &rig.redis.url(), "qbridge-chaos")
+                .await?;
         Ok(Harness {
             config,
-            route,
-            producer,
-            stop_watch,
-            watch_task,
+            route: attached.route,
+            producer: attached.producer,
+            watch: attached.watch,
         })
     }
 
     /// Stops following the phase.
     pub async fn detach(self) {
-        self.stop_watch.cancel();
-        if let Some(task) = self.watch_task {
-            let _ = task.await;
-        }
+        self.watch.stop().await;
     }
 }
 

@@ -18,6 +18,11 @@ use crate::queue::validate;
 /// `bench/processes.sh`).
 pub const DEFAULT_PREFETCH_WINDOW: Duration = Duration::from_millis(50);
 
+/// The longest `prefetch_window`: held jobs not started within the worker's
+/// hold (1 s) are handed back, so a longer window would claim jobs only to
+/// return them.
+pub const MAX_PREFETCH_WINDOW: Duration = Duration::from_millis(500);
+
 pub(crate) fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
     let name = p.name.unwrap_or_else(|| format!("pool{index}"));
     let ctx = |msg: String| Error::Config(format!("pool {name:?}: {msg}"));
@@ -47,6 +52,16 @@ pub(crate) fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
         .unwrap_or(Duration::from_secs(1));
     if poll_interval.is_zero() {
         return Err(ctx("poll_interval must be more than 0".into()));
+    }
+    let prefetch_window = p
+        .prefetch_window
+        .map(|d| d.0)
+        .unwrap_or(DEFAULT_PREFETCH_WINDOW);
+    if prefetch_window > MAX_PREFETCH_WINDOW {
+        return Err(ctx(format!(
+            "prefetch_window must be at most {}ms (held jobs are handed back after 1s)",
+            MAX_PREFETCH_WINDOW.as_millis()
+        )));
     }
     let backoff = Backoff {
         base: p
@@ -88,10 +103,7 @@ pub(crate) fn validate_pool(index: usize, p: PoolFile) -> Result<PoolConfig> {
             .lock_retry_delay
             .map(|d| d.0)
             .unwrap_or(Duration::from_secs(1)),
-        prefetch_window: p
-            .prefetch_window
-            .map(|d| d.0)
-            .unwrap_or(DEFAULT_PREFETCH_WINDOW),
+        prefetch_window,
         tenant,
         handler: p.handler,
     })

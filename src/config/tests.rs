@@ -33,7 +33,8 @@ fn full_config() {
     .unwrap();
     assert_eq!(cfg.payload_limit, 64 * 1024);
     assert_eq!(cfg.pools.len(), 2);
-    assert_eq!(cfg.pools[0].batch_size, 4);
+    // Not concurrency (4): claims may carry a prefetch beyond the handlers.
+    assert_eq!(cfg.pools[0].batch_size, 100);
     assert_eq!(cfg.pools[0].tenant.as_ref().unwrap().path, vec!["tenant"]);
     assert_eq!(cfg.pools[1].name, "pool1");
     assert_eq!(cfg.schedules.len(), 1);
@@ -59,6 +60,13 @@ fn wrong_types_and_values_are_errors() {
     assert!(load("[[pools]]\nqueues=[\"bad name\"]\nhandler={type=\"noop\"}").is_err());
     assert!(load("[[pools]]\nqueues=[\"a\"]\nconcurrency=0\nhandler={type=\"noop\"}").is_err());
     assert!(load("[[pools]]\nqueues=[\"a\"]\nlease=\"10x\"\nhandler={type=\"noop\"}").is_err());
+    let long_window = "[[pools]]\nqueues=[\"a\"]\nprefetch_window=\"2s\"\nhandler={type=\"noop\"}";
+    let err = load(long_window).unwrap_err().to_string();
+    assert!(
+        err.contains("prefetch_window must be at most 500ms"),
+        "{err}"
+    );
+    assert!(!err.contains('\n'), "{err}");
     assert!(load("[[schedules]]\nname=\"x\"\nqueue=\"a\"\ncron=\"nope\"").is_err());
     assert!(load("[[schedules]]\nname=\"x\"\nqueue=\"a\"").is_err());
     assert!(load("[[pools]]\nqueues=[\"a\"]\nhandler={type=\"http\", url=\"ftp://x\"}").is_err());

@@ -36,12 +36,10 @@ use super::handler::{self, Ledger};
 use super::servers::free_port;
 use crate::app::Runtime;
 use crate::config::{Config, Overrides};
-use crate::cutover::watch;
+use crate::demo::attach::AttachedRoute;
 use crate::error::{Error, Result};
 use crate::model::Phase;
 use crate::redis::connect::connect_redis;
-use crate::redis::producer::Producer;
-use crate::routes::Routes;
 use framework::FleetEnv;
 
 /// How the fleet drill runs.
@@ -195,22 +193,12 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
     let config = with_servers(toml, database_url, redis_url)?;
     let db = crate::db::connect(database_url, 6).await?;
     crate::db::migrate(&db).await?;
-    let watch_stop = CancellationToken::new();
-    let (view, watch_task) = watch::attach(
-        &db,
-        Some(&config.database_url),
-        &config.routes,
-        "qbridge-demo",
-        &watch_stop,
-    )
-    .await?;
-    let routes = Routes::new(&config.routes, view);
-    let route = Arc::clone(
-        routes
-            .by_name(&name)
-            .ok_or_else(|| Error::CheckFailed("demo route missing".into()))?,
-    );
-    let producer = Producer::connect(db.clone(), Some(redis_url), routes.clone(), 1 << 20).await?;
+    let AttachedRoute {
+        routes,
+        route,
+        producer,
+        watch,
+    } = AttachedRoute::attach(&db, &config, &name, redis_url, "qbridge-demo").await?;
     let redis = connect_redis(redis_url).await?;
     let proxy = proxy_url(redis_url, proxy_port)?;
     let rt = Runtime::build(config).await?;
@@ -243,10 +231,7 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
     drill.bar.finish_and_clear();
     runtime_stop.cancel();
     let _ = runtime.await;
-    watch_stop.cancel();
-    if let Some(task) = watch_task {
-        let _ = task.await;
-    }
+    watch.stop().await;
     let shadow_calls: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM qbridge.outcomes WHERE queue = $1 AND side = 'postgres' AND mode = 'shadow'",
     )

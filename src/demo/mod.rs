@@ -10,6 +10,7 @@
 //! Postgres the demo creates its own database and drops it at the end, so
 //! it never touches application data.
 
+pub mod attach;
 mod drill;
 mod fleet;
 pub mod handler;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant as TokioInstant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -100,17 +101,16 @@ impl WorkerPool {
         // Where the next tenant-capped claim starts (claims rotate through tenants).
         let mut tenant_cursor: Option<String> = None;
 
-        let mut prefetch = Prefetch::new(self.prefetch_window(), Instant::now());
+        let mut prefetch = Prefetch::new(self.prefetch_window(), TokioInstant::now());
 
         while !intake.is_cancelled() {
             // Wait for one free slot, then take as many more as are free now;
             // hand back held jobs that waited too long meanwhile.
-            let hand_back_at = prefetch.hand_back_at().map(tokio::time::Instant::from_std);
             let first = tokio::select! {
                 _ = intake.cancelled() => break,
-                _ = sleep_until_some(hand_back_at) => {
-                    let expired = prefetch.expired(Instant::now());
-                    report.prefetch_handed_back += self.hand_back(expired, &inflight).await;
+                _ = sleep_until_some(prefetch.hand_back_at()) => {
+                    let expired = prefetch.expired(TokioInstant::now());
+                    report.prefetch_handed_back += self.hand_back_or_hold(expired, &inflight, &mut prefetch).await;
                     continue;
                 }
                 p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
@@ -118,15 +118,21 @@ impl WorkerPool {
             let mut permits = self.more_permits(&slots, first);
             // Held jobs first: they were claimed first.
             let mut ready = Vec::new();
+            let mut cancelled = Vec::new();
             while ready.len() < permits.len() {
                 let Some(held) = prefetch.oldest() else { break };
                 if held.cancel.is_cancelled() {
-                    // Its lease was lost while it waited: someone else has it.
-                    inflight.remove(held.job.job_ref());
+                    // The heartbeat gave up on it: its lease was lost, or
+                    // could not be renewed. Hand it back (fenced: a no-op when
+                    // someone else holds it now) rather than start it.
+                    cancelled.push(held);
                     continue;
                 }
                 ready.push((held.job, held.cancel));
             }
+            report.prefetch_handed_back += self
+                .hand_back_or_hold(cancelled, &inflight, &mut prefetch)
+                .await;
             let from_held = ready.len();
             if from_held > 0 {
                 self.spawn_attempts(
@@ -137,7 +143,7 @@ impl WorkerPool {
                     &to_start,
                     &queue_label,
                 );
-                prefetch.started(from_held, Instant::now());
+                prefetch.started(from_held, TokioInstant::now());
             }
             if permits.is_empty() {
                 continue;
@@ -145,7 +151,11 @@ impl WorkerPool {
             let req = ClaimRequest {
                 queues: &self.config.queues,
                 kinds: self.config.kinds.as_deref(),
-                limit: prefetch.claim_limit(permits.len(), self.config.batch_size),
+                limit: prefetch.claim_limit(
+                    permits.len(),
+                    self.config.batch_size,
+                    TokioInstant::now(),
+                ),
                 worker: &self.worker_id,
                 lease: self.config.lease,
                 tenant: self.config.tenant.as_ref(),
@@ -196,11 +206,24 @@ impl WorkerPool {
                 &to_start,
                 &queue_label,
             );
-            let now = Instant::now();
+            let now = TokioInstant::now();
+            let mut last_attempts = Vec::new();
             for (job, cancel) in jobs {
-                prefetch.hold(job, cancel, now);
+                if job.attempts >= job.max_attempts {
+                    // Never held: should this process die holding it, the
+                    // reaper would dead-letter a job that never ran.
+                    last_attempts.push(Held::new(job, cancel, now));
+                } else {
+                    prefetch.hold(job, cancel, now);
+                }
             }
             prefetch.started(running, now);
+            if !last_attempts.is_empty() {
+                prefetch.pause(now);
+            }
+            report.prefetch_handed_back += self
+                .hand_back_or_hold(last_attempts, &inflight, &mut prefetch)
+                .await;
             drop(permits);
             if !claimed.more && prefetch.is_empty() {
                 // The queue looked empty: sleep until a wake-up or the poll
@@ -218,7 +241,15 @@ impl WorkerPool {
 
         // Held jobs never started: hand them back now, attempts refunded,
         // rather than after their leases expire.
-        report.prefetch_handed_back += self.hand_back(prefetch.take_all(), &inflight).await;
+        match self.hand_back(prefetch.take_all(), &inflight).await {
+            Ok(n) => report.prefetch_handed_back += n,
+            Err(kept) => {
+                // Stopping: nobody will heartbeat them; their leases expire.
+                for held in kept {
+                    inflight.remove(held.job.job_ref());
+                }
+            }
+        }
         report.handed_back = self.settle(&tracker, &inflight, deadline).await;
         beat_stop.cancel();
         let _ = beat.await;
@@ -236,22 +267,55 @@ impl WorkerPool {
     }
 
     /// Hands held jobs back unstarted, attempts refunded (fenced: a job whose
-    /// lease was lost meanwhile is left to its new holder). Returns how many.
-    async fn hand_back(&self, held: Vec<Held>, inflight: &InFlight) -> u64 {
+    /// lease was lost meanwhile is left to its new holder). Returns how many
+    /// were handed back or, when the database did not answer, the jobs: still
+    /// claimed and heartbeated.
+    async fn hand_back(
+        &self,
+        mut held: Vec<Held>,
+        inflight: &InFlight,
+    ) -> std::result::Result<u64, Vec<Held>> {
         if held.is_empty() {
-            return 0;
+            return Ok(0);
         }
         let refs: Vec<JobRef> = held.iter().map(|h| h.job.job_ref()).collect();
+        // Out of the heartbeat first, so it never counts a released lease as lost.
         for r in &refs {
             inflight.remove(*r);
         }
-        metrics::counter!(m::PREFETCH_HANDED_BACK, "queue" => self.config.queues.join(","))
-            .increment(refs.len() as u64);
-        if let Err(err) = fence::release(&self.db, &refs, true).await {
-            tracing::warn!(pool = %self.config.name, jobs = refs.len(), error = %err,
-                "could not hand prefetched jobs back; they return when their leases expire");
+        match fence::release(&self.db, &refs, true).await {
+            Ok(result) => {
+                let n = result.applied.len() as u64;
+                metrics::counter!(m::PREFETCH_HANDED_BACK, "queue" => self.config.queues.join(","))
+                    .increment(n);
+                Ok(n)
+            }
+            Err(err) => {
+                tracing::warn!(pool = %self.config.name, jobs = refs.len(), error = %err,
+                    "could not hand prefetched jobs back; holding them and trying again");
+                for h in &mut held {
+                    h.cancel = inflight.insert(h.job.job_ref());
+                }
+                Err(held)
+            }
         }
-        refs.len() as u64
+    }
+
+    /// [`Self::hand_back`]; what it could not return is held again, for
+    /// another try after a hold (or to start, if a handler frees first).
+    async fn hand_back_or_hold(
+        &self,
+        held: Vec<Held>,
+        inflight: &InFlight,
+        prefetch: &mut Prefetch,
+    ) -> u64 {
+        match self.hand_back(held, inflight).await {
+            Ok(n) => n,
+            Err(kept) => {
+                prefetch.hold_again(kept, TokioInstant::now());
+                0
+            }
+        }
     }
 
     /// The free slot `first` plus as many more as are free now, up to a batch.
@@ -281,6 +345,7 @@ impl WorkerPool {
         to_start: &metrics::Histogram,
         queue_label: &Arc<str>,
     ) {
+        debug_assert!(jobs.len() <= permits.len(), "a job without a slot");
         let n = jobs.len().min(permits.len());
         for ((job, cancel), permit) in jobs.into_iter().zip(permits.drain(..n)) {
             let ctx = AttemptCtx {
@@ -324,7 +389,7 @@ impl WorkerPool {
 }
 
 /// Sleeps until `at`, or forever when there is nothing to wait for.
-async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+async fn sleep_until_some(at: Option<TokioInstant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::Runtime;
 use crate::config::{Config, Overrides};
-use crate::cutover::watch;
+use crate::demo::attach::AttachedRoute;
 use crate::demo::handler::{self, Ledger};
 use crate::demo::servers::free_port;
 use crate::error::{Error, Result};
@@ -19,7 +19,6 @@ use crate::model::Phase;
 use crate::ops::operate::{self, Request};
 use crate::redis::connect::connect_redis;
 use crate::redis::producer::Producer;
-use crate::routes::Routes;
 
 use super::{Drill, DrillOptions, Summary};
 
@@ -91,28 +90,12 @@ pub async fn run(database_url: &str, redis_url: &str, opts: DrillOptions) -> Res
     let db = crate::db::connect(database_url, 6).await?;
     crate::db::migrate(&db).await?;
 
-    let watch_stop = CancellationToken::new();
-    let (view, watch_task) = watch::attach(
-        &db,
-        Some(&config.database_url),
-        &config.routes,
-        "qbridge-demo",
-        &watch_stop,
-    )
-    .await?;
-    let routes = Routes::new(&config.routes, view);
-    let route = Arc::clone(
-        routes
-            .by_name(&name)
-            .ok_or_else(|| Error::CheckFailed("demo route missing".into()))?,
-    );
-    let producer = Producer::connect(
-        db.clone(),
-        Some(redis_url),
-        routes.clone(),
-        config.payload_limit,
-    )
-    .await?;
+    let AttachedRoute {
+        routes,
+        route,
+        producer,
+        watch,
+    } = AttachedRoute::attach(&db, &config, &name, redis_url, "qbridge-demo").await?;
     let redis = connect_redis(redis_url).await?;
 
     let mut rt = Runtime::build(config.clone()).await?;
@@ -160,10 +143,7 @@ pub async fn run(database_url: &str, redis_url: &str, opts: DrillOptions) -> Res
     drill.bar.finish_and_clear();
     runtime_stop.cancel();
     let _ = runtime.await;
-    watch_stop.cancel();
-    if let Some(task) = watch_task {
-        let _ = task.await;
-    }
+    watch.stop().await;
     db.close().await;
     Ok(tally(drill, &ledger, (caught, repaired), started))
 }
