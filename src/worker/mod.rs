@@ -3,6 +3,7 @@
 //! gauge collector. The process that runs them is assembled in
 //! [`crate::app`].
 
+mod attempt;
 pub mod gauges;
 pub mod heartbeat;
 pub mod pool;
