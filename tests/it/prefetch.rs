@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use qbridge::config::{HandlerConfig, MAX_PREFETCH_WINDOW};
-use qbridge::queue::{reaper, NewJob};
+use qbridge::queue::NewJob;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -79,17 +79,7 @@ async fn jobs_held_past_the_hold_are_handed_back_refunded_and_run_once(pool: PgP
         .build();
     let running = RunningPool::start(&pool, cfg);
     let stop = CancellationToken::new();
-    let reaper_task = {
-        let (db, stop) = (pool.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut requeued = 0;
-            while !stop.is_cancelled() {
-                requeued += reaper::run_once(&db, 100).await.expect("reap").requeued;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            requeued
-        })
-    };
+    let reaper_task = support::reap_until(&pool, &stop);
     let most_claimed = drain(&pool).await;
     stop.cancel();
     let requeued = reaper_task.await.unwrap();

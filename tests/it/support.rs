@@ -234,6 +234,23 @@ impl PoolBuilder {
     }
 }
 
+/// The reaper passing every 50 ms until `stop`; yields how many jobs it
+/// requeued.
+pub fn reap_until(pool: &PgPool, stop: &CancellationToken) -> JoinHandle<u64> {
+    let (db, stop) = (pool.clone(), stop.clone());
+    tokio::spawn(async move {
+        let mut requeued = 0;
+        while !stop.is_cancelled() {
+            requeued += qbridge::queue::reaper::run_once(&db, 100)
+                .await
+                .expect("reap")
+                .requeued;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        requeued
+    })
+}
+
 /// A [`WorkerPool`] running with its own completer.
 pub struct RunningPool {
     intake: CancellationToken,

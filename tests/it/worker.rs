@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use qbridge::queue::{reaper, NewJob};
+use qbridge::queue::NewJob;
 use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -28,17 +28,7 @@ async fn heartbeat_keeps_a_long_job_alive(pool: PgPool) {
     let running = RunningPool::start(&pool, cfg);
 
     let stop = CancellationToken::new();
-    let reaper_task = {
-        let (db, stop) = (pool.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut requeued = 0;
-            while !stop.is_cancelled() {
-                requeued += reaper::run_once(&db, 100).await.expect("reap").requeued;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            requeued
-        })
-    };
+    let reaper_task = support::reap_until(&pool, &stop);
     support::wait_for(
         "the long job to complete",
         Duration::from_secs(20),
