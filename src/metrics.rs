@@ -170,7 +170,7 @@ pub fn describe() {
     );
     describe_counter!(
         PREFETCH_HANDED_BACK,
-        "Prefetched jobs handed back unstarted (held too long, or at shutdown)"
+        "Prefetched jobs handed back unstarted (held too long, claimed on their last attempt, or at shutdown)"
     );
     describe_counter!(LISTENER_RECONNECTS, "LISTEN connection losses");
     describe_gauge!(

@@ -32,7 +32,8 @@ pub struct PoolReport {
     pub claimed: u64,
     /// Jobs handed back at shutdown because their handler did not finish in time.
     pub handed_back: u64,
-    /// Prefetched jobs handed back unstarted (held too long, or at shutdown).
+    /// Prefetched jobs handed back unstarted (held too long, claimed on their
+    /// last attempt, or at shutdown).
     pub prefetch_handed_back: u64,
 }
 
