@@ -59,22 +59,23 @@ impl AttachedRoute {
         .await?;
         let watch = PhaseWatch { stop, task };
         let routes = Routes::new(&config.routes, view);
-        let Some(route) = routes.by_name(name).cloned() else {
-            watch.stop().await;
-            return Err(Error::CheckFailed(format!(
+        let connected = match routes.by_name(name).cloned() {
+            Some(route) => Producer::connect(
+                db.clone(),
+                Some(redis_url),
+                routes.clone(),
+                config.payload_limit,
+            )
+            .await
+            .map(|producer| (route, producer)),
+            None => Err(Error::CheckFailed(format!(
                 "route {name:?} is not in the config"
-            )));
+            ))),
         };
-        let producer = match Producer::connect(
-            db.clone(),
-            Some(redis_url),
-            routes.clone(),
-            config.payload_limit,
-        )
-        .await
-        {
-            Ok(p) => p,
+        let (route, producer) = match connected {
+            Ok(both) => both,
             Err(e) => {
+                // Not left running behind an error.
                 watch.stop().await;
                 return Err(e);
             }
