@@ -78,6 +78,13 @@ impl Browser {
     }
 
     async fn call(&self, method: &str, path: &str, body: Value) -> Value {
+        self.try_call(method, path, body)
+            .await
+            .unwrap_or_else(|error| panic!("WebDriver {method} {path}: {error}"))
+    }
+
+    /// One WebDriver call; the error object when the driver answers with one.
+    async fn try_call(&self, method: &str, path: &str, body: Value) -> Result<Value, Value> {
         let url = format!("{}{path}", self.base);
         let req = match method {
             "GET" => self.client.get(url),
@@ -92,9 +99,9 @@ impl Browser {
             .await
             .expect("JSON");
         if v["value"].get("error").is_some() {
-            panic!("WebDriver {method} {path}: {}", v["value"]);
+            return Err(v["value"].clone());
         }
-        v["value"].clone()
+        Ok(v["value"].clone())
     }
 
     pub async fn goto(&self, url: &str) {
@@ -152,14 +159,22 @@ impl Browser {
         panic!("no new page within 5 s after clicking {css}");
     }
 
-    /// The visible text of the element matching `css`.
+    /// The visible text of the element matching `css`. The console's live
+    /// refresh replaces elements in place, so one found a moment ago can be
+    /// gone ("stale element reference"): it is then looked up again.
     pub async fn text(&self, css: &str) -> String {
-        let id = self.element(css).await;
-        self.call("GET", &format!("/element/{id}/text"), json!({}))
-            .await
-            .as_str()
-            .unwrap_or("")
-            .to_string()
+        for _ in 0..5 {
+            let id = self.element(css).await;
+            match self
+                .try_call("GET", &format!("/element/{id}/text"), json!({}))
+                .await
+            {
+                Ok(v) => return v.as_str().unwrap_or("").to_string(),
+                Err(e) if e["error"] == "stale element reference" => continue,
+                Err(e) => panic!("WebDriver GET /element/{id}/text: {e}"),
+            }
+        }
+        panic!("the element {css} went stale five times in a row");
     }
 
     /// The page's HTML as the browser holds it.
