@@ -59,10 +59,13 @@ async fn shutdown_loses_no_completion(pool: PgPool) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("done");
     let ids = support::enqueue_ids(&pool, &support::plain_jobs("work", 30)).await;
-    // The handler's last act is recording that it finished.
+    // The handler records that it started, then, as its last act, that it
+    // finished. "Started" is read from the handler, not from the row: a job
+    // the pool prefetched is `running` in the table before any handler has it.
+    let started_log = dir.path().join("done.started");
     let cfg = runtime_config(
         &pool,
-        "sleep 0.2; echo \"$QBRIDGE_JOB_ID\" >> \"$1\"",
+        "echo \"$QBRIDGE_JOB_ID\" >> \"$1.started\"; sleep 0.2; echo \"$QBRIDGE_JOB_ID\" >> \"$1\"",
         log.to_str().unwrap(),
         "30s",
     );
@@ -74,13 +77,13 @@ async fn shutdown_loses_no_completion(pool: PgPool) {
     // Stop while handlers are mid-run.
     let waiting = std::time::Instant::now();
     let running: Vec<i64> = loop {
-        let ids: Vec<i64> =
-            sqlx::query_scalar("SELECT id FROM qbridge.jobs WHERE state = 'running'")
-                .fetch_all(&pool)
-                .await
-                .unwrap();
-        if !ids.is_empty() {
-            break ids;
+        let finished: HashSet<i64> = done_ids(&log).into_iter().collect();
+        let mid_run: Vec<i64> = done_ids(&started_log)
+            .into_iter()
+            .filter(|id| !finished.contains(id))
+            .collect();
+        if !mid_run.is_empty() {
+            break mid_run;
         }
         assert!(
             waiting.elapsed() < Duration::from_secs(20),
@@ -117,6 +120,12 @@ async fn shutdown_loses_no_completion(pool: PgPool) {
             "job {id} was running at shutdown but did not finish"
         );
     }
+    let started = done_ids(&started_log);
+    assert_eq!(
+        started.len(),
+        done.len(),
+        "a handler started but did not finish: started {started:?}, done {done:?}"
+    );
     assert_eq!(report.completer.completed, done.len() as u64);
     assert_eq!(report.handed_back, 0);
     assert_eq!(support::dead(&pool).await, 0);
