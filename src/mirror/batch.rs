@@ -26,6 +26,8 @@ pub(super) struct Part<'a> {
     writes: uuid::Uuid,
     /// When Redis acknowledged the push, as wall-clock time.
     pushed_at: chrono::DateTime<chrono::Utc>,
+    /// Which Redis server did (its `run_id`), when known.
+    acked_by: Option<&'a str>,
     index: usize,
     bytes: &'a Bytes,
 }
@@ -36,7 +38,7 @@ impl<'a> Part<'a> {
         route: &'a Route,
         (copy, via, ledger_only): (JobCopy, Via, bool),
         writes: uuid::Uuid,
-        acked_at: Instant,
+        (acked_at, acked_by): (Instant, Option<&'a str>),
         items: &'a [Bytes],
     ) -> impl Iterator<Item = Part<'a>> + 'a {
         let ago = chrono::Duration::from_std(acked_at.elapsed()).unwrap_or_default();
@@ -48,6 +50,7 @@ impl<'a> Part<'a> {
             ledger_only,
             writes,
             pushed_at,
+            acked_by,
             index,
             bytes,
         })
@@ -115,6 +118,14 @@ pub(super) async fn write_batch(
             .collect();
         stored.extend(ingest::store(&mut tx, items, payload_limit).await?);
     }
+    // Which servers took these pushes, in the same transaction: a copy is
+    // never stored without the evidence for it, nor the evidence without it.
+    let acks: Vec<(&str, &str, Option<chrono::DateTime<chrono::Utc>>)> = all
+        .iter()
+        .filter(|p| p.copy == JobCopy::Mirror)
+        .filter_map(|p| Some((p.route.name.as_str(), p.acked_by?, Some(p.pushed_at))))
+        .collect();
+    crate::redis::epoch::record_acks(&mut tx, &acks).await?;
     tx.commit().await?;
     Ok(stored)
 }

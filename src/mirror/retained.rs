@@ -31,6 +31,8 @@ pub(super) struct Kept {
     pub writes: uuid::Uuid,
     /// When Redis acknowledged the push.
     pub acked_at: std::time::Instant,
+    /// Which Redis server did (its `run_id`), when known.
+    pub acked_by: Option<Arc<str>>,
 }
 
 impl Kept {

@@ -43,6 +43,8 @@ struct Request {
     via: Via,
     /// When Redis acknowledged the push (mirror lag starts here).
     acked_at: Instant,
+    /// Which Redis server acknowledged it (its `run_id`), when known.
+    acked_by: Option<Arc<str>>,
     /// Mirror copies recorded in `job_keys` only ([`ingest::Item::ledger_only`]).
     ledger_only: bool,
     /// Names this request's writes: item `i` is write `<writes>.<i>`, the
@@ -115,22 +117,24 @@ impl Mirror {
         items: Vec<Bytes>,
         acked_at: Instant,
     ) -> Result<(), MirrorClosed> {
-        self.mirror_as(route, items, acked_at, false).await
+        self.mirror_as(route, items, (acked_at, None), false).await
     }
 
     /// [`Mirror::mirror`], the copies recorded in `job_keys` alone when
     /// `ledger_only` ([`ingest::Item::ledger_only`]: pushed in `dual_write`
-    /// on a route that records its mirror copies in the ledger).
+    /// on a route that records its mirror copies in the ledger). `acked` is
+    /// when Redis acknowledged the push and, when known, which server did
+    /// (its `run_id`: the evidence if that server is gone later).
     pub async fn mirror_as(
         &self,
         route: Arc<Route>,
         items: Vec<Bytes>,
-        acked_at: Instant,
+        acked: (Instant, Option<Arc<str>>),
         ledger_only: bool,
     ) -> Result<(), MirrorClosed> {
         let (name, n) = (route.name.clone(), items.len() as u64);
         let copy = (JobCopy::Mirror, Via::Proxy, ledger_only);
-        let queued = self.send(route, items, copy, acked_at, None).await;
+        let queued = self.send(route, items, copy, acked, None).await;
         if queued.is_err() {
             // Redis has the item and runs it; only its mirror copy is
             // missing, and the diff reports it.
@@ -147,7 +151,7 @@ impl Mirror {
     ) -> Result<Vec<Stored>, StoreError> {
         let (reply, rx) = oneshot::channel();
         let copy = (JobCopy::Live, Via::Proxy, false);
-        self.send(route, items, copy, Instant::now(), Some(reply))
+        self.send(route, items, copy, (Instant::now(), None), Some(reply))
             .await?;
         rx.await.map_err(|_| MirrorClosed)?
     }
@@ -157,7 +161,7 @@ impl Mirror {
         route: Arc<Route>,
         items: Vec<Bytes>,
         (copy, via, ledger_only): (JobCopy, Via, bool),
-        acked_at: Instant,
+        (acked_at, acked_by): (Instant, Option<Arc<str>>),
         reply: Option<oneshot::Sender<Result<Vec<Stored>, StoreError>>>,
     ) -> Result<(), MirrorClosed> {
         let bytes: usize = items.iter().map(|i| i.len() + 64).sum();
@@ -174,6 +178,7 @@ impl Mirror {
             copy,
             via,
             acked_at,
+            acked_by,
             ledger_only,
             writes: uuid::Uuid::new_v4(),
             reply,
@@ -238,7 +243,7 @@ impl Writer {
                     &k.route,
                     (k.copy, k.via, k.ledger_only),
                     k.writes,
-                    k.acked_at,
+                    (k.acked_at, k.acked_by.as_deref()),
                     &k.items,
                 )
             })
@@ -311,7 +316,7 @@ impl Writer {
                     &r.route,
                     (r.copy, r.via, r.ledger_only),
                     r.writes,
-                    r.acked_at,
+                    (r.acked_at, r.acked_by.as_deref()),
                     &r.items,
                 )
             })
@@ -377,6 +382,7 @@ impl Writer {
             ledger_only: request.ledger_only,
             writes: request.writes,
             acked_at: request.acked_at,
+            acked_by: request.acked_by.clone(),
         });
         match &mut self.spool {
             Some(conn) => {

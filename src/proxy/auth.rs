@@ -74,6 +74,31 @@ where
         .map_err(|_| format!("no answer to PING within {PROBE_TIMEOUT:?}"))?
 }
 
+/// The `run_id` of the Redis server on a fresh, authenticated connection
+/// (`INFO server`, read here before the splice starts, so the client never
+/// sees it): the server that takes the pushes mirrored from this connection.
+/// `None` when Redis does not say (an ACL user without INFO, a server that
+/// hides it): those copies keep the evidence of observation alone.
+pub(super) async fn server_run<S>(upstream: &mut S) -> Option<std::sync::Arc<str>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let ask = async {
+        upstream
+            .write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")
+            .await
+            .map_err(|e| e.to_string())?;
+        read_reply(upstream).await
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, ask).await {
+        Ok(Ok(Frame::Bulk(info))) => {
+            crate::redis::epoch::run_id_of(&String::from_utf8_lossy(&info))
+                .map(std::sync::Arc::from)
+        }
+        _ => None,
+    }
+}
+
 /// One reply frame from `conn`.
 pub(super) async fn read_reply<S>(conn: &mut S) -> Result<Frame, String>
 where

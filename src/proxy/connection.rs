@@ -55,14 +55,14 @@ pub(super) async fn serve(
     let _open = Open::new();
     let connected = match tokio::time::timeout(CONNECT_TIMEOUT, upstream.connect()).await {
         Ok(Ok(mut stream)) => match &mut stream {
-            Stream::Plain(tcp) => auth::probe(tcp).await,
-            Stream::Tls(tls) => auth::probe(&mut **tls).await,
+            Stream::Plain(tcp) => probe(tcp).await,
+            Stream::Tls(tls) => probe(&mut **tls).await,
         }
-        .map(|authed| (stream, authed)),
+        .map(|(authed, server)| (stream, authed, server)),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err("timed out".to_string()),
     };
-    let (upstream, authed) = match connected {
+    let (upstream, authed, server) = match connected {
         Ok(connected) => connected,
         Err(reason) => {
             tracing::warn!(conn = id, error = %reason, "cannot reach the upstream Redis; refusing the client");
@@ -80,14 +80,30 @@ pub(super) async fn serve(
     match upstream {
         Stream::Plain(tcp) => {
             let (read, write) = tcp.into_split();
-            splice(id, client, read, write, authed, shared, stop).await;
+            let link = Link::new(authed, server);
+            splice(id, client, read, write, link, shared, stop).await;
         }
         Stream::Tls(tls) => {
             let (read, write) = tokio::io::split(*tls);
-            splice(id, client, read, write, authed, shared, stop).await;
+            let link = Link::new(authed, server);
+            splice(id, client, read, write, link, shared, stop).await;
         }
     }
     tracing::debug!(conn = id, "client connection closed");
+}
+
+/// Whether the fresh upstream connection is authenticated, and (when it is)
+/// which Redis server it reached.
+async fn probe<S>(upstream: &mut S) -> Result<(bool, Option<Arc<str>>), String>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let authed = auth::probe(upstream).await?;
+    let server = match authed {
+        true => auth::server_run(upstream).await,
+        false => None,
+    };
+    Ok((authed, server))
 }
 
 /// Runs the reader and the reply side of one connection on the upstream's
@@ -98,7 +114,7 @@ async fn splice<R, W>(
     client: TcpStream,
     upstream_read: R,
     upstream_write: W,
-    authed: bool,
+    link: Link,
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) where
@@ -108,7 +124,7 @@ async fn splice<R, W>(
     let (client_read, client_write) = client.into_split();
     let (tags, tag_rx) = mpsc::channel(TAGS_IN_FLIGHT);
     let closed = CancellationToken::new();
-    let link = Arc::new(Link::new(authed));
+    let link = Arc::new(link);
     let reader = Reader {
         id,
         client: client_read,

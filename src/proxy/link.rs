@@ -5,6 +5,7 @@
 //! side depend on these types and not on each other or on `connection`.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use tokio::sync::{watch, Notify};
 
@@ -46,6 +47,11 @@ pub(super) struct Link {
     /// Redis has it authenticated, published by the reply side; the reader
     /// routes pushes by it.
     pub db: watch::Sender<Selected>,
+    /// The `run_id` of the Redis server this connection is spliced to, when
+    /// the probe could read it: which server took the pushes mirrored from
+    /// here (`redis::epoch::record_acks`). A splice never reconnects, so it
+    /// holds for the connection's life.
+    pub server: Option<Arc<str>>,
 }
 
 /// The selected database as of the `done`-th tag the reply side finished.
@@ -62,9 +68,11 @@ pub(super) struct Selected {
 }
 
 impl Link {
-    /// `authed`: whether the fresh upstream connection needs no AUTH.
-    pub(super) fn new(authed: bool) -> Link {
+    /// `authed`: whether the fresh upstream connection needs no AUTH;
+    /// `server`: its Redis server's `run_id`, when known.
+    pub(super) fn new(authed: bool, server: Option<Arc<str>>) -> Link {
         Link {
+            server,
             attention: Notify::new(),
             pubsub_sent: AtomicU64::new(0),
             db: watch::Sender::new(Selected {

@@ -412,8 +412,8 @@ impl<R: AsyncRead + Unpin> Replies<R> {
                 self.settle(mirror.mirror_due(push.route, items)).await
             }
             None => {
-                let queued =
-                    mirror.mirror_as(push.route, push.items, Instant::now(), push.ledger_only);
+                let acked = (Instant::now(), self.link.server.clone());
+                let queued = mirror.mirror_as(push.route, push.items, acked, push.ledger_only);
                 self.settle(queued).await
             }
         };

@@ -4,18 +4,27 @@
 //! route's database (gone after a flush or a restart without persistence).
 //! Every process with a Redis side observes it every [`OBSERVE_EVERY`], and
 //! the diff and repair observe it before they read; each observation is
-//! upserted into `qbridge.redis_epochs`.
+//! upserted into `qbridge.redis_epochs`. The pushes qbridge makes or forwards
+//! also name the server that took them (the producer's push script reads its
+//! `run_id`; the proxy reads it once per upstream connection): the latest
+//! push each server acknowledged is kept in `qbridge.redis_run_acks`
+//! ([`record_acks`]).
 //!
 //! A mirror copy that Redis no longer holds was lost by Redis — and may be
 //! pushed back by repair — only with this evidence (never from silence):
+//! - a server that is not the current one acknowledged a push at or after
+//!   the copy's (so the copy went to that server or an earlier one), or
 //! - the current server started after the copy was mirrored (its push went
 //!   to an earlier server), or
 //! - another epoch was observed after the copy was mirrored (so the push
 //!   went to that epoch), and the current one began after it.
 //!
-//! Items mirrored within one observation period before a restart that took
-//! less than a second have neither; they stay unaccounted until an operator
-//! decides (`qbridge diff --repair --assume-lost-before`).
+//! Without the first, items pushed within one observation period before a
+//! restart that took less than a second would have none (Redis reports its
+//! uptime in whole seconds); that still holds for pushes whose server is
+//! not known (an ACL user denied INFO, a push by a process older than
+//! migration 0019). They stay unaccounted until an operator decides
+//! (`qbridge diff --repair --assume-lost-before`).
 
 use std::time::Duration;
 
@@ -133,6 +142,8 @@ where
 
 /// The evidence per key, as one line (no key without evidence is returned).
 /// A key is judged by when Redis had it (the rule of [`HAD_AT_SQL`]).
+/// The most direct evidence first: a server that acknowledged a push at or
+/// after that time is gone (`redis_run_acks`), so the item went with it.
 const LOSS_EVIDENCE_SQL: &str = r#"
 WITH cur AS (
     SELECT started_at, first_seen FROM qbridge.redis_epochs
@@ -145,7 +156,11 @@ had AS (
      WHERE k.queue = $2 AND k.key = ANY($5::text[])),
 judged AS (SELECT key, COALESCE(popped_at, pushed_at) AS at FROM had)
 SELECT j.key,
-       CASE WHEN cur.started_at > j.at
+       CASE WHEN gone.last_ack IS NOT NULL
+            THEN 'Redis was replaced after the push (the server that acknowledged a push at ' ||
+                 to_char(gone.last_ack AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') ||
+                 ' is gone)'
+            WHEN cur.started_at > j.at
             THEN 'Redis restarted after the push (server started ' ||
                  to_char(cur.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') || ')'
             ELSE 'Redis lost its data after the push (it was seen as another server or '
@@ -158,7 +173,11 @@ SELECT j.key,
         SELECT max(o.last_seen) AS last_seen FROM qbridge.redis_epochs o
          WHERE o.route = $1 AND (o.run_id, o.marker) <> ($3, $4)
            AND o.last_seen >= j.at AND o.last_seen < cur.first_seen) prev ON true
- WHERE cur.started_at > j.at OR prev.last_seen IS NOT NULL
+  LEFT JOIN LATERAL (
+        SELECT max(a.last_ack) AS last_ack FROM qbridge.redis_run_acks a
+         WHERE a.route = $1 AND a.run_id <> $3
+           AND a.last_ack >= j.at AND a.last_ack < cur.first_seen) gone ON true
+ WHERE cur.started_at > j.at OR prev.last_seen IS NOT NULL OR gone.last_ack IS NOT NULL
 "#;
 
 /// When Redis had a key's item, for judging it lost: for a number a pop
@@ -219,7 +238,8 @@ pub async fn text_loss_evidence(
 }
 
 /// The latest time Redis certainly still was an earlier server: the
-/// current one's start at the earliest, or the last sight of another one
+/// current one's start at the earliest, the last sight of another one
+/// before it, or (just after) the last push another server acknowledged
 /// before it. `$1` route, `$2`/`$3` the current epoch.
 const BOUND_SQL: &str = r#"
 WITH cur AS (
@@ -228,9 +248,55 @@ WITH cur AS (
 SELECT greatest(cur.started_at,
                 (SELECT max(o.last_seen) FROM qbridge.redis_epochs o
                   WHERE o.route = $1 AND (o.run_id, o.marker) <> ($2, $3)
-                    AND o.last_seen < cur.first_seen))
+                    AND o.last_seen < cur.first_seen),
+                -- Just after: the copies judged are those pushed *before*
+                -- the bound, and this push is one of them.
+                (SELECT max(a.last_ack) + interval '1 microsecond' FROM qbridge.redis_run_acks a
+                  WHERE a.route = $1 AND a.run_id <> $2 AND a.last_ack < cur.first_seen))
   FROM cur
 "#;
+
+/// Records that the servers named acknowledged pushes of their routes, at
+/// the times given (`NULL`: now, by the database's clock at this moment —
+/// for a push made just before, inside the transaction that records it).
+/// The latest acknowledgement per server is kept (in one of 32 slots picked
+/// at random, so concurrent writers do not queue on one row; readers take
+/// the latest over them): the evidence that a copy
+/// it took was lost when it is no longer the current server
+/// ([`LOSS_EVIDENCE_SQL`], [`BOUND_SQL`]). `$1` routes, `$2` run ids, `$3`
+/// times.
+pub const RECORD_ACKS_SQL: &str = r#"
+INSERT INTO qbridge.redis_run_acks AS a (route, run_id, slot, last_ack)
+SELECT t.route, t.run_id, floor(random() * 32)::int2, max(COALESCE(t.at, clock_timestamp()))
+  FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS t(route, run_id, at)
+ WHERE t.run_id <> ''
+ GROUP BY t.route, t.run_id
+ON CONFLICT (route, run_id, slot) DO UPDATE SET last_ack = greatest(a.last_ack, EXCLUDED.last_ack)
+"#;
+
+/// Records, in `tx` (the transaction of the writes they belong to), that
+/// `acks` — (route, server run id, when; `None`: now) — were acknowledged.
+pub async fn record_acks(
+    tx: &mut sqlx::PgConnection,
+    acks: &[(&str, &str, Option<DateTime<Utc>>)],
+) -> Result<()> {
+    if acks.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(RECORD_ACKS_SQL)
+        .bind(acks.iter().map(|a| a.0).collect::<Vec<_>>())
+        .bind(acks.iter().map(|a| a.1).collect::<Vec<_>>())
+        .bind(acks.iter().map(|a| a.2).collect::<Vec<_>>())
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+/// The `run_id` of an `INFO server` reply (what the proxy's probe and the
+/// producer's push script read).
+pub fn run_id_of(info: &str) -> Option<&str> {
+    info_field(info, "run_id").filter(|id| !id.is_empty())
+}
 
 /// Of `keys`, the content-hash copies no pop has taken yet (a *fresh*
 /// number, not a hole), each with whether a copy of its text pushed before

@@ -84,7 +84,11 @@ pub async fn push_items(
 /// How long a paid marker is kept: longer than any outbox row waits.
 const PAID_TTL_SECS: u64 = 7 * 86_400;
 
-/// Pushes each item unless its marker says it was pushed already.
+/// Pushes each item unless its marker says it was pushed already. Returns
+/// how many it pushed and the server's `run_id`: which server took them, the
+/// evidence if it is gone later (`crate::redis::epoch::record_acks`). Read in
+/// the script, so it names the server that ran the pushes, whatever the
+/// connection did before or after.
 const PUSH_ONCE_LUA: &str = r#"
 local pushed = 0
 for i = 3, #ARGV, 2 do
@@ -93,7 +97,8 @@ for i = 3, #ARGV, 2 do
     pushed = pushed + 1
   end
 end
-return pushed
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
+return {pushed, run}
 "#;
 
 /// The idempotent push of outbox rows, in order.
@@ -101,7 +106,7 @@ async fn push_once(
     conn: &mut ConnectionManager,
     route: &Route,
     rows: &[&Owed],
-) -> ::redis::RedisResult<i64> {
+) -> ::redis::RedisResult<(i64, String)> {
     let script = ::redis::Script::new(PUSH_ONCE_LUA);
     let mut invocation = script.key(route.redis_key.as_ref());
     invocation.arg(match route.push {
@@ -139,19 +144,23 @@ pub async fn pay(
     if paying.is_empty() {
         return Ok(0);
     }
-    if let Err(e) = push_once(conn, route, &paying).await {
-        tx.rollback().await?;
-        let reason = format!("Redis push failed: {e}");
-        let error = crate::error::Error::redis("Redis push failed", e);
-        sqlx::query(
+    let run = match push_once(conn, route, &paying).await {
+        Ok((_, run)) => run,
+        Err(e) => {
+            tx.rollback().await?;
+            let reason = format!("Redis push failed: {e}");
+            let error = crate::error::Error::redis("Redis push failed", e);
+            sqlx::query(
             "UPDATE qbridge.redis_outbox SET attempts = attempts + 1, last_error = $2 WHERE id = ANY($1)",
         )
         .bind(&mine)
         .bind(&reason)
         .execute(pool)
         .await?;
-        return Err(error);
-    }
+            return Err(error);
+        }
+    };
+    crate::redis::epoch::record_acks(&mut tx, &[(&route.name, &run, None)]).await?;
     tx.commit().await?;
     Ok(paying.len())
 }

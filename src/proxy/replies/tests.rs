@@ -81,7 +81,7 @@ async fn rig() -> Rig {
         pop_scripts: Default::default(),
     });
     let (tags, rx) = mpsc::channel(16);
-    let link = Arc::new(Link::new(true));
+    let link = Arc::new(Link::new(true, None));
     let replies = Replies::new(
         1,
         upstream.into_split().0,
