@@ -20,3 +20,17 @@ CREATE TABLE qbridge.redis_run_acks (
     last_ack timestamptz NOT NULL,
     PRIMARY KEY (route, run_id, slot)
 );
+
+-- Copies of identical texts repair pushed back on a text's evidence (fresh
+-- numbers, not holes), with when. A restart's evidence for a text is a count
+-- — the copies pushed before it that no pop had taken by then — and each copy
+-- pushed back after it uses one up; without this record every later repair
+-- found the same count and pushed back the next missing copy as well, so
+-- texts ran under more keys than they were pushed (oracle seeds 50674,
+-- 50814). Pruned with the job keys, after the route's dedup window.
+CREATE TABLE qbridge.text_repushes (
+    queue text        NOT NULL,
+    key   text        NOT NULL,
+    at    timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX text_repushes_at_idx ON qbridge.text_repushes (queue, at);

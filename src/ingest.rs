@@ -484,6 +484,15 @@ pub async fn prune_keys_once(pool: &sqlx::PgPool, routes: &crate::routes::Routes
         .bind(PRUNE_BATCH)
         .execute(pool)
         .await?;
+        // Push-backs of the same age: the evidence they used up is as old.
+        sqlx::query(
+            "DELETE FROM qbridge.text_repushes WHERE queue = $1 \
+               AND at < now() - $2 * interval '1 millisecond'",
+        )
+        .bind(&route.queue)
+        .bind(route.config.dedup_window.as_millis() as i64)
+        .execute(pool)
+        .await?;
     }
     Ok(pruned)
 }

@@ -310,6 +310,16 @@ async fn push_back(
             numbering::unexpect(db, &route.queue, &key).await?;
         }
         if pushed? == 1 {
+            // A fresh copy of a text stands in for one the text's evidence
+            // counted lost: record it, so the count is used up
+            // (`epoch::copies_before`). A hole is judged per key instead.
+            if !hole && numbering::numbered(&key).is_some() {
+                sqlx::query("INSERT INTO qbridge.text_repushes (queue, key) VALUES ($1, $2)")
+                    .bind(&route.queue)
+                    .bind(&key)
+                    .execute(db)
+                    .await?;
+            }
             report.repushed += 1;
             let line = why.get(key.as_str()).copied().unwrap_or_default();
             *report.evidence.entry(line.to_string()).or_default() += 1;

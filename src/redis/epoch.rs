@@ -319,7 +319,8 @@ pub async fn copies_before(
 }
 
 /// `texts`: per text, the copies pushed before `$3` less the pops numbered
-/// before it (a pop is numbered after it left Redis).
+/// before it (a pop is numbered after it left Redis) and less the copies
+/// repair pushed back since (each stands in for one of those lost).
 const COPIES_BEFORE_SQL: &str = r#"
 WITH asked AS (
     SELECT t.key, k.pushed,
@@ -343,7 +344,10 @@ texts AS (
                AND k.key ~ ':[0-9]+$' AND COALESCE(k.pushed_at, k.seen_at) < $3)
          - (SELECT count(DISTINCT w.key) FROM qbridge.numbered_writes w
              WHERE w.queue = $1 AND w.side = 'pop' AND w.key LIKE 'sha256:' || h.hash || ':%'
-               AND w.key ~ ':[0-9]+$' AND w.at < $3) AS waiting
+               AND w.key ~ ':[0-9]+$' AND w.at < $3)
+         - (SELECT count(*) FROM qbridge.text_repushes r
+             WHERE r.queue = $1 AND r.key LIKE 'sha256:' || h.hash || ':%' AND r.at >= $3)
+           AS waiting
       FROM (SELECT DISTINCT hash FROM fresh) h)
 SELECT f.key, f.rank <= t.waiting
   FROM fresh f JOIN texts t USING (hash)

@@ -505,3 +505,48 @@ async fn a_proxied_push_acknowledged_just_before_a_restart_is_judged_by_the_serv
     );
     proxy.stop().await;
 }
+
+/// A restart's evidence for a text is a count — its copies pushed before the
+/// restart that no pop had taken by then — and each copy repair pushes back
+/// for it uses one up. Here the restart lost two copies, repair pushed both
+/// back and they ran; a third copy pushed after the restart has no evidence.
+/// Before the fix the count stayed at two, so every later repair pushed the
+/// next missing copy back on the old restart's evidence (missing for any
+/// reason: a report lost, a consumer's item in flight): texts ran under
+/// more keys than they were pushed (oracle seeds 50674, 50814; 9586, 9738,
+/// 10164, 10406 before).
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_restarts_evidence_for_a_text_is_used_up_by_the_copies_pushed_back(pool: PgPool) {
+    let mut server = ThrowawayRedis::start();
+    let toml = "[[routes]]\nname = \"r\"\nredis_key = \"jobs\"\nqueue = \"q\"\nformat = \"raw\"\n\
+                phase = \"dual_write\"\nredis_side = \"qbridge\"\ndiff = { settle = \"0s\" }\n";
+    let cfg = Config::from_toml(toml, &Overrides::default()).expect("route config");
+    let routes = Routes::from_config(&cfg.routes);
+    let route = routes.by_name("r").unwrap().clone();
+    let producer = Producer::connect(pool.clone(), Some(&server.url()), routes.clone(), 1 << 20)
+        .await
+        .expect("producer");
+    let text = Bytes::from_static(b"send the weekly digest");
+    let since = chrono::Utc::now() - chrono::Duration::minutes(5);
+    producer
+        .enqueue("r", vec![text.clone(), text.clone()])
+        .await
+        .unwrap();
+    server.kill();
+    server.resume();
+    let back = chrono::Utc::now();
+    let mut conn = connect_redis(&server.url()).await.unwrap();
+    let (_, first) = super::diff_and_repair(&pool, &mut conn, &route, since).await;
+    assert_eq!((first.repushed, first.unaccounted), (2, 0), "{first:?}");
+    pop_and_number(&pool, &mut conn, &route, 0..2, true).await;
+    producer.enqueue("r", vec![text.clone()]).await.unwrap();
+    let third = decode_bytes(&route.format, text).key.with_occurrence(3);
+    let judged = qbridge::redis::epoch::copies_before(&pool, "q", &[third.clone()], back)
+        .await
+        .unwrap();
+    assert_eq!(
+        judged,
+        vec![(third, false)],
+        "the restart's two lost copies were pushed back already"
+    );
+}
