@@ -541,9 +541,10 @@ async fn a_restarts_evidence_for_a_text_is_used_up_by_the_copies_pushed_back(poo
     pop_and_number(&pool, &mut conn, &route, 0..2, true).await;
     producer.enqueue("r", vec![text.clone()]).await.unwrap();
     let third = decode_bytes(&route.format, text).key.with_occurrence(3);
-    let judged = qbridge::redis::epoch::copies_before(&pool, "q", &[third.clone()], back)
-        .await
-        .unwrap();
+    let judged =
+        qbridge::redis::epoch::copies_before(&pool, "q", std::slice::from_ref(&third), back)
+            .await
+            .unwrap();
     assert_eq!(
         judged,
         vec![(third, false)],
