@@ -180,3 +180,15 @@ pub async fn diff_and_repair(
         .unwrap();
     (diff, report)
 }
+
+/// The config of route `r` (list `jobs`, queue `q`, `format`) in
+/// `dual_write`, run by qbridge's consumer, judged at once (`settle` 0):
+/// the route every restart-evidence test repairs.
+pub fn restart_route_config(format: &str) -> qbridge::config::Config {
+    let toml = format!(
+        "[[routes]]\nname = \"r\"\nredis_key = \"jobs\"\nqueue = \"q\"\nformat = \"{format}\"\n\
+         phase = \"dual_write\"\nredis_side = \"qbridge\"\ndiff = {{ settle = \"0s\" }}\n"
+    );
+    qbridge::config::Config::from_toml(&toml, &qbridge::config::Overrides::default())
+        .expect("route config")
+}

@@ -18,7 +18,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use sqlx::PgPool;
 
-use qbridge::config::{Config, Overrides};
 use qbridge::model::Phase;
 use qbridge::ops::{gates, repair};
 use qbridge::redis::connect::connect_redis;
@@ -43,10 +42,7 @@ struct Rig {
 impl Rig {
     async fn start(pool: &PgPool) -> Rig {
         let server = ThrowawayRedis::start();
-        let toml =
-            "[[routes]]\nname = \"r\"\nredis_key = \"jobs\"\nqueue = \"q\"\nformat = \"raw\"\n\
-                    phase = \"dual_write\"\nredis_side = \"qbridge\"\ndiff = { settle = \"0s\" }\n";
-        let cfg = Config::from_toml(toml, &Overrides::default()).expect("route config");
+        let cfg = super::restart_route_config("raw");
         let routes = Routes::from_config(&cfg.routes);
         let route = Arc::clone(routes.by_name("r").unwrap());
         let producer =

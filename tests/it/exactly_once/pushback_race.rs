@@ -18,7 +18,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use sqlx::PgPool;
 
-use qbridge::config::{Config, Overrides};
 use qbridge::model::formats::decode_bytes;
 use qbridge::model::Phase;
 use qbridge::ops::gates;
@@ -40,9 +39,7 @@ const POPPERS: usize = 4;
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn pops_during_a_push_back_never_share_a_number(pool: PgPool) {
     let mut server = ThrowawayRedis::start();
-    let toml = "[[routes]]\nname = \"r\"\nredis_key = \"jobs\"\nqueue = \"q\"\nformat = \"raw\"\n\
-                phase = \"dual_write\"\nredis_side = \"qbridge\"\ndiff = { settle = \"0s\" }\n";
-    let cfg = Config::from_toml(toml, &Overrides::default()).expect("route config");
+    let cfg = super::restart_route_config("raw");
     let routes = Routes::from_config(&cfg.routes);
     let route = routes.by_name("r").unwrap().clone();
     let text = Bytes::from_static(b"rebuild the search index");

@@ -307,10 +307,7 @@ async fn a_push_mirrored_after_the_restart_is_judged_by_when_redis_took_it(pool:
     use std::time::Instant;
 
     let mut server = ThrowawayRedis::start();
-    let toml =
-        "[[routes]]\nname = \"r\"\nredis_key = \"jobs\"\nqueue = \"q\"\nformat = \"json:/id\"\n\
-                phase = \"dual_write\"\nredis_side = \"qbridge\"\ndiff = { settle = \"0s\" }\n";
-    let cfg = Config::from_toml(toml, &Overrides::default()).expect("route config");
+    let cfg = super::restart_route_config("json:/id");
     let routes = Routes::from_config(&cfg.routes);
     let route = Arc::clone(routes.by_name("r").unwrap());
     let item = Bytes::from_static(br#"{"id":"late-mirror"}"#);
@@ -518,9 +515,7 @@ async fn a_proxied_push_acknowledged_just_before_a_restart_is_judged_by_the_serv
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn a_restarts_evidence_for_a_text_is_used_up_by_the_copies_pushed_back(pool: PgPool) {
     let mut server = ThrowawayRedis::start();
-    let toml = "[[routes]]\nname = \"r\"\nredis_key = \"jobs\"\nqueue = \"q\"\nformat = \"raw\"\n\
-                phase = \"dual_write\"\nredis_side = \"qbridge\"\ndiff = { settle = \"0s\" }\n";
-    let cfg = Config::from_toml(toml, &Overrides::default()).expect("route config");
+    let cfg = super::restart_route_config("raw");
     let routes = Routes::from_config(&cfg.routes);
     let route = routes.by_name("r").unwrap().clone();
     let producer = Producer::connect(pool.clone(), Some(&server.url()), routes.clone(), 1 << 20)
