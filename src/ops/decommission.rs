@@ -33,7 +33,7 @@ use crate::model::Phase;
 use crate::ops::redis_view::scan;
 use crate::queue::JobCopy;
 use crate::redis::consumer::numbering::{pop_key, PopKey};
-use crate::redis::keys::RouteKeys;
+use crate::redis::keys::{inflight_beside, RouteKeys};
 use crate::redis::rq_jobs;
 use crate::routes::Route;
 
@@ -126,6 +126,7 @@ pub async fn archive_and_delete(
     }
     let mut doomed = vec![keys.ran(), keys.epoch()];
     doomed.extend(scan(redis, &keys.any_inflight()).await?);
+    doomed.extend(scan(redis, &keys.any_archiving_inflight()).await?);
     doomed.extend(scan(redis, &keys.any_repushed()).await?);
     // The acknowledgements: no consumer beats a decommissioned route again.
     doomed.extend(scan(redis, &keys.any_heartbeat()).await?);
@@ -141,14 +142,30 @@ pub async fn archive_and_delete(
 /// unread; `qbridge cutover status` counts it and running `qbridge cutover
 /// advance` on the decommissioned route archives it.
 async fn rename_all(redis: &mut ConnectionManager, route: &Route, keys: &RouteKeys) -> Result<()> {
-    let mut runnable: Vec<String> = route
+    let runnable: Vec<String> = route
         .lists()
         .iter()
         .map(|list| String::from_utf8_lossy(list).into_owned())
         .collect();
-    runnable.extend(scan(redis, &keys.any_processing()).await?);
     for list in &runnable {
         rename_away(redis, list, &keys.new_archiving()).await?;
+    }
+    // A processing list moves with its inflight hash, in one step: the
+    // hash has the key its held item was popped under.
+    for list in scan(redis, &keys.any_processing()).await? {
+        let to = keys.new_archiving();
+        match (inflight_beside(&list), keys.archiving_inflight(&to)) {
+            (Some(inflight), Some(inflight_to)) => {
+                redis::Script::new(RENAME_HELD_LUA)
+                    .key(&list)
+                    .key(&to)
+                    .key(&inflight)
+                    .key(&inflight_to)
+                    .invoke_async::<i64>(redis)
+                    .await?;
+            }
+            _ => rename_away(redis, &list, &to).await?,
+        }
     }
     rename_away(redis, &keys.gap(), &keys.new_archiving_gap()).await?;
     rename_away(redis, &keys.dead(), &keys.new_archiving_dead()).await
@@ -166,6 +183,8 @@ async fn archive_live(
     let Some(mut tx) = claim(db, route, list, items.len()).await? else {
         return Ok(Vec::new());
     };
+    let held = held_pop(redis, route, list).await?;
+    let last = items.len() - 1;
     let mut batch = Vec::with_capacity(items.len());
     for (i, bytes) in items.into_iter().enumerate() {
         let decoded = decode_bytes(&route.format, bytes.into());
@@ -174,8 +193,18 @@ async fn archive_live(
             // Taking the item out of Redis is its pop: it gets the key the
             // Redis consumer would have given it (so it meets its mirror
             // copy), numbered once per list and place however often a run
-            // is repeated.
-            let pop = format!("archive:{list}:{i}");
+            // is repeated. An item a consumer held (the oldest of its
+            // processing list, as the consumer takes it) was popped
+            // already: it keeps that pop's key (oracle seed 60024).
+            let pop = match (&held, i == last) {
+                (Some(HeldPop::Key(key)), true) => {
+                    item.known_key = Some(key.clone());
+                    batch.push(item);
+                    continue;
+                }
+                (Some(HeldPop::Pop(pop)), true) => pop.clone(),
+                _ => format!("archive:{list}:{i}"),
+            };
             item.known_key = match pop_key(db, &route.queue, Phase::Decommissioned, &item.decoded, &pop).await {
                 PopKey::Numbered(key) | PopKey::Unmirrored(key) => Some(key),
                 PopKey::Retry(reason) => {
@@ -197,6 +226,33 @@ async fn archive_live(
     let stored = ingest::store(&mut tx, batch, payload_limit).await?;
     tx.commit().await?;
     Ok(stored)
+}
+
+/// What a consumer's inflight hash says about the item it held.
+enum HeldPop {
+    /// The key its pop was given.
+    Key(String),
+    /// The pop's id: numbered under it (once, however often it is asked).
+    Pop(String),
+}
+
+/// The pop of the item held in renamed processing list `list`, from the
+/// inflight hash renamed with it; `None` for the route's own lists.
+async fn held_pop(
+    redis: &mut ConnectionManager,
+    route: &Route,
+    list: &str,
+) -> Result<Option<HeldPop>> {
+    let Some(inflight) = RouteKeys::of(route).archiving_inflight(list) else {
+        return Ok(None);
+    };
+    let (key, pop): (Option<String>, Option<String>) = redis::cmd("HMGET")
+        .arg(&inflight)
+        .arg("key")
+        .arg("pop")
+        .query_async(redis)
+        .await?;
+    Ok(key.map(HeldPop::Key).or(pop.map(HeldPop::Pop)))
 }
 
 /// Takes the route's owed outbox rows and stores them as live jobs under
@@ -350,6 +406,13 @@ async fn rename_away(conn: &mut ConnectionManager, list: &str, to: &str) -> Resu
 
 const RENAME_IF_EXISTS_LUA: &str = "if redis.call('EXISTS', KEYS[1]) == 1 then \
      redis.call('RENAME', KEYS[1], KEYS[2]) return 1 end return 0";
+
+/// [`RENAME_IF_EXISTS_LUA`] for a processing list (KEYS 1, 2) and its
+/// inflight hash (KEYS 3, 4), which moves with it.
+const RENAME_HELD_LUA: &str = "if redis.call('EXISTS', KEYS[1]) == 1 then \
+     redis.call('RENAME', KEYS[1], KEYS[2]) \
+     if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('RENAME', KEYS[3], KEYS[4]) end \
+     return 1 end return 0";
 
 async fn all_items(conn: &mut ConnectionManager, list: &str) -> Result<Vec<Vec<u8>>> {
     Ok(redis::cmd("LRANGE")

@@ -14,6 +14,7 @@
 //! | `qbridge:dead:<route>` | list | the consumer | decommission |
 //! | `qbridge:repushed:<route>:<job key>` | string (TTL) | repair | repair, decommission |
 //! | `qbridge:archiving:<route>:<id>` | list | decommission | decommission |
+//! | `qbridge:archiving-inflight:<route>:<id>` | hash | decommission (a renamed inflight hash) | decommission |
 //! | `qbridge:archiving-gap:<route>:<id>` | list | decommission | decommission |
 //! | `qbridge:archiving-dead:<route>:<id>` | list | decommission | decommission |
 //! | `qbridge:paid:<outbox token>` | string (TTL) | the outbox | the outbox |
@@ -99,6 +100,20 @@ impl RouteKeys {
         )
     }
 
+    /// `qbridge:archiving-inflight:<route>:<id>`: where decommission renames
+    /// the inflight hash of a processing list it renamed to
+    /// `qbridge:archiving:<route>:<id>`, so the held item is archived under
+    /// the key its pop was given; `None` for a key that is no archiving list
+    /// of this route.
+    pub fn archiving_inflight(&self, archiving_list: &str) -> Option<String> {
+        let id = archiving_list
+            .strip_prefix(PREFIX)?
+            .strip_prefix("archiving:")?
+            .strip_prefix(self.route.as_str())?
+            .strip_prefix(':')?;
+        Some(format!("{PREFIX}archiving-inflight:{}:{id}", self.route))
+    }
+
     /// A fresh `qbridge:archiving-gap:<route>:<id>`: where decommission
     /// renames the gap list. Its items are mirror copies of jobs Redis
     /// owned, archived differently from the runnable lists, so they must
@@ -179,6 +194,11 @@ impl RouteKeys {
     /// SCAN pattern: every dead list an interrupted decommission left renamed.
     pub fn any_archiving_dead(&self) -> String {
         self.pattern("archiving-dead")
+    }
+
+    /// SCAN pattern: every inflight hash decommission renamed.
+    pub fn any_archiving_inflight(&self) -> String {
+        self.pattern("archiving-inflight")
     }
 
     fn pattern(&self, kind: &str) -> String {

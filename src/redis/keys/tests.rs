@@ -87,10 +87,20 @@ fn the_consumers_keys_are_what_the_route_readers_scan() {
     ));
     // The kinds of archiving lists are archived differently: no pattern
     // finds another kind's lists.
+    // A renamed processing list's inflight hash is found by its own
+    // pattern, and from the list's name.
+    let renamed = route.new_archiving();
+    let beside = route
+        .archiving_inflight(&renamed)
+        .expect("an archiving list");
+    assert!(finds(&route.any_archiving_inflight(), &beside));
+    assert_eq!(route.archiving_inflight(&route.new_archiving_gap()), None);
+    assert_eq!(route.archiving_inflight("queue:default"), None);
     let kinds = [
         (route.any_archiving(), route.new_archiving()),
         (route.any_archiving_gap(), route.new_archiving_gap()),
         (route.any_archiving_dead(), route.new_archiving_dead()),
+        (route.any_archiving_inflight(), beside),
     ];
     for (i, (pattern, _)) in kinds.iter().enumerate() {
         for (j, (_, list)) in kinds.iter().enumerate() {

@@ -330,3 +330,69 @@ async fn an_archived_item_whose_redis_run_was_interrupted_counts_on_both_sides(p
     assert_eq!(diff.ran_both_sides, 1, "{}", diff.verdict);
     rig.finish().await;
 }
+
+/// A consumer that died holding an item of a route keyed by content hash:
+/// the item was numbered when it was popped (its inflight hash keeps the
+/// key), so decommission archives it under that key, where it meets its own
+/// mirror copy — one job. Before, the archive numbered it as a pop of its
+/// own and the text ran under one key more than it was pushed (the
+/// randomized oracle's seed 60024: a worker killed after its handler ran).
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn an_archived_held_item_keeps_the_key_its_pop_was_given(pool: PgPool) {
+    let rig = Rig::new(
+        &pool,
+        Options {
+            phase: Phase::DualWrite,
+            handler_delay: Duration::from_secs(60),
+            format: "raw",
+            ..Options::default()
+        },
+    )
+    .await;
+    let consumer = tokio::spawn(consumer_of(&rig).await.run(CancellationToken::new()));
+    rig.producer
+        .enqueue(&rig.name, vec![bytes::Bytes::from_static(b"the same text")])
+        .await
+        .expect("enqueue");
+    wait_for(
+        "the consumer holds the item",
+        Duration::from_secs(10),
+        || {
+            let rig = &rig;
+            async move { heartbeats(rig).await.iter().any(|b| b.holding == 1) }
+        },
+    )
+    .await;
+    consumer.abort();
+    let _ = consumer.await;
+
+    for _ in 0..3 {
+        rig.advance(true).await.map_err(|_| "advance").unwrap();
+    }
+    assert_eq!(rig.routes.phases().get(&rig.name), Phase::Decommissioned);
+    let keys: Vec<String> =
+        sqlx::query_scalar("SELECT key FROM qbridge.job_keys WHERE queue = $1 ORDER BY key")
+            .bind(&rig.name)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        keys.len(),
+        1,
+        "one text pushed once is one job key: {keys:?}"
+    );
+    assert!(keys[0].ends_with(":1"), "{keys:?}");
+    assert_eq!(
+        support::count(
+            &pool,
+            &format!(
+                "SELECT count(*) FROM qbridge.jobs WHERE queue = '{}' AND copy = 'live'",
+                rig.name
+            )
+        )
+        .await,
+        1,
+        "the archived item is the one live job"
+    );
+    rig.finish().await;
+}

@@ -108,6 +108,8 @@ pub struct Options {
     pub quiet_period: &'static str,
     /// `gates.decommission_wait`.
     pub decommission_wait: &'static str,
+    /// The route's `format` (`json:/id` keys by id; `raw` by content hash).
+    pub format: &'static str,
 }
 
 impl Default for Options {
@@ -119,6 +121,7 @@ impl Default for Options {
             min_jobs: 5,
             quiet_period: "1s",
             decommission_wait: "60s",
+            format: "json:/id",
         }
     }
 }
@@ -151,7 +154,7 @@ shutdown_deadline = "5s"
 name = "{name}"
 redis_key = "{list}"
 queue = "{name}"
-format = "json:/id"
+format = "{format}"
 phase = "{phase}"
 handler = {{ type = "http", url = "{url}" }}
 pool = {{ poll_interval = "50ms", concurrency = 4, backoff_base = "50ms", backoff_cap = "100ms" }}
@@ -165,6 +168,7 @@ gates = {{ window = "{window}", min_jobs = {min_jobs}, quiet_period = "{quiet}",
             min_jobs = opts.min_jobs,
             quiet = opts.quiet_period,
             wait = opts.decommission_wait,
+            format = opts.format,
         );
         let overrides = Overrides {
             database_url: Some(support::db_url(pool)),
