@@ -384,6 +384,7 @@ async fn never_ran_check(
     .bind(&held.before.owed)
     .bind(&held.before.texts)
     .bind(&held.before.pushed)
+    .bind(&held.before.paid)
     .fetch_one(db)
     .await?;
     Ok(check(

@@ -19,7 +19,7 @@ use crate::error::Result;
 use crate::model::formats::{decode_bytes, KeySource};
 use crate::ops::structures;
 use crate::redis::epoch::{self, Epoch};
-use crate::redis::keys::{inflight_beside, RouteKeys};
+use crate::redis::keys::{inflight_beside, paid, RouteKeys};
 use crate::routes::Route;
 
 /// Most items read from one route's lists; past it the view says it is
@@ -68,7 +68,16 @@ pub struct RedisView {
 /// lost by the time Redis is read; one numbered later may be in flight).
 #[derive(Debug, Default, Clone)]
 pub struct ReadBefore {
+    /// Keys of the outbox rows whose push the current Redis has no paid
+    /// marker for: owed to it.
     pub owed: Vec<String>,
+    /// Keys of the outbox rows whose paid marker the current Redis has: the
+    /// pay pushed them (they wait in Redis or were popped) and only the
+    /// commit deleting the row failed, so they owe nothing (oracle seed
+    /// 50260: counted as owed, such a row stood in for a copy a restart
+    /// lost). Read before the lists, so a copy paid then is in the lists or
+    /// among the pops, both read after.
+    pub paid: Vec<String>,
     /// Content hashes, and their push counts, index by index.
     pub texts: Vec<String>,
     pub pushed: Vec<i64>,
@@ -80,26 +89,42 @@ WITH silent AS (
       FROM qbridge.job_keys k
      WHERE k.queue = $1 AND k.copy = 'mirror' AND k.original IS NOT NULL
        AND k.key LIKE 'sha256:%')
-SELECT 'push', o.hash, o.n FROM qbridge.key_occurrences o JOIN silent s ON s.hash = o.hash
+SELECT 'push', o.hash, o.n, NULL::uuid FROM qbridge.key_occurrences o JOIN silent s ON s.hash = o.hash
  WHERE o.queue = $1 AND o.side = 'push'
 UNION ALL
-SELECT 'owed', b.key, 0 FROM qbridge.redis_outbox b WHERE b.queue = $1
+SELECT 'owed', b.key, 0, b.token FROM qbridge.redis_outbox b WHERE b.queue = $1
 "#;
 
-/// Reads [`ReadBefore`] for `route`.
-pub async fn read_before(db: &PgPool, route: &Route) -> Result<ReadBefore> {
-    let rows: Vec<(String, String, i64)> = sqlx::query_as(READ_BEFORE_SQL)
+/// Reads [`ReadBefore`] for `route`, the outbox's paid markers from `conn`.
+pub async fn read_before(
+    db: &PgPool,
+    conn: &mut ConnectionManager,
+    route: &Route,
+) -> Result<ReadBefore> {
+    let rows: Vec<(String, String, i64, Option<uuid::Uuid>)> = sqlx::query_as(READ_BEFORE_SQL)
         .bind(&route.queue)
         .fetch_all(db)
         .await?;
     let mut before = ReadBefore::default();
-    for (what, key, n) in rows {
-        match what.as_str() {
-            "push" => {
+    let mut outbox = Vec::new();
+    for (what, key, n, token) in rows {
+        match (what.as_str(), token) {
+            ("owed", Some(token)) => outbox.push((key, token)),
+            _ => {
                 before.texts.push(key);
                 before.pushed.push(n);
             }
-            _ => before.owed.push(key),
+        }
+    }
+    if outbox.is_empty() {
+        return Ok(before);
+    }
+    let markers: Vec<String> = outbox.iter().map(|(_, t)| paid(t)).collect();
+    let marked: Vec<Option<String>> = redis::cmd("MGET").arg(&markers).query_async(conn).await?;
+    for ((key, _), marker) in outbox.into_iter().zip(marked) {
+        match marker {
+            Some(_) => before.paid.push(key),
+            None => before.owed.push(key),
         }
     }
     Ok(before)
@@ -157,7 +182,7 @@ async fn read_list(
 
 /// Reads the route's lists. `db` numbers content-hash keys.
 pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> Result<RedisView> {
-    let before = read_before(db, route).await?;
+    let before = read_before(db, conn, route).await?;
     let mut view = RedisView {
         before,
         epoch: Some(epoch::observe(conn, db, route).await?),

@@ -351,6 +351,7 @@ async fn owed(
         .bind(&held.before.owed)
         .bind(&held.before.texts)
         .bind(&held.before.pushed)
+        .bind(&held.before.paid)
         .fetch_all(db)
         .await?;
     Ok(keys.into_iter().collect())
