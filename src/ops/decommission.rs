@@ -260,7 +260,8 @@ async fn held_pop(
 /// row whose paid marker is in Redis: its push happened (the marker and the
 /// push are one Lua step) and only the commit deleting the row failed, so
 /// the job was Redis's — archived with the lists if it still waited, run
-/// there if not (oracle seed 4193: such a row ran a job on both sides).
+/// there if not (oracle seed 4193: such a row ran a job on both sides) —
+/// and a row whose key the Redis side ran ([`ran_already`]).
 async fn archive_owed(
     db: &PgPool,
     redis: &mut ConnectionManager,
@@ -282,7 +283,7 @@ async fn archive_owed(
         .map(|(_, _, token)| crate::redis::keys::paid(token))
         .collect();
     let paid: Vec<Option<String>> = redis::cmd("MGET").arg(&markers).query_async(redis).await?;
-    let batch = rows
+    let mut batch: Vec<Item<'_>> = rows
         .into_iter()
         .zip(paid)
         .filter(|(_, paid)| paid.is_none())
@@ -293,6 +294,9 @@ async fn archive_owed(
             item
         })
         .collect();
+    // A key the Redis side ran (the same id pushed by another path) is a
+    // second copy of a finished job, as in the lists.
+    ran_already(redis, route, &mut batch).await?;
     let stored = ingest::store(&mut tx, batch, payload_limit).await?;
     tx.commit().await?;
     Ok(stored)

@@ -9,6 +9,7 @@ use sqlx::PgPool;
 
 use qbridge::model::Phase;
 use qbridge::ops::operate::Refusal;
+use qbridge::redis::keys::RouteKeys;
 
 use super::rig::{Options, Rig};
 use crate::support;
@@ -165,6 +166,58 @@ async fn an_outbox_row_redis_was_paid_for_is_not_run_again_at_decommission(pool:
     assert_eq!(
         live, 0,
         "Redis had the job: it must not run again in Postgres"
+    );
+    let owed: i64 = support::count(&pool, "SELECT count(*) FROM qbridge.redis_outbox").await;
+    assert_eq!(owed, 0);
+    rig.finish().await;
+}
+
+/// An outbox row Redis never got (no paid marker) whose job key the Redis
+/// side ran anyway — the same id pushed again by another path, its report
+/// lost — is a second copy of a finished job, as a list item whose key is
+/// in the ran set is: decommission stores it as the mirror copy it is and
+/// nothing runs it again. Before, only the lists were checked against the
+/// ran set, and the owed row became a live job: run on both sides.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn an_owed_outbox_row_whose_key_redis_ran_is_not_run_again_at_decommission(pool: PgPool) {
+    let rig = Rig::new(
+        &pool,
+        Options {
+            phase: Phase::PostgresOnly,
+            ..Options::default()
+        },
+    )
+    .await;
+    let route = rig.route();
+    let item = br#"{"id":"ran-then-owed"}"#;
+    sqlx::query(
+        "INSERT INTO qbridge.redis_outbox (queue, key, original) VALUES ($1, 'ran-then-owed', $2)",
+    )
+    .bind(&route.queue)
+    .bind(&item[..])
+    .execute(&pool)
+    .await
+    .unwrap();
+    {
+        let mut conn = rig.redis().await;
+        let _: () = redis::cmd("ZADD")
+            .arg(RouteKeys::of(&route).ran())
+            .arg(chrono::Utc::now().timestamp_millis())
+            .arg("ran-then-owed")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let done = rig.advance(true).await.map_err(|_| "advance").unwrap();
+    assert_eq!(done.state.phase, Phase::Decommissioned);
+    let live: i64 = support::count(
+        &pool,
+        "SELECT count(*) FROM qbridge.jobs WHERE copy = 'live' AND key = 'ran-then-owed'",
+    )
+    .await;
+    assert_eq!(
+        live, 0,
+        "Redis ran the job: it must not run again in Postgres"
     );
     let owed: i64 = support::count(&pool, "SELECT count(*) FROM qbridge.redis_outbox").await;
     assert_eq!(owed, 0);
