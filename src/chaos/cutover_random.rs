@@ -8,7 +8,8 @@
 //! ends with the flip to
 //! 100% and a decommission. Then the fault suite's [`oracle`] judges the
 //! handler's ledger: every acknowledged job ran live (or is dead), none ran
-//! live on both sides, none twice while a lease was valid, no stale result
+//! live on both sides (but for a Redis attempt a crash interrupted, on
+//! record), none twice while a lease was valid, no stale result
 //! was applied. On top, the diff must show what happened: every job the
 //! ledger saw run live on both sides, and any loss.
 //!

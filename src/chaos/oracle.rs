@@ -8,8 +8,11 @@
 //! - a key ran live successfully more than once only for a reason the
 //!   promise allows: a Postgres attempt whose lease had expired (or was gone
 //!   when the handler was called), or a Redis-side item re-run after its
-//!   consumer died; never on both sides, never while the earlier attempt's
-//!   lease was valid;
+//!   consumer died; never on both sides — except a Redis attempt on record
+//!   as interrupted (its consumer died holding the item, and decommission
+//!   archived it into Postgres, which ran it: at least once under a crash,
+//!   counted by the diff) — never while the earlier attempt's lease was
+//!   valid;
 //! - no result from a stale lease was applied: the lease a completion was
 //!   recorded under is the newest the job was handed (`jobs_done.lease`);
 //! - nothing sent inside a MULTI that never reached EXEC exists anywhere.
@@ -163,10 +166,18 @@ struct Run {
     job_id: i64,
     lease_until: Option<chrono::DateTime<chrono::Utc>>,
     at: chrono::DateTime<chrono::Utc>,
+    /// The Redis side's attempt at the key is on record as interrupted: its
+    /// consumer died holding it and decommission archived it
+    /// (`ops/decommission/interrupted.rs`).
+    interrupted: bool,
 }
 
 const REPEATS_SQL: &str = r#"
-SELECT key, job_id, lease_until, at FROM chaos.ledger
+SELECT l.key, l.job_id, l.lease_until, l.at,
+       EXISTS (SELECT 1 FROM qbridge.outcomes o
+                WHERE o.key = l.key AND o.side = 'redis' AND o.mode = 'live'
+                  AND o.error_class = 'interrupted') AS interrupted
+  FROM chaos.ledger l
  WHERE mode = 'live' AND ok
    AND key IN (SELECT key FROM chaos.ledger WHERE mode = 'live' AND ok
                 GROUP BY key HAVING count(*) > 1)
@@ -314,6 +325,11 @@ async fn classify_repeats(db: &PgPool, v: &mut Verdict) -> Result<()> {
         }
         let reason = match (a.job_id, b.job_id) {
             (0, 0) => Ok("Redis item run again: the Redis side is at-least-once"),
+            // At least once under a crash, and on record: the diff counts it
+            // as run on both sides (the walk checks that it does).
+            (0, _) if b.interrupted => {
+                Ok("Redis attempt interrupted by a crash, run again from the archive")
+            }
             (0, _) | (_, 0) => Err("ran live on both sides"),
             _ => match a.lease_until {
                 None => Ok("lease already gone when the handler was called"),

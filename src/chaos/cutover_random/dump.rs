@@ -79,7 +79,8 @@ pub(super) fn keep_logs(rig_dir: &std::path::Path, seed: u64) {
     }
 }
 
-/// What the violations name: texts (`sha256:<hex>`) and id keys (`key <id>`).
+/// What the violations name: texts (`sha256:<hex>`) and id keys (`key <id>`,
+/// `e.g. <id>`).
 fn named(violations: &[String]) -> Vec<String> {
     let mut names: Vec<String> = violations
         .iter()
@@ -87,9 +88,12 @@ fn named(violations: &[String]) -> Vec<String> {
             let texts = v
                 .match_indices("sha256:")
                 .filter_map(|(i, _)| v.get(i..i + 71));
-            let ids = v
-                .match_indices("key ")
-                .filter_map(|(i, _)| v[i + 4..].split([',', ')', ' ']).next())
+            let ids = ["key ", "e.g. "]
+                .into_iter()
+                .flat_map(|lead| {
+                    v.match_indices(lead)
+                        .filter_map(move |(i, _)| v[i + lead.len()..].split([',', ')', ' ']).next())
+                })
                 .filter(|k| !k.is_empty() && !k.starts_with("sha256:"));
             texts.chain(ids).map(str::to_string).collect::<Vec<_>>()
         })
@@ -154,10 +158,14 @@ mod tests {
         let violations = [
             format!("1 acknowledged jobs lost, e.g. sha256:{hex} (3 pushed, 2 ran)"),
             "2 jobs ran live on both sides, the diff shows 0 (ledger: key a-9, key p-1)".into(),
+            // The oracle's repeated runs name their example this way (seed
+            // 50255's dump had no rows: this was not read).
+            "1× ran live on both sides, e.g. a-15".into(),
+            "1× second live run while the first lease was valid, e.g. a-15".into(),
         ];
         assert_eq!(
             super::named(&violations),
-            ["a-9", "p-1", &format!("sha256:{hex}")]
+            ["a-15", "a-9", "p-1", &format!("sha256:{hex}")]
         );
     }
 }
