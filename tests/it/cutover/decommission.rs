@@ -116,6 +116,21 @@ async fn decommission_waits_for_an_empty_quiet_redis_then_archives_and_deletes(p
     rig.finish().await;
 }
 
+/// Decommissions the rig's route and checks that the outbox row of `key`
+/// is gone without a live Postgres copy of it (`why` says why none).
+async fn decommission_runs_nothing_of(rig: &Rig, key: &str, why: &str) {
+    let done = rig.advance(true).await.map_err(|_| "advance").unwrap();
+    assert_eq!(done.state.phase, Phase::Decommissioned);
+    let live = support::count(
+        &rig.pool,
+        &format!("SELECT count(*) FROM qbridge.jobs WHERE copy = 'live' AND key = '{key}'"),
+    )
+    .await;
+    assert_eq!(live, 0, "{why}");
+    let owed: i64 = support::count(&rig.pool, "SELECT count(*) FROM qbridge.redis_outbox").await;
+    assert_eq!(owed, 0);
+}
+
 /// A producer-API push whose Redis push happened (its paid marker is in
 /// Redis) but whose outbox row stayed — the commit deleting it failed in a
 /// Postgres crash — was in Redis, and the Redis side ran it (its report
@@ -156,19 +171,12 @@ async fn an_outbox_row_redis_was_paid_for_is_not_run_again_at_decommission(pool:
             .await
             .unwrap();
     }
-    let done = rig.advance(true).await.map_err(|_| "advance").unwrap();
-    assert_eq!(done.state.phase, Phase::Decommissioned);
-    let live: i64 = support::count(
-        &pool,
-        "SELECT count(*) FROM qbridge.jobs WHERE copy = 'live' AND key = 'paid-then-crashed'",
+    decommission_runs_nothing_of(
+        &rig,
+        "paid-then-crashed",
+        "Redis had the job: it must not run again in Postgres",
     )
     .await;
-    assert_eq!(
-        live, 0,
-        "Redis had the job: it must not run again in Postgres"
-    );
-    let owed: i64 = support::count(&pool, "SELECT count(*) FROM qbridge.redis_outbox").await;
-    assert_eq!(owed, 0);
     rig.finish().await;
 }
 
@@ -208,18 +216,11 @@ async fn an_owed_outbox_row_whose_key_redis_ran_is_not_run_again_at_decommission
             .await
             .unwrap();
     }
-    let done = rig.advance(true).await.map_err(|_| "advance").unwrap();
-    assert_eq!(done.state.phase, Phase::Decommissioned);
-    let live: i64 = support::count(
-        &pool,
-        "SELECT count(*) FROM qbridge.jobs WHERE copy = 'live' AND key = 'ran-then-owed'",
+    decommission_runs_nothing_of(
+        &rig,
+        "ran-then-owed",
+        "Redis ran the job: it must not run again in Postgres",
     )
     .await;
-    assert_eq!(
-        live, 0,
-        "Redis ran the job: it must not run again in Postgres"
-    );
-    let owed: i64 = support::count(&pool, "SELECT count(*) FROM qbridge.redis_outbox").await;
-    assert_eq!(owed, 0);
     rig.finish().await;
 }

@@ -13,7 +13,7 @@ use qbridge::handler::Handler;
 use qbridge::model::Phase;
 use qbridge::ops::operate::Refusal;
 use qbridge::redis::consumer::heartbeat::{self, Heartbeat};
-use qbridge::redis::consumer::{ConsumerOptions, RedisConsumer};
+use qbridge::redis::consumer::{ConsumerOptions, ConsumerReport, RedisConsumer};
 use qbridge::redis::keys::RouteKeys;
 use qbridge::shadow::{OutcomeRecorder, RecorderOptions};
 
@@ -66,6 +66,19 @@ async fn heartbeats(rig: &Rig) -> Vec<Heartbeat> {
         .await
         .unwrap();
     heartbeat::read(&mut conn, &keys, &found).await.unwrap()
+}
+
+/// Waits until the consumer `running` holds an item, then kills it
+/// mid-job: no clean exit, so its heartbeat stays until its TTL runs out.
+async fn kill_once_holding(rig: &Rig, running: tokio::task::JoinHandle<ConsumerReport>) {
+    wait_for(
+        "the consumer holds the item",
+        Duration::from_secs(10),
+        || async move { heartbeats(rig).await.iter().any(|b| b.holding == 1) },
+    )
+    .await;
+    running.abort();
+    let _ = running.await;
 }
 
 /// Items in the route's processing lists.
@@ -215,19 +228,7 @@ async fn a_dead_consumers_list_is_archived_once_after_its_heartbeat_expired(pool
     .await;
     let consumer = tokio::spawn(consumer_of(&rig).await.run(CancellationToken::new()));
     rig.push_behind_qbridge(r#"{"id":"orphan"}"#).await;
-    wait_for(
-        "the consumer holds the item",
-        Duration::from_secs(10),
-        || {
-            let rig = &rig;
-            async move { heartbeats(rig).await.iter().any(|b| b.holding == 1) }
-        },
-    )
-    .await;
-    // The process dies mid-job: no clean exit, its heartbeat stays until
-    // its TTL runs out.
-    consumer.abort();
-    let _ = consumer.await;
+    kill_once_holding(&rig, consumer).await;
     assert_eq!(heartbeats(&rig).await.len(), 1);
 
     let done = rig.advance(true).await.map_err(|_| "advance").unwrap();
@@ -354,17 +355,7 @@ async fn an_archived_held_item_keeps_the_key_its_pop_was_given(pool: PgPool) {
         .enqueue(&rig.name, vec![bytes::Bytes::from_static(b"the same text")])
         .await
         .expect("enqueue");
-    wait_for(
-        "the consumer holds the item",
-        Duration::from_secs(10),
-        || {
-            let rig = &rig;
-            async move { heartbeats(rig).await.iter().any(|b| b.holding == 1) }
-        },
-    )
-    .await;
-    consumer.abort();
-    let _ = consumer.await;
+    kill_once_holding(&rig, consumer).await;
 
     for _ in 0..3 {
         rig.advance(true).await.map_err(|_| "advance").unwrap();
