@@ -303,8 +303,13 @@ pub fn summary(reports: &[SeedReport]) -> String {
 /// One seed's line: its numbers and, if it failed, the violations and steps.
 pub fn line(r: &SeedReport) -> String {
     let extra: u64 = r.verdict.extra.values().sum();
+    // Named apart: the one reason a job may run on both sides.
+    let archived = match r.verdict.extra.get(oracle::INTERRUPTED_THEN_ARCHIVED) {
+        Some(n) => format!(" ({n} after an interrupted Redis attempt)"),
+        None => String::new(),
+    };
     let mut text = format!(
-        "seed {}: {} steps, {} jobs, {} lost, {} extra attempts, {:.1} s: {}",
+        "seed {}: {} steps, {} jobs, {} lost, {} extra attempts{archived}, {:.1} s: {}",
         r.seed,
         r.steps.len(),
         r.verdict.jobs,

@@ -166,17 +166,18 @@ struct Run {
     job_id: i64,
     lease_until: Option<chrono::DateTime<chrono::Utc>>,
     at: chrono::DateTime<chrono::Utc>,
-    /// The Redis side's attempt at the key is on record as interrupted: its
-    /// consumer died holding it and decommission archived it
-    /// (`ops/decommission/interrupted.rs`).
-    interrupted: bool,
+    /// When this Redis-side run (job id 0) was put on record as interrupted:
+    /// its consumer died holding the item, and decommission, archiving it,
+    /// recorded this attempt (`ops/decommission/interrupted.rs`).
+    interrupted_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 const REPEATS_SQL: &str = r#"
 SELECT l.key, l.job_id, l.lease_until, l.at,
-       EXISTS (SELECT 1 FROM qbridge.outcomes o
-                WHERE o.key = l.key AND o.side = 'redis' AND o.mode = 'live'
-                  AND o.error_class = 'interrupted') AS interrupted
+       (SELECT min(o.recorded_at) FROM qbridge.outcomes o
+         WHERE l.job_id = 0 AND o.queue = $1 AND o.key = l.key AND o.side = 'redis'
+           AND o.mode = 'live' AND o.error_class = 'interrupted'
+           AND o.attempt = l.attempt) AS interrupted_at
   FROM chaos.ledger l
  WHERE mode = 'live' AND ok
    AND key IN (SELECT key FROM chaos.ledger WHERE mode = 'live' AND ok
@@ -314,9 +315,17 @@ async fn whereabouts(db: &PgPool, key: &str) -> Result<String> {
         .unwrap_or_else(|| "no trace anywhere".into()))
 }
 
+/// The reason a job may run on both sides: its Redis attempt is on record
+/// as interrupted by a crash, and Postgres ran it from the archive.
+pub const INTERRUPTED_THEN_ARCHIVED: &str =
+    "Redis attempt interrupted by a crash, run again from the archive";
+
 /// Sorts every second successful live run into a reason or a violation.
 async fn classify_repeats(db: &PgPool, v: &mut Verdict) -> Result<()> {
-    let runs: Vec<Run> = sqlx::query_as(REPEATS_SQL).fetch_all(db).await?;
+    let runs: Vec<Run> = sqlx::query_as(REPEATS_SQL)
+        .bind(ROUTE)
+        .fetch_all(db)
+        .await?;
     let mut bad: BTreeMap<&'static str, (u64, String)> = BTreeMap::new();
     for pair in runs.windows(2) {
         let (a, b) = (&pair[0], &pair[1]);
@@ -325,11 +334,10 @@ async fn classify_repeats(db: &PgPool, v: &mut Verdict) -> Result<()> {
         }
         let reason = match (a.job_id, b.job_id) {
             (0, 0) => Ok("Redis item run again: the Redis side is at-least-once"),
-            // At least once under a crash, and on record: the diff counts it
-            // as run on both sides (the walk checks that it does).
-            (0, _) if b.interrupted => {
-                Ok("Redis attempt interrupted by a crash, run again from the archive")
-            }
+            // At least once under a crash, and on record before Postgres ran
+            // it: the diff counts it as run on both sides (the walk checks
+            // that it does).
+            (0, _) if a.interrupted_at.is_some_and(|t| t <= b.at) => Ok(INTERRUPTED_THEN_ARCHIVED),
             (0, _) | (_, 0) => Err("ran live on both sides"),
             _ => match a.lease_until {
                 None => Ok("lease already gone when the handler was called"),

@@ -240,6 +240,18 @@ impl KeySource {
     pub fn is_content_hash(&self) -> bool {
         matches!(self, KeySource::ContentHash(_))
     }
+
+    /// Whether job key `key` names these bytes: their id, or their content
+    /// hash under any occurrence number.
+    pub fn names(&self, key: &str) -> bool {
+        match self {
+            KeySource::Id(id) => key == id,
+            KeySource::ContentHash(hex) => key
+                .strip_prefix("sha256:")
+                .and_then(|rest| rest.strip_prefix(hex.as_str()))
+                .is_some_and(|rest| rest.starts_with(':')),
+        }
+    }
 }
 
 /// One list item, decoded by its route's format.

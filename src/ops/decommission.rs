@@ -28,7 +28,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 use crate::error::{Error, Result};
 use crate::ingest::{self, Item, Stored, Via};
-use crate::model::formats::decode_bytes;
+use crate::model::formats::{decode_bytes, Decoded};
 use crate::model::Phase;
 use crate::ops::redis_view::scan;
 use crate::queue::JobCopy;
@@ -102,7 +102,10 @@ pub async fn archive_and_delete(
                 Stored::Duplicate { .. } => report.duplicates += 1,
             }
         }
-        report.keys_deleted += delete(redis, &list).await?;
+        // The inflight hash renamed with it goes in the same step: an
+        // overlapping run must not delete it while this one still reads it.
+        let inflight = keys.archiving_inflight(&list);
+        report.keys_deleted += delete_all(redis, std::iter::once(list).chain(inflight)).await?;
     }
     // Pushes the producer API still owes Redis: the outbox leaves a
     // decommissioned route alone, so they run here or nowhere.
@@ -126,7 +129,6 @@ pub async fn archive_and_delete(
     }
     let mut doomed = vec![keys.ran(), keys.epoch()];
     doomed.extend(scan(redis, &keys.any_inflight()).await?);
-    doomed.extend(scan(redis, &keys.any_archiving_inflight()).await?);
     doomed.extend(scan(redis, &keys.any_repushed()).await?);
     // The acknowledgements: no consumer beats a decommissioned route again.
     doomed.extend(scan(redis, &keys.any_heartbeat()).await?);
@@ -183,26 +185,27 @@ async fn archive_live(
     let Some(mut tx) = claim(db, route, list, items.len()).await? else {
         return Ok(Vec::new());
     };
-    let held = held_pop(redis, route, list).await?;
-    let last = items.len() - 1;
-    let mut batch = Vec::with_capacity(items.len());
-    for (i, bytes) in items.into_iter().enumerate() {
-        let decoded = decode_bytes(&route.format, bytes.into());
+    let decoded: Vec<_> = items
+        .into_iter()
+        .map(|bytes| decode_bytes(&route.format, bytes.into()))
+        .collect();
+    let held = held_item(redis, route, list, &decoded).await?;
+    let mut batch = Vec::with_capacity(decoded.len());
+    for (i, decoded) in decoded.into_iter().enumerate() {
         let mut item = Item::new(route, decoded, JobCopy::Live, Via::Archive);
         if item.decoded.key.is_content_hash() {
             // Taking the item out of Redis is its pop: it gets the key the
             // Redis consumer would have given it (so it meets its mirror
             // copy), numbered once per list and place however often a run
-            // is repeated. An item a consumer held (the oldest of its
-            // processing list, as the consumer takes it) was popped
-            // already: it keeps that pop's key (oracle seed 60024).
-            let pop = match (&held, i == last) {
-                (Some(HeldPop::Key(key)), true) => {
+            // is repeated. The item a consumer held was popped already: it
+            // keeps that pop's key (oracle seed 60024).
+            let pop = match &held {
+                Some((at, HeldPop::Key(key))) if *at == i => {
                     item.known_key = Some(key.clone());
                     batch.push(item);
                     continue;
                 }
-                (Some(HeldPop::Pop(pop)), true) => pop.clone(),
+                Some((at, HeldPop::Pop(pop))) if *at == i => pop.clone(),
                 _ => format!("archive:{list}:{i}"),
             };
             item.known_key = match pop_key(db, &route.queue, Phase::Decommissioned, &item.decoded, &pop).await {
@@ -236,13 +239,19 @@ enum HeldPop {
     Pop(String),
 }
 
-/// The pop of the item held in renamed processing list `list`, from the
-/// inflight hash renamed with it; `None` for the route's own lists.
-async fn held_pop(
+/// The item a consumer held in renamed processing list `list` (its place
+/// among `items`) and what its inflight hash, renamed with the list, says
+/// of its pop; `None` when there is no such hash (the route's own lists) or
+/// nothing ties it to one item. A slot holds one item, but a pop whose
+/// reply was lost can land a second one in its list: a key goes to an item
+/// of its text only (identical texts are interchangeable), a bare pop id
+/// only to a list's single item.
+async fn held_item(
     redis: &mut ConnectionManager,
     route: &Route,
     list: &str,
-) -> Result<Option<HeldPop>> {
+    items: &[Decoded],
+) -> Result<Option<(usize, HeldPop)>> {
     let Some(inflight) = RouteKeys::of(route).archiving_inflight(list) else {
         return Ok(None);
     };
@@ -252,7 +261,14 @@ async fn held_pop(
         .arg("pop")
         .query_async(redis)
         .await?;
-    Ok(key.map(HeldPop::Key).or(pop.map(HeldPop::Pop)))
+    Ok(match (key, pop) {
+        (Some(key), _) => items
+            .iter()
+            .rposition(|d| d.key.is_content_hash() && d.key.names(&key))
+            .map(|at| (at, HeldPop::Key(key))),
+        (None, Some(pop)) if items.len() == 1 => Some((0, HeldPop::Pop(pop))),
+        _ => None,
+    })
 }
 
 /// Takes the route's owed outbox rows and stores them as live jobs under
@@ -394,7 +410,19 @@ async fn claim<'a>(
 }
 
 async fn delete(conn: &mut ConnectionManager, key: &str) -> Result<usize> {
-    Ok(redis::cmd("DEL").arg(key).query_async(conn).await?)
+    delete_all(conn, [key]).await
+}
+
+/// Deletes `keys` in one step; returns how many existed.
+async fn delete_all<K: redis::ToRedisArgs>(
+    conn: &mut ConnectionManager,
+    keys: impl IntoIterator<Item = K>,
+) -> Result<usize> {
+    let mut del = redis::cmd("DEL");
+    for key in keys {
+        del.arg(key);
+    }
+    Ok(del.query_async(conn).await?)
 }
 
 /// Renames `list` to `to` if it exists, in one step: an overlapping run

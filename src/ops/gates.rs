@@ -384,7 +384,7 @@ async fn never_ran_check(
     .bind(&held.before.owed)
     .bind(&held.before.texts)
     .bind(&held.before.pushed)
-    .bind(&held.before.paid)
+    .bind(held.before.paid_tokens())
     .fetch_one(db)
     .await?;
     Ok(check(

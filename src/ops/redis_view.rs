@@ -56,7 +56,8 @@ pub struct RedisView {
     /// The route's jobs in its framework's other structures (Sidekiq's
     /// schedule, retry and dead sets; [`crate::ops::structures`]).
     pub elsewhere: Vec<structures::Held>,
-    /// What Postgres held just before Redis was read (`ONLY_POSTGRES_SQL`).
+    /// What Postgres held just before Redis was read, and which of its
+    /// outbox rows that Redis had paid (`ONLY_POSTGRES_SQL`).
     pub before: ReadBefore,
 }
 
@@ -66,18 +67,21 @@ pub struct RedisView {
 /// Redis or both), and the push count of each text with copies Redis has
 /// not reported (a copy numbered up to it was in Redis, popped, owed or
 /// lost by the time Redis is read; one numbered later may be in flight).
+/// Then the outbox rows' paid markers are read from Redis, before its lists
+/// ([`ReadBefore::sort_paid`]).
 #[derive(Debug, Default, Clone)]
 pub struct ReadBefore {
-    /// Keys of the outbox rows whose push the current Redis has no paid
-    /// marker for: owed to it.
+    /// Keys of the outbox rows owed to Redis: no paid marker for their push
+    /// was found in the Redis the lists were read from.
     pub owed: Vec<String>,
-    /// Keys of the outbox rows whose paid marker the current Redis has: the
-    /// pay pushed them (they wait in Redis or were popped) and only the
-    /// commit deleting the row failed, so they owe nothing (oracle seed
-    /// 50260: counted as owed, such a row stood in for a copy a restart
-    /// lost). Read before the lists, so a copy paid then is in the lists or
-    /// among the pops, both read after.
-    pub paid: Vec<String>,
+    /// The outbox rows (key, token) whose paid marker that Redis had: the
+    /// pay pushed them (they wait in Redis or were popped, and the lists and
+    /// the pops are read after the markers) and only the commit deleting
+    /// the row failed, so they owe nothing (oracle seed 50260: counted as
+    /// owed, such a row stood in for a copy a restart lost).
+    paid: Vec<(String, uuid::Uuid)>,
+    /// Every outbox row read (key, token).
+    outbox: Vec<(String, uuid::Uuid)>,
     /// Content hashes, and their push counts, index by index.
     pub texts: Vec<String>,
     pub pushed: Vec<i64>,
@@ -95,39 +99,62 @@ UNION ALL
 SELECT 'owed', b.key, 0, b.token FROM qbridge.redis_outbox b WHERE b.queue = $1
 "#;
 
-/// Reads [`ReadBefore`] for `route`, the outbox's paid markers from `conn`.
-pub async fn read_before(
-    db: &PgPool,
-    conn: &mut ConnectionManager,
-    route: &Route,
-) -> Result<ReadBefore> {
+/// Reads [`ReadBefore`] for `route`; every outbox row counts as owed until
+/// [`ReadBefore::sort_paid`] reads the markers.
+pub async fn read_before(db: &PgPool, route: &Route) -> Result<ReadBefore> {
     let rows: Vec<(String, String, i64, Option<uuid::Uuid>)> = sqlx::query_as(READ_BEFORE_SQL)
         .bind(&route.queue)
         .fetch_all(db)
         .await?;
     let mut before = ReadBefore::default();
-    let mut outbox = Vec::new();
     for (what, key, n, token) in rows {
         match (what.as_str(), token) {
-            ("owed", Some(token)) => outbox.push((key, token)),
-            _ => {
+            ("owed", Some(token)) => {
+                before.owed.push(key.clone());
+                before.outbox.push((key, token));
+            }
+            ("push", _) => {
                 before.texts.push(key);
                 before.pushed.push(n);
             }
-        }
-    }
-    if outbox.is_empty() {
-        return Ok(before);
-    }
-    let markers: Vec<String> = outbox.iter().map(|(_, t)| paid(t)).collect();
-    let marked: Vec<Option<String>> = redis::cmd("MGET").arg(&markers).query_async(conn).await?;
-    for ((key, _), marker) in outbox.into_iter().zip(marked) {
-        match marker {
-            Some(_) => before.paid.push(key),
-            None => before.owed.push(key),
+            _ => {}
         }
     }
     Ok(before)
+}
+
+impl ReadBefore {
+    /// Sorts the outbox rows into owed and paid by their markers in `conn`.
+    pub async fn sort_paid(&mut self, conn: &mut ConnectionManager) -> Result<()> {
+        if self.outbox.is_empty() {
+            return Ok(());
+        }
+        let markers: Vec<String> = self.outbox.iter().map(|(_, t)| paid(t)).collect();
+        let marked: Vec<Option<String>> =
+            redis::cmd("MGET").arg(&markers).query_async(conn).await?;
+        self.owed.clear();
+        self.paid.clear();
+        for (row, marker) in self.outbox.iter().zip(marked) {
+            match marker {
+                Some(_) => self.paid.push(row.clone()),
+                None => self.owed.push(row.0.clone()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Every row owed again: the markers were read from a Redis that is
+    /// gone, with the copies they vouched for (the outbox pays those rows
+    /// to the new server).
+    fn all_owed(&mut self) {
+        self.owed = self.outbox.iter().map(|(key, _)| key.clone()).collect();
+        self.paid.clear();
+    }
+
+    /// The tokens of the paid rows (`ONLY_POSTGRES_SQL`'s `$8`).
+    pub fn paid_tokens(&self) -> Vec<uuid::Uuid> {
+        self.paid.iter().map(|(_, token)| *token).collect()
+    }
 }
 
 impl RedisView {
@@ -182,10 +209,11 @@ async fn read_list(
 
 /// Reads the route's lists. `db` numbers content-hash keys.
 pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> Result<RedisView> {
-    let before = read_before(db, conn, route).await?;
+    let mut before = read_before(db, route).await?;
+    let observed = epoch::observe(conn, db, route).await?;
+    before.sort_paid(conn).await?;
     let mut view = RedisView {
-        before,
-        epoch: Some(epoch::observe(conn, db, route).await?),
+        epoch: Some(observed),
         elsewhere: structures::read(conn, route).await?,
         ..RedisView::default()
     };
@@ -228,6 +256,16 @@ pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> R
         .arg("REV")
         .query_async(conn)
         .await?;
+    // A restart since the markers were read took the copies they vouched
+    // for: the rows are owed again.
+    let info: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
+    let same_server = view.epoch.as_ref().is_some_and(|e| {
+        !e.run_id.is_empty() && epoch::run_id_of(&info) == Some(e.run_id.as_str())
+    });
+    if !same_server {
+        before.all_owed();
+    }
+    view.before = before;
 
     // Processing items were numbered when popped (their inflight hash says
     // so); waiting ones take the numbers after the pops so far.

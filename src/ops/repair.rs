@@ -351,7 +351,7 @@ async fn owed(
         .bind(&held.before.owed)
         .bind(&held.before.texts)
         .bind(&held.before.pushed)
-        .bind(&held.before.paid)
+        .bind(held.before.paid_tokens())
         .fetch_all(db)
         .await?;
     Ok(keys.into_iter().collect())

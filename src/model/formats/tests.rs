@@ -310,3 +310,16 @@ fn attempts_so_far_come_from_the_frameworks_retry_counters() {
     assert_eq!(attempts_so_far(&celery, &first), None);
     assert_eq!(attempts_so_far(&"resque".parse().unwrap(), &retried), None);
 }
+
+#[test]
+fn a_key_names_the_bytes_of_its_id_or_text_only() {
+    let text = KeySource::ContentHash("ab12".into());
+    assert!(text.names("sha256:ab12:1"));
+    assert!(text.names("sha256:ab12:pg3"));
+    assert!(!text.names("sha256:ab123:1"), "another text's hash");
+    assert!(!text.names("sha256:ab1:1"));
+    assert!(!text.names("ab12"));
+    let id = KeySource::Id("job-1".into());
+    assert!(id.names("job-1"));
+    assert!(!id.names("job-10"));
+}

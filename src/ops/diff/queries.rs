@@ -90,8 +90,8 @@ SELECT t.key FROM unnest($2::text[]) AS t(key)
 /// then was in Redis, popped (the pop count is read after Redis), owed by
 /// the outbox (`$5`, its keys then) or lost — so a push written to both
 /// while Redis was read never looks missing. An outbox row whose paid
-/// marker Redis had then (`$8`) owes nothing: its copy is counted in Redis
-/// or among the pops.
+/// marker Redis had then (`$8`, tokens) owes nothing: its copy is counted
+/// in Redis or among the pops.
 ///
 /// `$4`: the keys Redis accounts for (`RedisView::accounted_keys`).
 ///
@@ -137,13 +137,13 @@ SELECT r.key, r.class IN ('popped', 'hole') AS popped FROM ranked r
                         AND NOT (r.key = ANY($5::text[]))
                         AND NOT EXISTS (SELECT 1 FROM qbridge.redis_outbox b
                                          WHERE b.queue = $1 AND b.key = r.key
-                                           AND NOT (b.key = ANY($8::text[])))
+                                           AND NOT (b.token = ANY($8::uuid[])))
          WHEN 'fresh' THEN r.newest >
               (SELECT count(*) FROM unnest($4::text[]) AS a(key)
                 WHERE a.key LIKE 'sha256:' || r.hash || ':%'
                   AND substring(a.key from ':([0-9]+)$')::bigint > r.pops)
             + (SELECT count(*) FROM (SELECT b.key FROM qbridge.redis_outbox b
-                                      WHERE b.queue = $1 AND NOT (b.key = ANY($8::text[]))
+                                      WHERE b.queue = $1 AND NOT (b.token = ANY($8::uuid[]))
                                      UNION
                                      SELECT o.key FROM unnest($5::text[]) AS o(key)) owed
                 WHERE owed.key LIKE 'sha256:' || r.hash || ':%')
@@ -321,7 +321,7 @@ pub(super) async fn one_sided(db: &PgPool, w: &Window<'_>) -> Result<OneSided> {
         .bind(&w.before.owed)
         .bind(&w.before.texts)
         .bind(&w.before.pushed)
-        .bind(&w.before.paid)
+        .bind(w.before.paid_tokens())
         .bind(w.limit())
         .fetch_all(db)
         .await?,
@@ -347,7 +347,7 @@ pub(super) async fn only_postgres_keys(db: &PgPool, w: &Window<'_>) -> Result<Ve
             .bind(&w.before.owed)
             .bind(&w.before.texts)
             .bind(&w.before.pushed)
-            .bind(&w.before.paid)
+            .bind(w.before.paid_tokens())
             .fetch_all(db)
             .await?,
     )
