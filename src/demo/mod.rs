@@ -15,6 +15,7 @@ mod drill;
 mod fleet;
 pub mod handler;
 pub mod pgbouncer;
+pub mod ports;
 pub mod sentinel;
 pub mod servers;
 
