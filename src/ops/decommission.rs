@@ -34,7 +34,7 @@ use crate::ops::redis_view::scan;
 use crate::queue::JobCopy;
 use crate::redis::consumer::numbering::{pop_key, PopKey};
 use crate::redis::keys::{inflight_beside, RouteKeys};
-use crate::redis::rq_jobs;
+use crate::redis::{outbox, rq_jobs};
 use crate::routes::Route;
 
 mod idle;
@@ -150,27 +150,18 @@ async fn rename_all(redis: &mut ConnectionManager, route: &Route, keys: &RouteKe
         .map(|list| String::from_utf8_lossy(list).into_owned())
         .collect();
     for list in &runnable {
-        rename_away(redis, list, &keys.new_archiving()).await?;
+        rename_away(redis, &[(list, &keys.new_archiving())]).await?;
     }
     // A processing list moves with its inflight hash, in one step: the
     // hash has the key its held item was popped under.
     for list in scan(redis, &keys.any_processing()).await? {
         let to = keys.new_archiving();
-        match (inflight_beside(&list), keys.archiving_inflight(&to)) {
-            (Some(inflight), Some(inflight_to)) => {
-                redis::Script::new(RENAME_HELD_LUA)
-                    .key(&list)
-                    .key(&to)
-                    .key(&inflight)
-                    .key(&inflight_to)
-                    .invoke_async::<i64>(redis)
-                    .await?;
-            }
-            _ => rename_away(redis, &list, &to).await?,
-        }
+        let mut pairs = vec![(list.clone(), to.clone())];
+        pairs.extend(inflight_beside(&list).zip(keys.archiving_inflight(&to)));
+        rename_away(redis, &pairs).await?;
     }
-    rename_away(redis, &keys.gap(), &keys.new_archiving_gap()).await?;
-    rename_away(redis, &keys.dead(), &keys.new_archiving_dead()).await
+    rename_away(redis, &[(keys.gap(), keys.new_archiving_gap())]).await?;
+    rename_away(redis, &[(keys.dead(), keys.new_archiving_dead())]).await
 }
 
 /// Stores a runnable list's items as live jobs, once.
@@ -294,15 +285,12 @@ async fn archive_owed(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let markers: Vec<String> = rows
-        .iter()
-        .map(|(_, _, token)| crate::redis::keys::paid(token))
-        .collect();
-    let paid: Vec<Option<String>> = redis::cmd("MGET").arg(&markers).query_async(redis).await?;
+    let tokens: Vec<uuid::Uuid> = rows.iter().map(|(_, _, token)| *token).collect();
+    let paid = outbox::paid_markers(redis, &tokens).await?;
     let mut batch: Vec<Item<'_>> = rows
         .into_iter()
         .zip(paid)
-        .filter(|(_, paid)| paid.is_none())
+        .filter(|(_, paid)| !paid)
         .map(|((key, original, _), _)| {
             let decoded = decode_bytes(&route.format, original.into());
             let mut item = Item::new(route, decoded, JobCopy::Live, Via::Archive);
@@ -425,26 +413,24 @@ async fn delete_all<K: redis::ToRedisArgs>(
     Ok(del.query_async(conn).await?)
 }
 
-/// Renames `list` to `to` if it exists, in one step: an overlapping run
-/// may have renamed it a moment ago, and then there is nothing to do.
-async fn rename_away(conn: &mut ConnectionManager, list: &str, to: &str) -> Result<()> {
-    redis::Script::new(RENAME_IF_EXISTS_LUA)
-        .key(list)
-        .key(to)
-        .invoke_async::<i64>(conn)
-        .await?;
+/// Renames the first pair's list to its new name if it exists, and with
+/// it the keys of the other pairs that exist (a processing list's inflight
+/// hash), in one step: an overlapping run may have renamed it a moment ago,
+/// and then there is nothing to do.
+async fn rename_away<K: AsRef<str>>(conn: &mut ConnectionManager, pairs: &[(K, K)]) -> Result<()> {
+    let script = redis::Script::new(RENAME_IF_EXISTS_LUA);
+    let mut call = script.prepare_invoke();
+    for (from, to) in pairs {
+        call.key(from.as_ref()).key(to.as_ref());
+    }
+    call.invoke_async::<i64>(conn).await?;
     Ok(())
 }
 
-const RENAME_IF_EXISTS_LUA: &str = "if redis.call('EXISTS', KEYS[1]) == 1 then \
-     redis.call('RENAME', KEYS[1], KEYS[2]) return 1 end return 0";
-
-/// [`RENAME_IF_EXISTS_LUA`] for a processing list (KEYS 1, 2) and its
-/// inflight hash (KEYS 3, 4), which moves with it.
-const RENAME_HELD_LUA: &str = "if redis.call('EXISTS', KEYS[1]) == 1 then \
-     redis.call('RENAME', KEYS[1], KEYS[2]) \
-     if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('RENAME', KEYS[3], KEYS[4]) end \
-     return 1 end return 0";
+const RENAME_IF_EXISTS_LUA: &str = "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end \
+     for i = 1, #KEYS, 2 do \
+       if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('RENAME', KEYS[i], KEYS[i + 1]) end \
+     end return 1";
 
 async fn all_items(conn: &mut ConnectionManager, list: &str) -> Result<Vec<Vec<u8>>> {
     Ok(redis::cmd("LRANGE")

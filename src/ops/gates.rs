@@ -381,7 +381,7 @@ async fn never_ran_check(
     .bind(window_start(route, state))
     .bind(settled)
     .bind(held.accounted_keys())
-    .bind(&held.before.owed)
+    .bind(held.before.owed())
     .bind(&held.before.texts)
     .bind(&held.before.pushed)
     .bind(held.before.paid_tokens())

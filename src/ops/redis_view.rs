@@ -19,7 +19,8 @@ use crate::error::Result;
 use crate::model::formats::{decode_bytes, KeySource};
 use crate::ops::structures;
 use crate::redis::epoch::{self, Epoch};
-use crate::redis::keys::{inflight_beside, paid, RouteKeys};
+use crate::redis::keys::{inflight_beside, RouteKeys};
+use crate::redis::outbox;
 use crate::routes::Route;
 
 /// Most items read from one route's lists; past it the view says it is
@@ -71,17 +72,13 @@ pub struct RedisView {
 /// ([`ReadBefore::sort_paid`]).
 #[derive(Debug, Default, Clone)]
 pub struct ReadBefore {
-    /// Keys of the outbox rows owed to Redis: no paid marker for their push
-    /// was found in the Redis the lists were read from.
-    pub owed: Vec<String>,
-    /// The outbox rows (key, token) whose paid marker that Redis had: the
-    /// pay pushed them (they wait in Redis or were popped, and the lists and
-    /// the pops are read after the markers) and only the commit deleting
-    /// the row failed, so they owe nothing (oracle seed 50260: counted as
-    /// owed, such a row stood in for a copy a restart lost).
-    paid: Vec<(String, uuid::Uuid)>,
-    /// Every outbox row read (key, token).
-    outbox: Vec<(String, uuid::Uuid)>,
+    /// The outbox rows: key, token, and whether the Redis the lists were
+    /// read from had the row's paid marker. A paid row owes nothing: the pay
+    /// pushed it (it waits in Redis or was popped, and the lists and the
+    /// pops are read after the markers) and only the commit deleting the row
+    /// failed (oracle seed 50260: counted as owed, such a row stood in for a
+    /// copy a restart lost).
+    outbox: Vec<(String, uuid::Uuid, bool)>,
     /// Content hashes, and their push counts, index by index.
     pub texts: Vec<String>,
     pub pushed: Vec<i64>,
@@ -109,10 +106,7 @@ pub async fn read_before(db: &PgPool, route: &Route) -> Result<ReadBefore> {
     let mut before = ReadBefore::default();
     for (what, key, n, token) in rows {
         match (what.as_str(), token) {
-            ("owed", Some(token)) => {
-                before.owed.push(key.clone());
-                before.outbox.push((key, token));
-            }
+            ("owed", Some(token)) => before.outbox.push((key, token, false)),
             ("push", _) => {
                 before.texts.push(key);
                 before.pushed.push(n);
@@ -124,21 +118,12 @@ pub async fn read_before(db: &PgPool, route: &Route) -> Result<ReadBefore> {
 }
 
 impl ReadBefore {
-    /// Sorts the outbox rows into owed and paid by their markers in `conn`.
+    /// Marks the outbox rows Redis (`conn`) has paid markers for.
     pub async fn sort_paid(&mut self, conn: &mut ConnectionManager) -> Result<()> {
-        if self.outbox.is_empty() {
-            return Ok(());
-        }
-        let markers: Vec<String> = self.outbox.iter().map(|(_, t)| paid(t)).collect();
-        let marked: Vec<Option<String>> =
-            redis::cmd("MGET").arg(&markers).query_async(conn).await?;
-        self.owed.clear();
-        self.paid.clear();
-        for (row, marker) in self.outbox.iter().zip(marked) {
-            match marker {
-                Some(_) => self.paid.push(row.clone()),
-                None => self.owed.push(row.0.clone()),
-            }
+        let tokens: Vec<uuid::Uuid> = self.outbox.iter().map(|row| row.1).collect();
+        let paid = outbox::paid_markers(conn, &tokens).await?;
+        for (row, paid) in self.outbox.iter_mut().zip(paid) {
+            row.2 = paid;
         }
         Ok(())
     }
@@ -147,13 +132,27 @@ impl ReadBefore {
     /// gone, with the copies they vouched for (the outbox pays those rows
     /// to the new server).
     fn all_owed(&mut self) {
-        self.owed = self.outbox.iter().map(|(key, _)| key.clone()).collect();
-        self.paid.clear();
+        for row in &mut self.outbox {
+            row.2 = false;
+        }
+    }
+
+    /// The keys of the rows owed to Redis (`ONLY_POSTGRES_SQL`'s `$5`).
+    pub fn owed(&self) -> Vec<String> {
+        self.outbox
+            .iter()
+            .filter(|row| !row.2)
+            .map(|row| row.0.clone())
+            .collect()
     }
 
     /// The tokens of the paid rows (`ONLY_POSTGRES_SQL`'s `$8`).
     pub fn paid_tokens(&self) -> Vec<uuid::Uuid> {
-        self.paid.iter().map(|(_, token)| *token).collect()
+        self.outbox
+            .iter()
+            .filter(|row| row.2)
+            .map(|row| row.1)
+            .collect()
     }
 }
 

@@ -348,7 +348,7 @@ async fn owed(
         .bind(since)
         .bind(settled)
         .bind(held.accounted_keys())
-        .bind(&held.before.owed)
+        .bind(held.before.owed())
         .bind(&held.before.texts)
         .bind(&held.before.pushed)
         .bind(held.before.paid_tokens())

@@ -23,6 +23,21 @@ use crate::metrics as m;
 use crate::model::Phase;
 use crate::routes::{Route, Routes};
 
+/// Which of the rows with `tokens` Redis has a paid marker for, in order:
+/// their push went through (only the commit deleting the row may have
+/// failed), so the job is Redis's.
+pub async fn paid_markers(
+    conn: &mut ConnectionManager,
+    tokens: &[uuid::Uuid],
+) -> Result<Vec<bool>> {
+    if tokens.is_empty() {
+        return Ok(Vec::new());
+    }
+    let markers: Vec<String> = tokens.iter().map(crate::redis::keys::paid).collect();
+    let found: Vec<Option<String>> = ::redis::cmd("MGET").arg(&markers).query_async(conn).await?;
+    Ok(found.iter().map(Option::is_some).collect())
+}
+
 /// One push owed to Redis.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owed {
