@@ -242,8 +242,24 @@ pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> R
             }
             None => None,
         };
-        for item in read_list(conn, &list, &mut budget, &mut view.truncated).await? {
-            processing.push((known.clone(), item));
+        // The hash names the one item its pop took; a pop whose reply was
+        // lost can land a second one in the list, numbered like a waiting
+        // item. The key goes to an item of its text (the newest: identical
+        // texts are interchangeable), as at decommission.
+        let held = read_list(conn, &list, &mut budget, &mut view.truncated).await?;
+        let named = known.as_deref().and_then(|key| {
+            held.iter().rposition(|item| {
+                let decoded = decode_bytes(&route.format, item.clone());
+                decoded.key.is_content_hash() && decoded.key.names(key)
+            })
+        });
+        for (at, item) in held.into_iter().enumerate() {
+            let key = if Some(at) == named {
+                known.clone()
+            } else {
+                None
+            };
+            processing.push((key, item));
         }
     }
     let gap: usize = redis::cmd("LLEN").arg(keys.gap()).query_async(conn).await?;

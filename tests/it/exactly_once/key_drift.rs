@@ -326,3 +326,70 @@ async fn repair_does_not_name_identical_items_ahead_of_their_pushes(pool: PgPool
     assert_eq!(next.pushed, 1);
     delete_keys(&[&format!("qbt:{name}*")]).await;
 }
+
+/// A consumer's inflight hash names the key of the one item its pop took.
+/// A pop whose reply was lost can land a second item in the same
+/// processing list; the diff's view must not give that item the hash's key
+/// too (before the fix every item of the list got it: the other text was
+/// named as a second copy of the first, and its own mirrored key looked
+/// missing from Redis).
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn the_diff_gives_an_inflight_key_only_to_an_item_of_its_text(pool: PgPool) {
+    use qbridge::ops::redis_view;
+    const OTHER: &[u8] = b"rebuild the search index";
+    let (routes, name) = routes();
+    let route = routes.by_name(&name).unwrap().clone();
+    let producer = Producer::connect(pool.clone(), Some(REDIS), routes.clone(), 1 << 20)
+        .await
+        .unwrap();
+    let pushed = producer
+        .enqueue(
+            &name,
+            vec![Bytes::from_static(BYTES), Bytes::from_static(OTHER)],
+        )
+        .await
+        .unwrap();
+    let (bytes_key, other_key) = (
+        pushed.stored[0].key().to_string(),
+        pushed.stored[1].key().to_string(),
+    );
+    // The consumer's pop of BYTES was numbered and recorded in its inflight
+    // hash; a lost-reply pop put OTHER in the same processing list.
+    let decoded = decode_bytes(&route.format, Bytes::from_static(BYTES));
+    assert_eq!(
+        pop_key(&pool, "q", Phase::DualWrite, &decoded, "p1").await,
+        PopKey::Numbered(bytes_key.clone())
+    );
+    let consumer = RouteKeys::of(&route).consumer("c1");
+    let mut conn = redis().await;
+    let _: () = ::redis::cmd("DEL")
+        .arg(&route.redis_key[..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = ::redis::cmd("RPUSH")
+        .arg(consumer.processing(0))
+        .arg(OTHER)
+        .arg(BYTES)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = ::redis::cmd("HSET")
+        .arg(consumer.inflight(0))
+        .arg("key")
+        .arg(&bytes_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let view = redis_view::read(&mut conn, &pool, &route).await.unwrap();
+    let mut held: Vec<(String, Vec<u8>)> = view
+        .processing
+        .iter()
+        .map(|h| (h.key.clone(), h.original.to_vec()))
+        .collect();
+    held.sort();
+    let mut expected = vec![(bytes_key, BYTES.to_vec()), (other_key, OTHER.to_vec())];
+    expected.sort();
+    assert_eq!(held, expected);
+    delete_keys(&[&format!("qbt:{name}*"), &format!("qbridge:*:{name}:*")]).await;
+}
