@@ -290,11 +290,31 @@ async fn push_back(
             true => numbering::expect_again(db, &route.queue, &key).await?,
             false => false,
         };
+        let (marker, ttl) = match numbering::numbered(&key).filter(|_| !popped.contains(&key)) {
+            // A fresh number stands in for a count (`text_repushes`): the
+            // marker is the text's next push-back, so a crash between the
+            // push and its record never pushes twice, while a second loss
+            // named like the first still is pushed (oracle seed 90000).
+            // It lives no longer than the records it is counted from.
+            Some((hash, _)) => {
+                let done: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM qbridge.text_repushes \
+                      WHERE queue = $1 AND key LIKE 'sha256:' || $2 || ':%'",
+                )
+                .bind(&route.queue)
+                .bind(hash)
+                .fetch_one(db)
+                .await?;
+                let ttl = MARKER_TTL.min(route.config.dedup_window);
+                (route_keys.repushed_text(hash, done + 1), ttl)
+            }
+            None => (route_keys.repushed(&key), MARKER_TTL),
+        };
         let pushed: Result<i64> = script
             .key(&list)
-            .key(route_keys.repushed(&key))
+            .key(marker)
             .arg(original)
-            .arg(MARKER_TTL.as_secs())
+            .arg(ttl.as_secs().max(1))
             .arg(command)
             .invoke_async(redis)
             .await

@@ -89,6 +89,15 @@ impl RouteKeys {
         format!("{PREFIX}repushed:{}:{job_key}", self.route)
     }
 
+    /// `qbridge:repushed:<route>:sha256:<hash>#<n>`: repair pushed back the
+    /// `n`-th copy of a text that stood in for a lost one. Identical copies
+    /// are named by count, so a later loss of the text can be named like an
+    /// earlier one: the marker counts the text's push-backs instead of
+    /// naming a key (no job key has a `#`).
+    pub fn repushed_text(&self, hash: &str, n: i64) -> String {
+        format!("{PREFIX}repushed:{}:sha256:{hash}#{n}", self.route)
+    }
+
     /// A fresh `qbridge:archiving:<route>:<id>`: where decommission renames a
     /// list before archiving it, so a late push lands in a new list instead
     /// of being deleted unread.

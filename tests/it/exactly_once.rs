@@ -11,6 +11,7 @@ mod key_drift;
 mod lost_report;
 mod promotion;
 mod pushback_race;
+mod repush_markers;
 mod restart_evidence;
 
 use std::net::SocketAddr;

@@ -229,8 +229,14 @@ async fn repair_once(
         assume,
     };
     let r = repair::repair_with(&rig.operator, &mut redis, input).await?;
+    // A copy the repair found lost but took as pushed back already is
+    // shown: it is what hid seed 90000's loss.
+    let already = match r.already_repushed {
+        0 => String::new(),
+        n => format!(" ({n} taken as pushed back already)"),
+    };
     Ok(format!(
-        "repair: {} mirrored, {} pushed back, {} unaccounted, {} released",
+        "repair: {} mirrored, {} pushed back{already}, {} unaccounted, {} released",
         r.mirrored, r.repushed, r.unaccounted, r.released
     ))
 }
