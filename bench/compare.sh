@@ -2,8 +2,10 @@
 # qbridge against the SQL floor, in one run on one database:
 #   1. the pgbench floor (insert + SKIP LOCKED claim + delete per transaction),
 #      8 clients, at batch B;
-#   2. qbridge's burn-down (enqueue N, then drain with W workers) at claim batch B;
-#   3. qbridge's steady state at full speed (enqueue and drain at once, like the floor);
+#   2. qbridge's own enqueue, claim and completion statements under pgbench, on
+#      qbridge's table (bench/qbridge-cycle.sql): the SQL's share of the cost;
+#   3. qbridge's burn-down (enqueue N, then drain with W workers) at claim batch B;
+#   4. qbridge's steady state at full speed (enqueue and drain at once, like the floor);
 # repeated RUNS times, round-robin; prints medians and the ratios.
 # Env: DB (qbridge_compare, dropped and recreated), B (100), N (50000), W (2),
 #      RUNS (3), FLOOR_SECONDS (15), FLOOR_CLIENTS (8), PGHOST/PGPORT/PGUSER.
@@ -29,6 +31,13 @@ for r in $(seq "$RUNS"); do
   echo "floor $(awk -v t="$tps" -v b="$B" 'BEGIN{printf "%d", t*b}')" >>"$out"
   psql -qX -d "$DB" -c 'DROP SCHEMA qbridge_floor CASCADE' -c CHECKPOINT >/dev/null
 
+  echo ">> run $r/$RUNS: qbridge's statements under pgbench B=$B" >&2
+  psql -qX -d "$DB" -c 'VACUUM ANALYZE qbridge.jobs' -c CHECKPOINT >/dev/null
+  tps=$(pgbench -n -M prepared -c "$FLOOR_CLIENTS" -j 2 -T "$FLOOR_SECONDS" -D B="$B" -f bench/qbridge-cycle.sql "$DB" 2>&1 |
+        sed -n 's/^tps = \([0-9.]*\) .*/\1/p')
+  echo "cycle $(awk -v t="$tps" -v b="$B" 'BEGIN{printf "%d", t*b}')" >>"$out"
+  psql -qX -d "$DB" -c "DELETE FROM qbridge.jobs WHERE queue = 'cycle'" -c 'VACUUM ANALYZE qbridge.jobs' -c CHECKPOINT >/dev/null
+
   echo ">> run $r/$RUNS: qbridge burn-down N=$N W=$W batch=$B" >&2
   RUST_LOG=warn $bin bench burndown --database-url "$URL" --jobs "$N" --workers "$W" --batch "$B" --json |
     python3 -c 'import json,sys; d=json.load(sys.stdin); print("burndown", int(d["drain_jobs_s"]), int(d["enqueue_jobs_s"]), d["ok"], round(d["rss_peak_mib"],1))' >>"$out"
@@ -36,7 +45,7 @@ for r in $(seq "$RUNS"); do
   echo ">> run $r/$RUNS: qbridge steady state (full speed) batch=$B" >&2
   RUST_LOG=warn $bin bench steady --database-url "$URL" --workers "$W" --batch "$B" --rate 0 \
       --producers "$W" --producer-batch "$B" --duration "${FLOOR_SECONDS}s" --json |
-    python3 -c 'import json,sys; d=json.load(sys.stdin); print("steady", int(d["completed_jobs_s"]), d["ok"])' >>"$out"
+    python3 -c 'import json,sys; d=json.load(sys.stdin); print("steady", int(d["completed_jobs_s"]), d["ok"], int(d["enqueue_jobs_s"]), round(d["qbridge_cores"], 2), round(d["other_cores"], 2))' >>"$out"
 done
 
 python3 - "$out" "$B" <<'PY'
@@ -44,13 +53,17 @@ import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 B = sys.argv[2]
 med = lambda k, i=1: statistics.median(int(r[i]) for r in rows if r[0] == k)
-floor, burn, steady, enq = med("floor"), med("burndown"), med("steady"), med("burndown", 2)
+floor, cycle, burn, steady, enq = med("floor"), med("cycle"), med("burndown"), med("steady"), med("burndown", 2)
 ok = all(r[3] == "True" for r in rows if r[0] == "burndown") and all(r[2] == "True" for r in rows if r[0] == "steady")
 print(f"| measure (batch {B}, median of {sum(r[0]=='floor' for r in rows)}) | jobs/s | vs SQL floor |")
 print("|---|---|---|")
 print(f"| SQL floor (pgbench, insert+claim+delete) | {floor:,.0f} | 1.00 |")
+print(f"| qbridge's statements under pgbench (enqueue+claim+complete) | {cycle:,.0f} | {cycle/floor:.2f} |")
 print(f"| qbridge burn-down drain | {burn:,.0f} | {burn/floor:.2f} |")
 print(f"| qbridge steady state (enqueue+drain at once) | {steady:,.0f} | {steady/floor:.2f} |")
 print(f"| qbridge batched enqueue | {enq:,.0f} | - |")
+fmed = lambda k, i: statistics.median(float(r[i]) for r in rows if r[0] == k)
+print(f"steady state: producers enqueued {med('steady', 3):,.0f} jobs/s while workers completed {steady:,.0f}; "
+      f"CPU cores busy: qbridge process {fmed('steady', 4):.2f}, the rest (Postgres) {fmed('steady', 5):.2f}")
 print(f"every job ran exactly once in every qbridge run: {ok}")
 PY

@@ -132,6 +132,60 @@ pub fn rss_mib() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// CPU seconds so far: this process's (user + system) and the whole
+/// machine's busy time (Linux; zeros elsewhere). The difference over a
+/// window on an otherwise idle machine is the database server's share, so a
+/// bench can say where a job's cost goes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuSample {
+    pub own: f64,
+    pub machine: f64,
+}
+
+impl CpuSample {
+    pub fn now() -> Self {
+        // Clock ticks; 100 a second on every Linux this runs on.
+        const TICK: f64 = 100.0;
+        let own = std::fs::read_to_string("/proc/self/stat")
+            .ok()
+            .and_then(|s| {
+                // Fields after the parenthesised command name: utime is the
+                // 12th of them, stime the 13th.
+                let rest = s.rsplit_once(')')?.1;
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
+            })
+            .unwrap_or(0.0);
+        let machine = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| {
+                let f: Vec<f64> = s
+                    .lines()
+                    .next()?
+                    .split_whitespace()
+                    .skip(1)
+                    .take(8)
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                // Busy: everything but idle and iowait.
+                (f.len() == 8).then(|| f.iter().sum::<f64>() - f[3] - f[4])
+            })
+            .unwrap_or(0.0);
+        CpuSample {
+            own: own / TICK,
+            machine: machine / TICK,
+        }
+    }
+
+    /// Cores kept busy since `earlier` over `secs`: (this process, the rest
+    /// of the machine).
+    pub fn cores_since(&self, earlier: &CpuSample, secs: f64) -> (f64, f64) {
+        let own = (self.own - earlier.own) / secs;
+        let machine = (self.machine - earlier.machine) / secs;
+        (own, (machine - own).max(0.0))
+    }
+}
+
 /// Samples RSS every 20 ms until cancelled; returns the peak.
 pub fn sample_rss(token: CancellationToken) -> JoinHandle<f64> {
     tokio::spawn(async move {

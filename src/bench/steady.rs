@@ -34,6 +34,7 @@ pub async fn run(
 
     let produced = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
+    let cpu_before = harness::CpuSample::now();
     let stop = CancellationToken::new();
     let tasks = spawn_producers(&db, rate, producers, producer_batch, &produced, &stop);
     let producers = producers.max(1);
@@ -44,6 +45,7 @@ pub async fn run(
         let _ = t.await;
     }
     let produce_secs = started.elapsed().as_secs_f64();
+    let (own_cores, other_cores) = harness::CpuSample::now().cores_since(&cpu_before, produce_secs);
     let produced = produced.load(Ordering::Relaxed);
     let ran_in_window = probe.runs();
     // Let the backlog finish so every job's latency is counted.
@@ -85,6 +87,10 @@ pub async fn run(
                 harness::percentile(&lat, 100.0) * 1000.0,
             ),
             ("rss_peak_mib".into(), rss_peak),
+            // Where the window's CPU went: this process (producers, workers,
+            // completer) and everything else (the database server).
+            ("qbridge_cores".into(), own_cores),
+            ("other_cores".into(), other_cores),
         ],
         ok,
         notes: Vec::new(),

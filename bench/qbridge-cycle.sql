@@ -1,0 +1,29 @@
+-- pgbench transaction with qbridge's own statements on qbridge's own table:
+-- the enqueue trigger and indexes, the claim as `queue::claim` writes it
+-- (fresh lease, bookkeeping columns) and the fenced completion as
+-- `queue::fence::complete` writes it. Payloads are built by the server, as
+-- in floor.sql, so this row is the SQL's cost alone: the gap between it and
+-- the floor is what the schema and statements cost, the gap between it and
+-- `bench steady` is what the qbridge process (and its round trips) costs.
+INSERT INTO qbridge.jobs (queue, payload) SELECT 'cycle', jsonb_build_object('i', g) FROM generate_series(1, :B) g;
+WITH cand AS (
+    SELECT id FROM qbridge.jobs
+     WHERE state = 'ready' AND queue = 'cycle' AND run_at <= now()
+     ORDER BY priority DESC, run_at, id
+     LIMIT :B
+     FOR NO KEY UPDATE SKIP LOCKED
+), l AS (SELECT nextval('qbridge.lease_seq') AS lease),
+claimed AS (
+    UPDATE qbridge.jobs j
+       SET state = 'running', attempts = j.attempts + 1, lease = l.lease,
+           locked_by = 'cycle', lease_until = now() + 60000 * interval '1 millisecond'
+      FROM cand, l
+     WHERE j.id = cand.id
+    RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.priority, j.attempts, j.max_attempts,
+              j.lease, j.run_at, j.created_at, j.lock_key, j.tenant, j.copy
+)
+SELECT coalesce(array_agg(id), '{}') AS ids, coalesce(array_agg(lease), '{}') AS leases,
+       count(payload) AS n FROM claimed
+\gset
+DELETE FROM qbridge.jobs j USING unnest(:ids::int8[], :leases::int8[]) AS c(id, lease)
+ WHERE j.id = c.id AND j.lease = c.lease AND j.state = 'running';
