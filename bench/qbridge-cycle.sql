@@ -22,8 +22,10 @@ claimed AS (
     RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.priority, j.attempts, j.max_attempts,
               j.lease, j.run_at, j.created_at, j.lock_key, j.tenant, j.copy
 )
-SELECT coalesce(array_agg(id), '{}') AS ids, coalesce(array_agg(lease), '{}') AS leases,
+SELECT coalesce(array_agg(id), '{}') AS ids,
+       coalesce(jsonb_object_agg(id::text, lease), '{}')::text AS leases,
        count(payload) AS n FROM claimed
 \gset
-DELETE FROM qbridge.jobs j USING unnest(:ids::int8[], :leases::int8[]) AS c(id, lease)
- WHERE j.id = c.id AND j.lease = c.lease AND j.state = 'running';
+DELETE FROM qbridge.jobs j
+ WHERE j.id = ANY(:ids::int8[]) AND j.state = 'running'
+   AND j.lease = (:leases::text::jsonb ->> j.id::text)::int8;

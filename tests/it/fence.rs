@@ -111,6 +111,37 @@ async fn stale_worker_is_fenced_out_after_reaping(pool: PgPool) {
     assert_eq!(r.lost, vec![b]);
 }
 
+/// One completer batch can hold a stale attempt of a job next to its current
+/// one, in either order; only the current one completes it, and the stale
+/// one is reported lost. Beside them a job claimed by someone else with the
+/// stale attempt's lease number is untouched (the lease is matched per job).
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_batch_with_a_stale_and_the_current_attempt_completes_once(pool: PgPool) {
+    support::enqueue_ids(&pool, &[NewJob::new("q", json!({"x": 1}))]).await;
+    let stale = support::claim(&pool, "q", 1, Duration::from_millis(1)).await[0].job_ref();
+    wait_expired(&pool).await;
+    assert_eq!(reaper::run_once(&pool, 100).await.unwrap().requeued, 1);
+    let current = support::claim(&pool, "q", 1, Duration::from_secs(60)).await[0].job_ref();
+    // Another job, claimed now; a forged attempt of it under the stale lease.
+    support::enqueue_ids(&pool, &[NewJob::new("q", json!({"x": 2}))]).await;
+    let other = support::claim(&pool, "q", 1, Duration::from_secs(60)).await[0].job_ref();
+    let forged = JobRef {
+        id: other.id,
+        lease: stale.lease,
+    };
+    for batch in [[stale, current, forged], [current, stale, forged]] {
+        let r = fence::complete(&pool, &batch, false).await.unwrap();
+        if r.applied.is_empty() {
+            // The first order completed it; the second finds it gone.
+            assert_eq!(r.lost.len(), 3, "{r:?}");
+            continue;
+        }
+        assert_eq!(r.applied, vec![current.id], "{r:?}");
+        assert_eq!(r.lost, vec![stale, forged], "{r:?}");
+    }
+    assert_eq!(support::jobs(&pool).await, 1, "the other job still runs");
+}
+
 /// Workers claim with a tiny lease and complete after a pause (every other
 /// batch after its lease expired), while a reaper loops and the workers
 /// re-claim what it requeued. Every job is completed exactly once (one applied
