@@ -8,7 +8,8 @@
 #   4. qbridge's steady state at full speed (enqueue and drain at once, like the floor);
 # repeated RUNS times, round-robin; prints medians and the ratios.
 # Env: DB (qbridge_compare, dropped and recreated), B (100), N (50000), W (2),
-#      RUNS (3), FLOOR_SECONDS (15), FLOOR_CLIENTS (8), PGHOST/PGPORT/PGUSER.
+#      RUNS (3), FLOOR_SECONDS (15), FLOOR_CLIENTS (8), PGHOST/PGPORT/PGUSER,
+#      BIN and CYCLE_SQL (another build and its statements, for before/after).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
@@ -16,8 +17,11 @@ DB=${DB:-qbridge_compare}; B=${B:-100}; N=${N:-50000}; W=${W:-2}; RUNS=${RUNS:-3
 FLOOR_SECONDS=${FLOOR_SECONDS:-15}; FLOOR_CLIENTS=${FLOOR_CLIENTS:-8}
 URL="postgres://$PGUSER${PGPASSWORD:+:$PGPASSWORD}@$PGHOST:$PGPORT/$DB"
 
-cargo build --release -q
-bin=target/release/qbridge
+# BIN: another build to measure (a before/after pair); CYCLE_SQL: the
+# statements it runs, as they were at that build.
+if [ -z "${BIN:-}" ]; then cargo build --release -q; fi
+bin=${BIN:-target/release/qbridge}
+cycle=${CYCLE_SQL:-bench/qbridge-cycle.sql}
 psql -qX -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
 RUST_LOG=warn $bin migrate --database-url "$URL" >/dev/null
 
@@ -33,7 +37,7 @@ for r in $(seq "$RUNS"); do
 
   echo ">> run $r/$RUNS: qbridge's statements under pgbench B=$B" >&2
   psql -qX -d "$DB" -c 'VACUUM ANALYZE qbridge.jobs' -c CHECKPOINT >/dev/null
-  tps=$(pgbench -n -M prepared -c "$FLOOR_CLIENTS" -j 2 -T "$FLOOR_SECONDS" -D B="$B" -f bench/qbridge-cycle.sql "$DB" 2>&1 |
+  tps=$(pgbench -n -M prepared -c "$FLOOR_CLIENTS" -j 2 -T "$FLOOR_SECONDS" -D B="$B" -f "$cycle" "$DB" 2>&1 |
         sed -n 's/^tps = \([0-9.]*\) .*/\1/p')
   echo "cycle $(awk -v t="$tps" -v b="$B" 'BEGIN{printf "%d", t*b}')" >>"$out"
   psql -qX -d "$DB" -c "DELETE FROM qbridge.jobs WHERE queue = 'cycle'" -c 'VACUUM ANALYZE qbridge.jobs' -c CHECKPOINT >/dev/null
