@@ -11,7 +11,9 @@
 //!   The rest is reported as unaccounted, with the reason. A marker
 //!   `qbridge:repushed:<route>:<key>` is set in the same Lua step as the
 //!   push, so a second repair before the Redis side reports the job pushes
-//!   nothing.
+//!   nothing; for a fresh copy of a text the marker also names the key's
+//!   last recorded push-back (`…#<µs>`, [`push_back`]). One repair of a
+//!   route runs at a time ([`one_at_a_time`]).
 //! - With an operator's assumption, held re-pushes of the selected keys
 //!   ([`crate::ingest`]) are released as live jobs too.
 //!
@@ -25,7 +27,7 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::config::PushEnd;
 use crate::error::Result;
@@ -42,7 +44,9 @@ use crate::redis::rq_jobs;
 use crate::routes::Route;
 
 /// How long a re-push marker lives: longer than any sane Redis backlog, so
-/// the same loss is never re-pushed twice, short enough to forget.
+/// the same loss is never re-pushed twice, short enough to forget. A fresh
+/// copy's marker lives no longer than the route's dedup window, after which
+/// the push-back record it is named after is pruned.
 const MARKER_TTL: Duration = Duration::from_secs(7 * 86400);
 
 /// Sets the marker and pushes, or does nothing if the marker exists.
@@ -159,6 +163,49 @@ pub async fn repair_with(
     redis: &mut ConnectionManager,
     input: RepairInput<'_>,
 ) -> Result<RepairReport> {
+    if let Some(assume) = input.assume {
+        assume.check()?;
+    }
+    let lock = one_at_a_time(db, input.route).await?;
+    let report = repair_alone(db, redis, input).await;
+    lock.close().await?;
+    report
+}
+
+/// One repair of a route at a time, in every process: two at once would
+/// both read Redis before either pushed back and judge one loss twice (the
+/// CLI, the admin API and the console each start one). A transaction-level
+/// advisory lock (pooler-safe) on a connection of its own, outside the
+/// pool the repair works with, so it cannot starve it; the next repair
+/// waits, then reads Redis after this one's push-backs.
+async fn one_at_a_time(db: &PgPool, route: &Route) -> Result<RepairLock> {
+    let mut conn = PgConnection::connect_with(&db.connect_options()).await?;
+    sqlx::query("BEGIN").execute(&mut conn).await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7482))")
+        .bind(format!("qbridge:repair:{}", route.name))
+        .execute(&mut conn)
+        .await?;
+    Ok(RepairLock(conn))
+}
+
+/// Held while a repair runs; [`RepairLock::close`] lets the next one in
+/// (so does dropping it: the server ends the session and its transaction).
+struct RepairLock(PgConnection);
+
+impl RepairLock {
+    async fn close(mut self) -> Result<()> {
+        sqlx::query("COMMIT").execute(&mut self.0).await?;
+        self.0.close().await?;
+        Ok(())
+    }
+}
+
+/// [`repair_with`], under the route's repair lock.
+async fn repair_alone(
+    db: &PgPool,
+    redis: &mut ConnectionManager,
+    input: RepairInput<'_>,
+) -> Result<RepairReport> {
     let RepairInput {
         route,
         phase,
@@ -167,9 +214,6 @@ pub async fn repair_with(
         payload_limit,
         assume,
     } = input;
-    if let Some(assume) = assume {
-        assume.check()?;
-    }
     let mut report = RepairReport {
         mirrored: mirror_waiting(db, redis, route, held, payload_limit).await?,
         ..RepairReport::default()
@@ -291,22 +335,26 @@ async fn push_back(
             false => false,
         };
         let (marker, ttl) = match numbering::numbered(&key).filter(|_| !popped.contains(&key)) {
-            // A fresh number stands in for a count (`text_repushes`): the
-            // marker is the text's next push-back, so a crash between the
-            // push and its record never pushes twice, while a second loss
-            // named like the first still is pushed (oracle seed 90000).
-            // It lives no longer than the records it is counted from.
-            Some((hash, _)) => {
-                let done: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM qbridge.text_repushes \
-                      WHERE queue = $1 AND key LIKE 'sha256:' || $2 || ':%'",
+            // A fresh number names a count, not a copy: every judgement of
+            // the text names its missing copies from the same oldest
+            // numbers, so a second loss can get the key of a copy pushed
+            // back before (oracle seed 90000: dropped as pushed back
+            // already). The marker names the key's last push-back recorded
+            // in `text_repushes` as well: a crash between the push and its
+            // record still finds it, a later loss does not. Records are
+            // pruned oldest first and no sooner than the marker expires,
+            // so a name never comes back while its marker lives.
+            Some(_) => {
+                let after: i64 = sqlx::query_scalar(
+                    "SELECT COALESCE((extract(epoch FROM max(at)) * 1000000)::int8, 0) \
+                       FROM qbridge.text_repushes WHERE queue = $1 AND key = $2",
                 )
                 .bind(&route.queue)
-                .bind(hash)
+                .bind(&key)
                 .fetch_one(db)
                 .await?;
                 let ttl = MARKER_TTL.min(route.config.dedup_window);
-                (route_keys.repushed_text(hash, done + 1), ttl)
+                (route_keys.repushed_after(&key, after), ttl)
             }
             None => (route_keys.repushed(&key), MARKER_TTL),
         };

@@ -13,6 +13,7 @@
 //! | `qbridge:consumer:<route>:<consumer>` | hash (TTL) | the consumer (its heartbeat) | decommission |
 //! | `qbridge:dead:<route>` | list | the consumer | decommission |
 //! | `qbridge:repushed:<route>:<job key>` | string (TTL) | repair | repair, decommission |
+//! | `qbridge:repushed:<route>:<job key>#<µs>` | string (TTL) | repair (an identical copy) | repair, decommission |
 //! | `qbridge:archiving:<route>:<id>` | list | decommission | decommission |
 //! | `qbridge:archiving-inflight:<route>:<id>` | hash | decommission (a renamed inflight hash) | decommission |
 //! | `qbridge:archiving-gap:<route>:<id>` | list | decommission | decommission |
@@ -89,13 +90,13 @@ impl RouteKeys {
         format!("{PREFIX}repushed:{}:{job_key}", self.route)
     }
 
-    /// `qbridge:repushed:<route>:sha256:<hash>#<n>`: repair pushed back the
-    /// `n`-th copy of a text that stood in for a lost one. Identical copies
-    /// are named by count, so a later loss of the text can be named like an
-    /// earlier one: the marker counts the text's push-backs instead of
-    /// naming a key (no job key has a `#`).
-    pub fn repushed_text(&self, hash: &str, n: i64) -> String {
-        format!("{PREFIX}repushed:{}:sha256:{hash}#{n}", self.route)
+    /// `qbridge:repushed:<route>:<job key>#<after>`: repair pushed back a
+    /// fresh copy of a text under this key, after the push-back of that key
+    /// recorded at `after` (µs since the epoch; 0 for the first). Identical
+    /// copies are named by count, so a second loss of a text can be named
+    /// like an earlier one: the marker names the push-back, not just the key.
+    pub fn repushed_after(&self, job_key: &str, after: i64) -> String {
+        format!("{PREFIX}repushed:{}:{job_key}#{after}", self.route)
     }
 
     /// A fresh `qbridge:archiving:<route>:<id>`: where decommission renames a

@@ -9,6 +9,9 @@
 //! on evidence pushed back copies 31–35 of a text; the operator's "lost
 //! before the restart" then found one more copy missing, named it 31, and
 //! the marker left from the first repair dropped it — the job never ran).
+//! The marker therefore names the key's last recorded push-back too, and two
+//! repairs of a route never run at once (each reads Redis after the other's
+//! push-backs), so one loss is still pushed back once.
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -54,16 +57,19 @@ async fn repair_assuming(
     repair::repair_with(pool, conn, input).await.unwrap()
 }
 
-#[sqlx::test(migrator = "qbridge::MIGRATOR")]
-async fn a_second_loss_of_a_text_is_pushed_back_though_its_name_was_used(pool: PgPool) {
+/// Three copies of one text pushed to a throwaway Redis on a route run by
+/// an outside fleet (a restart alone is no evidence: only the operator's
+/// decisions push back), then Redis restarted without persistence. Returns
+/// the server, the route and a time between the second and third push.
+async fn three_copies_lost(
+    pool: &PgPool,
+) -> (ThrowawayRedis, std::sync::Arc<Route>, DateTime<Utc>) {
     let mut server = ThrowawayRedis::start();
-    // An outside fleet: a restart alone is no evidence, so only the
-    // operator's decisions push back, one covering more than the other.
     let toml = "[[routes]]\nname = \"r\"\nredis_key = \"jobs\"\nqueue = \"q\"\nformat = \"raw\"\n\
                 phase = \"dual_write\"\nredis_side = \"fleet\"\ndiff = { settle = \"0s\" }\n";
     let cfg = Config::from_toml(toml, &Overrides::default()).expect("route config");
     let routes = Routes::from_config(&cfg.routes);
-    let route = routes.by_name("r").unwrap().clone();
+    let route = std::sync::Arc::clone(routes.by_name("r").unwrap());
     let producer = Producer::connect(pool.clone(), Some(&server.url()), routes.clone(), 1 << 20)
         .await
         .expect("producer");
@@ -77,10 +83,22 @@ async fn a_second_loss_of_a_text_is_pushed_back_though_its_name_was_used(pool: P
     let between = Utc::now();
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     assert_eq!(producer.enqueue("r", vec![text]).await.unwrap().pushed, 1);
-
-    // Redis dies without persistence: all three copies are gone.
     server.kill();
     server.resume();
+    (server, route, between)
+}
+
+async fn waiting(conn: &mut ::redis::aio::ConnectionManager) -> i64 {
+    ::redis::cmd("LLEN")
+        .arg("jobs")
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_second_loss_of_a_text_is_pushed_back_though_its_name_was_used(pool: PgPool) {
+    let (server, route, between) = three_copies_lost(&pool).await;
     let mut conn = connect_redis(&server.url()).await.unwrap();
     let first = repair_assuming(&pool, &mut conn, &route, between).await;
     assert_eq!(first.repushed, 2, "the two copies pushed before: {first:?}");
@@ -92,13 +110,35 @@ async fn a_second_loss_of_a_text_is_pushed_back_though_its_name_was_used(pool: P
         (1, 0),
         "{second:?}"
     );
-    let waiting: i64 = ::redis::cmd("LLEN")
-        .arg("jobs")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(waiting, 3, "one copy in Redis per copy pushed");
+    assert_eq!(
+        waiting(&mut conn).await,
+        3,
+        "one copy in Redis per copy pushed"
+    );
     // And a third pass finds nothing more to push back.
     let third = repair_assuming(&pool, &mut conn, &route, Utc::now()).await;
     assert_eq!(third.repushed, 0, "{third:?}");
+}
+
+/// Two repairs started at once (an operator's retry of a slow admin call,
+/// the console and the CLI) both read Redis before either pushes back: they
+/// must not both push back the same three losses. Before the route's repair
+/// lock the marker alone decided, and one named after the last recorded
+/// push-back is a new name once the other repair recorded its own.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn two_repairs_at_once_push_a_loss_back_once(pool: PgPool) {
+    let (server, route, _) = three_copies_lost(&pool).await;
+    let mut a = connect_redis(&server.url()).await.unwrap();
+    let mut b = connect_redis(&server.url()).await.unwrap();
+    let now = Utc::now();
+    let (ra, rb) = tokio::join!(
+        repair_assuming(&pool, &mut a, &route, now),
+        repair_assuming(&pool, &mut b, &route, now)
+    );
+    assert_eq!(ra.repushed + rb.repushed, 3, "{ra:?} {rb:?}");
+    assert_eq!(
+        waiting(&mut a).await,
+        3,
+        "one copy in Redis per copy pushed"
+    );
 }
