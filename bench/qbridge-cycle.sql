@@ -28,4 +28,4 @@ SELECT coalesce(array_agg(id), '{}') AS ids,
 \gset
 DELETE FROM qbridge.jobs j
  WHERE j.id = ANY(:ids::int8[]) AND j.state = 'running'
-   AND j.lease = (:leases::text::jsonb ->> j.id::text)::int8;
+   AND j.lease = (:leases::jsonb ->> j.id::text)::int8;

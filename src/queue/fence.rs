@@ -48,24 +48,18 @@ fn split(refs: &[JobRef]) -> (Vec<i64>, Vec<i64>) {
     refs.iter().map(|r| (r.id, r.lease)).unzip()
 }
 
-/// The attempts of a batch as the jsonb text `{"<id>": lease, …}` and their
-/// ids. Of two attempts of one job only the newest lease can match (see
-/// [`FenceResult::from_applied`]), so it is the one kept.
-fn lease_by_id(refs: &[JobRef]) -> (Vec<i64>, String) {
-    use std::fmt::Write;
+/// The attempts of a batch as the jsonb `{"<id>": lease, …}` and their ids.
+/// Of two attempts of one job only the newest lease can match (see
+/// [`FenceResult::from_applied`]), so it is the one kept. Bound as jsonb, not
+/// as text cast in the statement: a generic plan casts a text parameter again
+/// for every row (220–340 ms for 1,000 completions, against 1.8 ms).
+fn lease_by_id(refs: &[JobRef]) -> (Vec<i64>, sqlx::types::Json<HashMap<i64, i64>>) {
     let mut newest: HashMap<i64, i64> = HashMap::with_capacity(refs.len());
     for r in refs {
         let e = newest.entry(r.id).or_insert(r.lease);
         *e = (*e).max(r.lease);
     }
-    let mut json = String::with_capacity(2 + newest.len() * 24);
-    json.push('{');
-    for (i, (id, lease)) in newest.iter().enumerate() {
-        let sep = if i == 0 { "" } else { "," };
-        let _ = write!(json, "{sep}\"{id}\":{lease}");
-    }
-    json.push('}');
-    (newest.into_keys().collect(), json)
+    (newest.keys().copied().collect(), sqlx::types::Json(newest))
 }
 
 fn millis(d: Duration) -> i64 {
@@ -92,11 +86,12 @@ RETURNING j.id
 // jobs running; with producers and workers at full speed it was the largest
 // cost per job). It reaches each job by id (`= ANY`, an index probe per job)
 // and checks the lease by key in a jsonb object {"<id>": lease} ($2, see
-// [`lease_by_id`]): 1.8 ms for the same batch, whatever runs beside it.
+// [`lease_by_id`]): 1.8 ms for the same batch, whatever runs beside it
+// (generic plan; measured with EXPLAIN ANALYZE).
 const COMPLETE_SQL: &str = r#"
 DELETE FROM qbridge.jobs j
  WHERE j.id = ANY($1::int8[]) AND j.state = 'running'
-   AND j.lease = ($2::text::jsonb ->> j.id::text)::int8
+   AND j.lease = ($2::jsonb ->> j.id::text)::int8
 RETURNING j.id
 "#;
 
@@ -104,7 +99,7 @@ const COMPLETE_WITH_HISTORY_SQL: &str = r#"
 WITH d AS (
     DELETE FROM qbridge.jobs j
      WHERE j.id = ANY($1::int8[]) AND j.state = 'running'
-       AND j.lease = ($2::text::jsonb ->> j.id::text)::int8
+       AND j.lease = ($2::jsonb ->> j.id::text)::int8
     RETURNING j.id, j.queue, j.kind, j.key, j.attempts, j.created_at, j.lease
 )
 INSERT INTO qbridge.jobs_done (id, queue, kind, key, attempts, created_at, lease)
@@ -266,8 +261,10 @@ mod tests {
         let (mut ids, json) = lease_by_id(&refs);
         ids.sort();
         assert_eq!(ids, [7, 9]);
-        let map: HashMap<String, i64> = serde_json::from_str(&json).unwrap();
+        // As the statement reads it: object keys are the ids' decimal text.
+        let text = serde_json::to_string(&json.0).unwrap();
+        let map: HashMap<String, i64> = serde_json::from_str(&text).unwrap();
         assert_eq!(map, HashMap::from([("7".into(), 5), ("9".into(), 4)]));
-        assert_eq!(lease_by_id(&[]).1, "{}");
+        assert_eq!(serde_json::to_string(&lease_by_id(&[]).1 .0).unwrap(), "{}");
     }
 }
