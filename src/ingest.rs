@@ -25,6 +25,7 @@ mod held;
 mod keys;
 mod promote;
 pub mod release;
+mod writes;
 
 pub use attempts::record_attempts;
 pub use held::{held_count, release, settle_held_once, Settled};
@@ -161,17 +162,6 @@ SELECT t.queue, t.side, t.hash, count(*)
  ORDER BY t.queue, t.side, t.hash
 ON CONFLICT (queue, side, hash) DO UPDATE SET n = key_occurrences.n + excluded.n
 RETURNING queue, side, hash, n
-"#;
-
-/// Keys of writes numbered before (a write stored again).
-const WRITTEN_SQL: &str =
-    "SELECT write_id, key FROM qbridge.numbered_writes WHERE write_id = ANY($1::text[])";
-
-/// Remembers the key each write got.
-const RECORD_WRITES_SQL: &str = r#"
-INSERT INTO qbridge.numbered_writes (write_id, queue, key, side)
-SELECT t.*, 'push' FROM unnest($1::text[], $2::text[], $3::text[]) AS t
-ON CONFLICT (write_id) DO NOTHING
 "#;
 
 /// Counts a batch's items per (route, path): one labelled increment per
@@ -314,11 +304,7 @@ async fn assign_keys(conn: &mut PgConnection, items: &[Item<'_>]) -> Result<Vec<
         .filter_map(|(item, _)| item.write.as_deref())
         .collect();
     if !writes.is_empty() {
-        let rows: Vec<(String, String)> = sqlx::query_as(WRITTEN_SQL)
-            .bind(&writes)
-            .fetch_all(&mut *conn)
-            .await?;
-        let written: HashMap<String, String> = rows.into_iter().collect();
+        let written = writes::written_before(conn, &writes).await?;
         for (item, key) in items.iter().zip(keys.iter_mut()) {
             if let (None, Some(write)) = (&key, &item.write) {
                 *key = written.get(write).cloned();
@@ -384,14 +370,7 @@ async fn assign_keys(conn: &mut PgConnection, items: &[Item<'_>]) -> Result<Vec<
         }
         *key = Some(numbered);
     }
-    if !recorded.0.is_empty() {
-        sqlx::query(RECORD_WRITES_SQL)
-            .bind(&recorded.0)
-            .bind(&recorded.1)
-            .bind(&recorded.2)
-            .execute(&mut *conn)
-            .await?;
-    }
+    writes::record(conn, &recorded.0, &recorded.1, &recorded.2).await?;
     Ok(keys.into_iter().flatten().collect())
 }
 
