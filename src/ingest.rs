@@ -297,14 +297,14 @@ async fn assign_keys(conn: &mut PgConnection, items: &[Item<'_>]) -> Result<Vec<
             (None, KeySource::ContentHash(_)) => None,
         })
         .collect();
-    let writes: Vec<&str> = items
+    let (writes, queues): (Vec<&str>, Vec<&str>) = items
         .iter()
         .zip(&keys)
         .filter(|(_, key)| key.is_none())
-        .filter_map(|(item, _)| item.write.as_deref())
-        .collect();
+        .filter_map(|(item, _)| Some((item.write.as_deref()?, item.route.queue.as_str())))
+        .unzip();
     if !writes.is_empty() {
-        let written = writes::written_before(conn, &writes).await?;
+        let written = writes::written_before(conn, &writes, &queues).await?;
         for (item, key) in items.iter().zip(keys.iter_mut()) {
             if let (None, Some(write)) = (&key, &item.write) {
                 *key = written.get(write).cloned();

@@ -13,10 +13,13 @@ use crate::error::{Error, Result};
 const WRITTEN_SQL: &str =
     "SELECT write_id, key FROM qbridge.numbered_writes WHERE write_id = ANY($1::text[])";
 
-/// One lock per write id, in one order, held to the end of the transaction.
+/// One lock per queue whose writes a store looks up, in one order, held to
+/// the end of the transaction. Per queue, not per write id: a batch of
+/// thousands of writes took thousands of locks and exhausted the server's
+/// lock table ("out of shared memory", seen in the test suite).
 const LOCK_SQL: &str = r#"
-SELECT count(pg_advisory_xact_lock(hashtextextended(w, 7483)))
-  FROM (SELECT DISTINCT unnest($1::text[]) AS w ORDER BY 1) s
+SELECT count(pg_advisory_xact_lock(hashtextextended('qbridge:writes:' || q, 7483)))
+  FROM (SELECT DISTINCT unnest($1::text[]) AS q ORDER BY 1) s
 "#;
 
 /// Remembers the key each write got.
@@ -27,18 +30,19 @@ ON CONFLICT (write_id) DO NOTHING
 RETURNING write_id
 "#;
 
-/// The keys `writes` got before, if any. Locks the write ids first (until
-/// the caller's transaction ends) and reads after the lock, so two writers
-/// storing the same writes at once — gap repair and the proxy's writer —
-/// take turns: the second reads the keys the first committed. Reading
-/// before the first committed, it numbered the items again (oracle seed
-/// 100558: phantom numbers that a Redis restart later made "lost").
+/// The keys `writes` (to `queues`) got before, if any. Locks the queues
+/// first (until the caller's transaction ends) and reads after the lock, so
+/// two writers storing the same writes at once — gap repair and the proxy's
+/// writer — take turns: the second reads the keys the first committed.
+/// Reading before the first committed, it numbered the items again (oracle
+/// seed 100558: phantom numbers that a Redis restart later made "lost").
 pub(super) async fn written_before(
     conn: &mut PgConnection,
     writes: &[&str],
+    queues: &[&str],
 ) -> Result<HashMap<String, String>> {
     sqlx::query(LOCK_SQL)
-        .bind(writes)
+        .bind(queues)
         .execute(&mut *conn)
         .await?;
     let rows: Vec<(String, String)> = sqlx::query_as(WRITTEN_SQL)
