@@ -5,8 +5,9 @@
 //! a crash or a failed write leaves them where they were. New items are
 //! appended at the tail meanwhile and the trim removes only the head that was
 //! written. A short Redis lock per route keeps two processes from writing
-//! the same items at once; writing them twice is harmless anyway (ids are
-//! keys, content-hash items carry write ids: see `redis::gap_entry`).
+//! the same items at once; writing them twice is harmless anyway, also at
+//! the same time as a writer keeping them (ids are keys, content-hash items
+//! carry write ids: see `redis::gap_entry` and `ingest::writes`).
 
 use std::time::Duration;
 

@@ -3,8 +3,9 @@
 //! without persistence while Postgres is down loses the gap list along with
 //! the items (found by the randomized oracle, seed 757). Kept here, the
 //! items' Postgres copies survive that, as long as this process does; the
-//! gap list still covers this process's crash. Writing an item both ways is
-//! harmless: ids are keys, content hashes carry their write ids.
+//! gap list still covers this process's crash. Writing an item both ways,
+//! even at once, is harmless: ids are keys, content hashes carry their write
+//! ids (`ingest::writes` makes two stores of one write take turns).
 //!
 //! Bounded by the mirror buffer's bytes: past it the oldest requests are let
 //! go (they are still in the gap list) and counted.
