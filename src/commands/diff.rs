@@ -83,6 +83,13 @@ fn print_repair(r: &repair::RepairReport) {
             r.unaccounted_sample.join(", ")
         );
     }
+    if r.not_judged > 0 {
+        println!(
+            "  not judged: {} (Redis changed between {} readings while its consumers worked; run the repair again when they are quieter)",
+            r.not_judged,
+            repair::MOST_READINGS
+        );
+    }
     if let Some(s) = &r.skipped {
         println!("  {s}");
     }

@@ -63,6 +63,7 @@ mod assume;
 mod readings;
 
 pub use assume::Assumption;
+pub use readings::MOST_READINGS;
 
 /// What a repair did.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -82,6 +83,10 @@ pub struct RepairReport {
     pub unaccounted_sample: Vec<String>,
     /// Why qbridge cannot tell the unaccounted ones lost.
     pub unaccounted_reason: Option<String>,
+    /// Mirror copies Redis's readings kept disagreeing on (its consumers
+    /// were busy): neither pushed back nor counted unaccounted; a repair
+    /// when the Redis side is quieter judges them.
+    pub not_judged: usize,
     /// Held re-pushes an operator's assumption released as live jobs.
     pub released: u64,
     /// Why a part was not repaired, if one was not.
@@ -232,18 +237,21 @@ async fn repair_alone(
     // Its own reading, not the diff's: what Postgres held just before it is
     // the measure (`ONLY_POSTGRES_SQL`), and the diff's is older.
     let view = redis_view::read(redis, db, route).await?;
-    let first = owed(db, route, since, settled, &view).await?;
-    let (keys, popped) = if first.is_empty() {
-        (Vec::new(), HashSet::new())
-    } else {
-        // See `readings`: only what a second reading a moment later still
-        // misses is considered (the demo drill caught a running job pushed
-        // back without this).
+    // See `readings`: only what two readings a moment apart both miss is
+    // considered (the demo drill caught a running job pushed back without
+    // this), reading again while they disagree.
+    let mut readings = readings::Rereads::new(owed(db, route, since, settled, &view).await?);
+    while readings.wants_another() {
         tokio::time::sleep(RECHECK_AFTER).await;
         let again = redis_view::read(redis, db, route).await?;
-        let second = owed(db, route, since, settled, &again).await?;
-        readings::agreed(&first, &second)
-    };
+        readings.add(owed(db, route, since, settled, &again).await?);
+    }
+    let readings::Agreed {
+        keys,
+        popped,
+        not_judged,
+    } = readings.finish();
+    report.not_judged = not_judged;
     let accounting = evidence::classify(db, route, held.epoch.as_ref(), keys).await?;
     let mut push: Vec<(String, String)> = accounting.repairable;
     let mut unaccounted = accounting.unaccounted;

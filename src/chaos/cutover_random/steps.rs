@@ -235,8 +235,12 @@ async fn repair_once(
         0 => String::new(),
         n => format!(" ({n} taken as pushed back already)"),
     };
+    let not_judged = match r.not_judged {
+        0 => String::new(),
+        n => format!(", {n} not judged"),
+    };
     Ok(format!(
-        "repair: {} mirrored, {} pushed back{already}, {} unaccounted, {} released",
+        "repair: {} mirrored, {} pushed back{already}, {} unaccounted{not_judged}, {} released",
         r.mirrored, r.repushed, r.unaccounted, r.released
     ))
 }

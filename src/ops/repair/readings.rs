@@ -13,6 +13,16 @@
 //! a copy that way in seeds 3100, 3166, 3194, 3208, 3568, 3672, 3766). For
 //! them the readings agree per text, on a count: as many as both readings
 //! miss, named as the second reading names them.
+//!
+//! While consumers pop, a reading can also count a copy short: an item
+//! popped while Redis is read is both in a list and counted as popped, which
+//! hides one loss of its text in that reading (read in the other order, it
+//! would invent one). Two readings then disagree, and the loss would be left
+//! for a next repair that may never come (oracle seed 120298: the last
+//! repair before a decommission ran while the consumers drained a backlog).
+//! So [`Rereads`] reads again while the latest two readings disagree on what
+//! the latest misses, up to [`MOST_READINGS`]; what they still disagree on is
+//! reported as not judged, never taken as found.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -21,6 +31,73 @@ use crate::redis::consumer::numbering;
 /// One reading: each key Redis does not account for, with whether a pop
 /// had taken its number (`ONLY_POSTGRES_SQL`).
 pub type Reading = HashMap<String, bool>;
+
+/// Most readings of Redis one repair takes while they keep disagreeing.
+pub const MOST_READINGS: usize = 5;
+
+/// Readings a moment apart, until the latest two agree on everything the
+/// latest misses.
+pub struct Rereads {
+    previous: Option<Reading>,
+    latest: Reading,
+    taken: usize,
+}
+
+/// What the latest two readings agree is missing.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Agreed {
+    /// Sorted.
+    pub keys: Vec<String>,
+    /// Those a pop had taken the number of (see [`agreed`]).
+    pub popped: HashSet<String>,
+    /// Copies the latest reading misses that the two do not agree on: not
+    /// judged (Redis changed between the readings).
+    pub not_judged: usize,
+}
+
+impl Rereads {
+    pub fn new(first: Reading) -> Rereads {
+        Rereads {
+            previous: None,
+            latest: first,
+            taken: 1,
+        }
+    }
+
+    /// Whether to read again: the latest reading misses something the
+    /// latest two do not agree on (or it is the only one), and fewer than
+    /// [`MOST_READINGS`] were taken.
+    pub fn wants_another(&self) -> bool {
+        if self.latest.is_empty() || self.taken >= MOST_READINGS {
+            return false;
+        }
+        match &self.previous {
+            None => true,
+            Some(previous) => agreed(previous, &self.latest).0.len() < self.latest.len(),
+        }
+    }
+
+    pub fn add(&mut self, reading: Reading) {
+        self.previous = Some(std::mem::replace(&mut self.latest, reading));
+        self.taken += 1;
+    }
+
+    pub fn finish(self) -> Agreed {
+        let Some(previous) = self.previous else {
+            // One reading alone proves nothing.
+            return Agreed {
+                not_judged: self.latest.len(),
+                ..Agreed::default()
+            };
+        };
+        let (keys, popped) = agreed(&previous, &self.latest);
+        Agreed {
+            not_judged: self.latest.len() - keys.len(),
+            keys,
+            popped,
+        }
+    }
+}
 
 /// What both readings miss, sorted, and which of those were popped
 /// (according to the second reading).
@@ -89,6 +166,44 @@ mod tests {
         let (keys, popped) = agreed(&first, &second);
         assert_eq!(keys, ["sha256:aa:9"]);
         assert!(popped.is_empty());
+    }
+
+    #[test]
+    fn a_reading_that_hid_a_loss_is_outvoted_by_two_that_agree_on_it() {
+        // Seed 120298: the first reading ran while consumers popped and
+        // counted the lost copy's text one short; the next two, quiet, both
+        // miss copy 58.
+        let busy = reading(&[("job-7", false)]);
+        let quiet = || reading(&[("sha256:ec:58", false)]);
+        let mut r = Rereads::new(busy);
+        let mut readings = vec![quiet(), quiet()].into_iter();
+        while r.wants_another() {
+            r.add(readings.next().expect("at most three readings needed"));
+        }
+        let agreed = r.finish();
+        assert_eq!(agreed.keys, ["sha256:ec:58"]);
+        assert_eq!(agreed.not_judged, 0);
+    }
+
+    #[test]
+    fn readings_that_never_agree_stop_and_leave_the_rest_not_judged() {
+        let mut r = Rereads::new(reading(&[("job-1", false)]));
+        let mut n = 1;
+        while r.wants_another() {
+            n += 1;
+            r.add(reading(&[(format!("job-{n}").as_str(), false)]));
+        }
+        assert_eq!(n, MOST_READINGS);
+        let agreed = r.finish();
+        assert!(agreed.keys.is_empty());
+        assert_eq!(agreed.not_judged, 1);
+    }
+
+    #[test]
+    fn an_empty_first_reading_needs_no_second() {
+        let r = Rereads::new(Reading::new());
+        assert!(!r.wants_another());
+        assert_eq!(r.finish(), Agreed::default());
     }
 
     #[test]
