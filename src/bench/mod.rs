@@ -5,6 +5,7 @@
 //! Run it on a scratch database: it only touches its own queue, but it loads
 //! the server (and `proxy --slow-postgres` locks `qbridge.job_keys`).
 
+mod activity;
 mod burndown;
 mod claim_latency;
 mod harness;
@@ -59,6 +60,10 @@ pub enum BenchMode {
         /// Jobs per producer insert.
         #[arg(long, default_value_t = 50)]
         producer_batch: usize,
+        /// Also sample `pg_stat_activity` while it runs: what the database's
+        /// backends were doing, per statement (see `bench::activity`).
+        #[arg(long)]
+        activity: bool,
     },
     /// Idle-queue pickup: jobs enqueued one at a time; with NOTIFY and via the poll backstop.
     #[command(after_help = "Example:\n  qbridge bench latency --samples 200 --interval 20ms")]
@@ -198,7 +203,17 @@ pub async fn run(config: &Config, args: BenchArgs, as_json: bool) -> Result<()> 
             rate,
             producers,
             producer_batch,
-        } => steady::run(config, &workers, duration, rate, producers, producer_batch).await?,
+            activity,
+        } => {
+            let load = steady::Load {
+                duration,
+                rate,
+                producers,
+                producer_batch,
+                activity,
+            };
+            steady::run(config, &workers, &load).await?
+        }
         BenchMode::Latency {
             samples,
             interval,

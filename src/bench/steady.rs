@@ -10,6 +10,7 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::bench::activity;
 use crate::bench::harness::{self, Workers};
 use crate::bench::{BenchReport, WorkerArgs, BENCH_QUEUE};
 use crate::config::Config;
@@ -17,14 +18,26 @@ use crate::error::Result;
 use crate::handler::Probe;
 use crate::queue::{enqueue, NewJob};
 
-pub async fn run(
-    config: &Config,
-    w: &WorkerArgs,
-    duration: Duration,
-    rate: u64,
-    producers: usize,
-    producer_batch: usize,
-) -> Result<BenchReport> {
+/// The producers' side of a steady-state run.
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    pub duration: Duration,
+    /// Jobs a second over all producers; 0: as fast as they can.
+    pub rate: u64,
+    pub producers: usize,
+    pub producer_batch: usize,
+    /// Sample what the database's backends do (`bench::activity`).
+    pub activity: bool,
+}
+
+pub async fn run(config: &Config, w: &WorkerArgs, load: &Load) -> Result<BenchReport> {
+    let Load {
+        duration,
+        rate,
+        producers,
+        producer_batch,
+        activity,
+    } = *load;
     let db = harness::prepare(config).await?;
     let cfg = harness::worker_config(config, w, Duration::from_millis(100));
     let probe = Arc::new(Probe::default());
@@ -36,6 +49,7 @@ pub async fn run(
     let started = Instant::now();
     let cpu_before = harness::CpuSample::now();
     let stop = CancellationToken::new();
+    let sampler = activity.then(|| activity::sample(db.clone(), stop.clone()));
     let tasks = spawn_producers(&db, rate, producers, producer_batch, &produced, &stop);
     let producers = producers.max(1);
     let batch = producer_batch.max(1);
@@ -45,6 +59,10 @@ pub async fn run(
         let _ = t.await;
     }
     let produce_secs = started.elapsed().as_secs_f64();
+    let notes = match sampler {
+        Some(s) => s.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
     let (own_cores, other_cores) = harness::CpuSample::now().cores_since(&cpu_before, produce_secs);
     let produced = produced.load(Ordering::Relaxed);
     let ran_in_window = probe.runs();
@@ -93,7 +111,7 @@ pub async fn run(
             ("other_cores".into(), other_cores),
         ],
         ok,
-        notes: Vec::new(),
+        notes,
     })
 }
 
