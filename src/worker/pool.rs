@@ -2,6 +2,8 @@
 //! a prefetch sized by its start rate, see [`crate::worker::prefetch`]), runs
 //! each job's handler in its own task, and sends the outcome to the completer.
 //! Sleeps until a NOTIFY wake-up or the poll interval, whichever comes first.
+//! A pool whose handlers take several batches at once keeps that many claims
+//! in flight (up to four claimers sharing its slots, see [`claims_in_flight`]).
 //!
 //! Shutdown: when `intake` is cancelled it stops claiming; running handlers get
 //! until `deadline`; after that they are cancelled and their jobs handed back.
@@ -50,10 +52,26 @@ pub struct WorkerPool {
     pub routes: Option<RouteRuns>,
 }
 
+/// Most claims one pool keeps in flight (see [`claims_in_flight`]).
+pub const MAX_CLAIMS_IN_FLIGHT: usize = 4;
+
+/// What a pool's claimers share: the handler slots, the running attempts
+/// and the metric handles.
+struct Shared {
+    slots: Arc<Semaphore>,
+    tracker: TaskTracker,
+    inflight: InFlight,
+    to_start: metrics::Histogram,
+    claim_seconds: metrics::Histogram,
+    claimed_total: metrics::Counter,
+    queue_label: Arc<str>,
+    /// How many claimers share them.
+    claimers: usize,
+}
+
 impl WorkerPool {
     /// Runs until `intake` is cancelled and every attempt is settled.
     pub async fn run(self, intake: CancellationToken, deadline: Duration) -> PoolReport {
-        let slots = Arc::new(Semaphore::new(self.config.concurrency));
         let tracker = TaskTracker::new();
         let inflight = InFlight::default();
         let beat_stop = CancellationToken::new();
@@ -64,11 +82,39 @@ impl WorkerPool {
             beat_stop.clone(),
         ));
         let queue_label: Arc<str> = Arc::from(self.config.queues.join(",").as_str());
+        let label = queue_label.to_string();
         // Handles resolved once: a labelled lookup per job is measurable at 30k jobs/s.
-        let to_start = metrics::histogram!(m::ENQUEUE_TO_START, "queue" => queue_label.to_string());
-        let claim_seconds =
-            metrics::histogram!(m::CLAIM_SECONDS, "queue" => queue_label.to_string());
-        let claimed_total = metrics::counter!(m::JOBS_CLAIMED, "queue" => queue_label.to_string());
+        let shared = Shared {
+            slots: Arc::new(Semaphore::new(self.config.concurrency)),
+            tracker,
+            inflight,
+            to_start: metrics::histogram!(m::ENQUEUE_TO_START, "queue" => label.clone()),
+            claim_seconds: metrics::histogram!(m::CLAIM_SECONDS, "queue" => label.clone()),
+            claimed_total: metrics::counter!(m::JOBS_CLAIMED, "queue" => label),
+            queue_label,
+            claimers: claims_in_flight(&self.config),
+        };
+        let claimers = (0..shared.claimers).map(|_| self.claim_loop(&shared, &intake));
+        let mut report = PoolReport::default();
+        for r in futures_util::future::join_all(claimers).await {
+            report.claimed += r.claimed;
+            report.prefetch_handed_back += r.prefetch_handed_back;
+        }
+        report.handed_back = self
+            .settle(&shared.tracker, &shared.inflight, deadline)
+            .await;
+        beat_stop.cancel();
+        let _ = beat.await;
+        report
+    }
+
+    /// One claimer: claims while the pool has free slots, starts what it
+    /// claimed, holds the rest (its own prefetch), sleeps when the queue looks
+    /// empty; until `intake` is cancelled, then hands back what it holds.
+    async fn claim_loop(&self, shared: &Shared, intake: &CancellationToken) -> PoolReport {
+        let Shared {
+            slots, inflight, ..
+        } = shared;
         let mut report = PoolReport::default();
         let mut failures = 0u32;
         // Where the next tenant-capped claim starts (claims rotate through tenants).
@@ -83,12 +129,12 @@ impl WorkerPool {
                 _ = intake.cancelled() => break,
                 _ = sleep_until_some(prefetch.hand_back_at()) => {
                     let expired = prefetch.expired(TokioInstant::now());
-                    report.prefetch_handed_back += self.hand_back_or_hold(expired, &inflight, &mut prefetch).await;
+                    report.prefetch_handed_back += self.hand_back_or_hold(expired, inflight, &mut prefetch).await;
                     continue;
                 }
                 p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             };
-            let mut permits = self.more_permits(&slots, first);
+            let mut permits = self.more_permits(slots, first);
             // Held jobs first: they were claimed first.
             let mut ready = Vec::new();
             let mut cancelled = Vec::new();
@@ -104,18 +150,11 @@ impl WorkerPool {
                 ready.push((held.job, held.cancel));
             }
             report.prefetch_handed_back += self
-                .hand_back_or_hold(cancelled, &inflight, &mut prefetch)
+                .hand_back_or_hold(cancelled, inflight, &mut prefetch)
                 .await;
             let from_held = ready.len();
             if from_held > 0 {
-                self.spawn_attempts(
-                    ready,
-                    &mut permits,
-                    &tracker,
-                    &inflight,
-                    &to_start,
-                    &queue_label,
-                );
+                self.spawn_attempts(ready, &mut permits, shared);
                 prefetch.started(from_held, TokioInstant::now());
             }
             if permits.is_empty() {
@@ -139,7 +178,7 @@ impl WorkerPool {
             let claimed = match claim_batch(&self.db, &req).await {
                 Ok(claimed) => {
                     failures = 0;
-                    claim_seconds.record(started.elapsed().as_secs_f64());
+                    shared.claim_seconds.record(started.elapsed().as_secs_f64());
                     claimed
                 }
                 Err(err) => {
@@ -162,7 +201,13 @@ impl WorkerPool {
             let got = claimed.jobs.len();
             report.claimed += got as u64;
             if got > 0 {
-                claimed_total.increment(got as u64);
+                shared.claimed_total.increment(got as u64);
+            }
+            if claimed.more && shared.claimers > 1 {
+                // The queue has more than this claim took: pass the wake-up
+                // on to a claimer that may be asleep (one NOTIFY wakes one;
+                // with none asleep, the next to sleep claims once more first).
+                self.waker.notify_one();
             }
             // Every claimed job is heartbeated from now, started or held.
             let mut jobs = claimed.jobs.into_iter().map(|job| {
@@ -171,14 +216,7 @@ impl WorkerPool {
             });
             let now_running: Vec<_> = jobs.by_ref().take(permits.len()).collect();
             let running = now_running.len();
-            self.spawn_attempts(
-                now_running,
-                &mut permits,
-                &tracker,
-                &inflight,
-                &to_start,
-                &queue_label,
-            );
+            self.spawn_attempts(now_running, &mut permits, shared);
             let now = TokioInstant::now();
             let mut last_attempts = Vec::new();
             for (job, cancel) in jobs {
@@ -195,7 +233,7 @@ impl WorkerPool {
                 prefetch.pause(now);
             }
             report.prefetch_handed_back += self
-                .hand_back_or_hold(last_attempts, &inflight, &mut prefetch)
+                .hand_back_or_hold(last_attempts, inflight, &mut prefetch)
                 .await;
             drop(permits);
             if !claimed.more && prefetch.is_empty() {
@@ -214,7 +252,7 @@ impl WorkerPool {
 
         // Held jobs never started: hand them back now, attempts refunded,
         // rather than after their leases expire.
-        match self.hand_back(prefetch.take_all(), &inflight).await {
+        match self.hand_back(prefetch.take_all(), inflight).await {
             Ok(n) => report.prefetch_handed_back += n,
             Err(kept) => {
                 // Stopping: nobody will heartbeat them; their leases expire.
@@ -223,9 +261,6 @@ impl WorkerPool {
                 }
             }
         }
-        report.handed_back = self.settle(&tracker, &inflight, deadline).await;
-        beat_stop.cancel();
-        let _ = beat.await;
         report
     }
 
@@ -313,10 +348,7 @@ impl WorkerPool {
         &self,
         jobs: Vec<(ClaimedJob, CancellationToken)>,
         permits: &mut Vec<OwnedSemaphorePermit>,
-        tracker: &TaskTracker,
-        inflight: &InFlight,
-        to_start: &metrics::Histogram,
-        queue_label: &Arc<str>,
+        shared: &Shared,
     ) {
         debug_assert!(jobs.len() <= permits.len(), "a job without a slot");
         let n = jobs.len().min(permits.len());
@@ -325,17 +357,17 @@ impl WorkerPool {
                 db: self.db.clone(),
                 handler: self.handler.clone(),
                 completer: self.completer.clone(),
-                inflight: inflight.clone(),
+                inflight: shared.inflight.clone(),
                 backoff: self.config.backoff,
-                to_start: to_start.clone(),
+                to_start: shared.to_start.clone(),
                 routes: self.routes.clone(),
                 queue: if self.config.queues.len() == 1 {
-                    queue_label.clone()
+                    shared.queue_label.clone()
                 } else {
                     Arc::from(job.queue.as_str())
                 },
             };
-            tracker.spawn(async move {
+            shared.tracker.spawn(async move {
                 ctx.run(job, cancel).await;
                 drop(permit);
             });
@@ -361,10 +393,69 @@ impl WorkerPool {
     }
 }
 
+/// How many claims a pool keeps in flight: one per batch its handlers can
+/// take at once, at most [`MAX_CLAIMS_IN_FLIGHT`]. A claim's round trip is
+/// the pool's pace when its handlers are fast (a no-op handler frees its slot
+/// long before the next claim returns), so a pool with room for several
+/// batches that claims one at a time leaves Postgres idle (issue 17: the
+/// steady state). One for a tenant-capped pool, whose claims rotate through
+/// the tenants in turn.
+pub fn claims_in_flight(config: &PoolConfig) -> usize {
+    if config.tenant.is_some() {
+        return 1;
+    }
+    let batches = config.concurrency as i64 / config.batch_size.max(1);
+    batches.clamp(1, MAX_CLAIMS_IN_FLIGHT as i64) as usize
+}
+
 /// Sleeps until `at`, or forever when there is nothing to wait for.
 async fn sleep_until_some(at: Option<TokioInstant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HandlerConfig;
+    use crate::queue::backoff::Backoff;
+    use crate::queue::claim::TenantCap;
+
+    fn pool(concurrency: usize, batch_size: i64) -> PoolConfig {
+        PoolConfig {
+            name: "p".into(),
+            queues: vec!["q".into()],
+            kinds: None,
+            concurrency,
+            batch_size,
+            lease: Duration::from_secs(60),
+            poll_interval: Duration::from_secs(1),
+            backoff: Backoff::default(),
+            lock_retry_delay: Duration::from_secs(1),
+            prefetch_window: Duration::from_millis(50),
+            tenant: None,
+            handler: HandlerConfig::Noop {},
+        }
+    }
+
+    #[test]
+    fn one_claim_in_flight_per_batch_the_handlers_take_at_once() {
+        assert_eq!(claims_in_flight(&pool(10, 100)), 1);
+        assert_eq!(claims_in_flight(&pool(199, 100)), 1);
+        assert_eq!(claims_in_flight(&pool(200, 100)), 2);
+        assert_eq!(claims_in_flight(&pool(1000, 100)), MAX_CLAIMS_IN_FLIGHT);
+        assert_eq!(claims_in_flight(&pool(1, 0)), 1);
+    }
+
+    #[test]
+    fn a_tenant_capped_pool_claims_one_batch_at_a_time() {
+        let mut p = pool(1000, 100);
+        p.tenant = Some(TenantCap {
+            path: vec!["t".into()],
+            cap: 5,
+        });
+        assert_eq!(claims_in_flight(&p), 1);
     }
 }
