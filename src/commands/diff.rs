@@ -85,9 +85,14 @@ fn print_repair(r: &repair::RepairReport) {
     }
     if r.not_judged > 0 {
         println!(
-            "  not judged: {} (Redis changed between {} readings while its consumers worked; run the repair again when they are quieter)",
+            "  not judged: {} (Redis changed between its readings, up to {}, while its consumers worked; run the repair again when they are quieter)",
             r.not_judged,
             repair::MOST_READINGS
+        );
+    }
+    if r.read_while_moving {
+        println!(
+            "  identical copies were pushed or popped during every reading: a loss of one of their texts may be hidden; run the repair again when the Redis side is quieter"
         );
     }
     if let Some(s) = &r.skipped {

@@ -312,7 +312,7 @@ pub(super) async fn repair(
     )
     .await
     .map_err(service_error)?;
-    tracing::info!(route = %route.name, by = %caller.0, mirrored = report.mirrored, repushed = report.repushed, "repair over HTTP");
+    tracing::info!(route = %route.name, by = %caller.0, mirrored = report.mirrored, repushed = report.repushed, not_judged = report.not_judged, read_while_moving = report.read_while_moving, "repair over HTTP");
     Ok((
         StatusCode::OK,
         Json(json!({ "diff": diff, "repair": report })),

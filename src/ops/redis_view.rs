@@ -60,6 +60,25 @@ pub struct RedisView {
     /// What Postgres held just before Redis was read, and which of its
     /// outbox rows that Redis had paid (`ONLY_POSTGRES_SQL`).
     pub before: ReadBefore,
+    /// Identical copies were pushed or popped while Redis was read: for
+    /// their texts this reading may count a copy twice (a pop mid-read is
+    /// both waiting and popped) and so hide a loss. Repair reads again.
+    pub moved_while_read: bool,
+}
+
+/// The route's numbering totals: pushes and pops of identical copies, and
+/// numbers waiting to be popped again. A change between two reads of it
+/// means copies moved in between.
+const MOVES_SQL: &str = "\
+    SELECT (SELECT coalesce(sum(n), 0) FROM qbridge.key_occurrences WHERE queue = $1 AND side = 'push')::int8, \
+           (SELECT coalesce(sum(n), 0) FROM qbridge.key_occurrences WHERE queue = $1 AND side = 'pop')::int8, \
+           (SELECT count(*) FROM qbridge.pop_holes WHERE queue = $1)";
+
+async fn moves(db: &PgPool, route: &Route) -> Result<(i64, i64, i64)> {
+    Ok(sqlx::query_as(MOVES_SQL)
+        .bind(&route.queue)
+        .fetch_one(db)
+        .await?)
 }
 
 /// Read from Postgres in one statement just before Redis is read, so that
@@ -208,6 +227,7 @@ async fn read_list(
 
 /// Reads the route's lists. `db` numbers content-hash keys.
 pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> Result<RedisView> {
+    let moves_before = moves(db, route).await?;
     let mut before = read_before(db, route).await?;
     let observed = epoch::observe(conn, db, route).await?;
     before.sort_paid(conn).await?;
@@ -302,6 +322,7 @@ pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> R
             original: item,
         });
     }
+    view.moved_while_read = moves(db, route).await? != moves_before;
     Ok(view)
 }
 

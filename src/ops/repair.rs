@@ -87,6 +87,10 @@ pub struct RepairReport {
     /// were busy): neither pushed back nor counted unaccounted; a repair
     /// when the Redis side is quieter judges them.
     pub not_judged: usize,
+    /// Even the last reading was taken while identical copies were pushed
+    /// or popped, so a loss of one of their texts may be hidden: run the
+    /// repair again when the Redis side is quieter.
+    pub read_while_moving: bool,
     /// Held re-pushes an operator's assumption released as live jobs.
     pub released: u64,
     /// Why a part was not repaired, if one was not.
@@ -240,18 +244,22 @@ async fn repair_alone(
     // See `readings`: only what two readings a moment apart both miss is
     // considered (the demo drill caught a running job pushed back without
     // this), reading again while they disagree.
-    let mut readings = readings::Rereads::new(owed(db, route, since, settled, &view).await?);
+    let first = owed(db, route, since, settled, &view).await?;
+    let mut readings = readings::Rereads::new(first, view.moved_while_read);
     while readings.wants_another() {
         tokio::time::sleep(RECHECK_AFTER).await;
         let again = redis_view::read(redis, db, route).await?;
-        readings.add(owed(db, route, since, settled, &again).await?);
+        let moved = again.moved_while_read;
+        readings.add(owed(db, route, since, settled, &again).await?, moved);
     }
     let readings::Agreed {
         keys,
         popped,
         not_judged,
+        moved,
     } = readings.finish();
     report.not_judged = not_judged;
+    report.read_while_moving = moved;
     let accounting = evidence::classify(db, route, held.epoch.as_ref(), keys).await?;
     let mut push: Vec<(String, String)> = accounting.repairable;
     let mut unaccounted = accounting.unaccounted;

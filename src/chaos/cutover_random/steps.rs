@@ -235,9 +235,10 @@ async fn repair_once(
         0 => String::new(),
         n => format!(" ({n} taken as pushed back already)"),
     };
-    let not_judged = match r.not_judged {
-        0 => String::new(),
-        n => format!(", {n} not judged"),
+    let not_judged = match (r.not_judged, r.read_while_moving) {
+        (0, false) => String::new(),
+        (n, false) => format!(", {n} not judged"),
+        (n, true) => format!(", {n} not judged, read while copies moved"),
     };
     Ok(format!(
         "repair: {} mirrored, {} pushed back{already}, {} unaccounted{not_judged}, {} released",

@@ -199,10 +199,18 @@ pub(super) async fn repair(
             // The operator's reason goes into the log with the counts; a
             // repair on evidence writes no audit row (only assumptions do,
             // and those stay the CLI's).
-            tracing::info!(route = %route.name, by = %session.who, reason = %reason, mirrored = report.mirrored, repushed = report.repushed, unaccounted = report.unaccounted, not_judged = report.not_judged, "repair from the console");
+            tracing::info!(route = %route.name, by = %session.who, reason = %reason, mirrored = report.mirrored, repushed = report.repushed, unaccounted = report.unaccounted, not_judged = report.not_judged, read_while_moving = report.read_while_moving, "repair from the console");
+            let busy = if report.not_judged > 0 || report.read_while_moving {
+                format!(
+                    "; {} not judged, Redis kept changing while it was read: repair again when its consumers are quieter",
+                    report.not_judged
+                )
+            } else {
+                String::new()
+            };
             Ok(format!(
-                "repair: {} mirrored, {} pushed back on evidence, {} unaccounted (left for your decision), {} not judged (Redis kept changing while read: repair again when its consumers are quieter)",
-                report.mirrored, report.repushed, report.unaccounted, report.not_judged
+                "repair: {} mirrored, {} pushed back on evidence, {} unaccounted (left for your decision){busy}",
+                report.mirrored, report.repushed, report.unaccounted
             ))
         }
         Err(e) => Err(e.to_string()),

@@ -20,9 +20,11 @@
 //! would invent one). Two readings then disagree, and the loss would be left
 //! for a next repair that may never come (oracle seed 120298: the last
 //! repair before a decommission ran while the consumers drained a backlog).
-//! So [`Rereads`] reads again while the latest two readings disagree on what
-//! the latest misses, up to [`MOST_READINGS`]; what they still disagree on is
-//! reported as not judged, never taken as found.
+//! So [`Rereads`] reads again, up to [`MOST_READINGS`], while the latest
+//! reading was taken while copies moved (`RedisView::moved_while_read`) or
+//! the latest two disagree in either direction; what the last two still
+//! disagree on is reported as not judged, and a last reading taken while
+//! copies moved is reported too: either way, never taken as found.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -35,11 +37,13 @@ pub type Reading = HashMap<String, bool>;
 /// Most readings of Redis one repair takes while they keep disagreeing.
 pub const MOST_READINGS: usize = 5;
 
-/// Readings a moment apart, until the latest two agree on everything the
-/// latest misses.
+/// Readings a moment apart, until the latest two agree on everything
+/// either misses and the latest was taken while nothing moved.
 pub struct Rereads {
     previous: Option<Reading>,
     latest: Reading,
+    /// The latest reading was taken while copies moved.
+    moved: bool,
     taken: usize,
 }
 
@@ -50,35 +54,42 @@ pub struct Agreed {
     pub keys: Vec<String>,
     /// Those a pop had taken the number of (see [`agreed`]).
     pub popped: HashSet<String>,
-    /// Copies the latest reading misses that the two do not agree on: not
-    /// judged (Redis changed between the readings).
+    /// Copies either of the last two readings misses that the two do not
+    /// agree on: not judged (Redis changed between the readings).
     pub not_judged: usize,
+    /// The last reading was taken while copies were pushed or popped, so
+    /// it may have hidden a loss: the repair should be run again.
+    pub moved: bool,
 }
 
 impl Rereads {
-    pub fn new(first: Reading) -> Rereads {
+    /// The first reading, and whether copies moved while it was taken.
+    pub fn new(first: Reading, moved: bool) -> Rereads {
         Rereads {
             previous: None,
             latest: first,
+            moved,
             taken: 1,
         }
     }
 
-    /// Whether to read again: the latest reading misses something the
-    /// latest two do not agree on (or it is the only one), and fewer than
-    /// [`MOST_READINGS`] were taken.
+    /// Whether to read again (fewer than [`MOST_READINGS`] taken): the
+    /// latest reading was taken while copies moved, or it misses something
+    /// and is the only one, or the latest two disagree.
     pub fn wants_another(&self) -> bool {
-        if self.latest.is_empty() || self.taken >= MOST_READINGS {
+        if self.taken >= MOST_READINGS {
             return false;
         }
         match &self.previous {
-            None => true,
-            Some(previous) => agreed(previous, &self.latest).0.len() < self.latest.len(),
+            _ if self.moved => true,
+            None => !self.latest.is_empty(),
+            Some(previous) => !agree(previous, &self.latest),
         }
     }
 
-    pub fn add(&mut self, reading: Reading) {
+    pub fn add(&mut self, reading: Reading, moved: bool) {
         self.previous = Some(std::mem::replace(&mut self.latest, reading));
+        self.moved = moved;
         self.taken += 1;
     }
 
@@ -87,16 +98,25 @@ impl Rereads {
             // One reading alone proves nothing.
             return Agreed {
                 not_judged: self.latest.len(),
+                moved: self.moved,
                 ..Agreed::default()
             };
         };
         let (keys, popped) = agreed(&previous, &self.latest);
         Agreed {
-            not_judged: self.latest.len() - keys.len(),
+            not_judged: previous.len().max(self.latest.len()) - keys.len(),
             keys,
             popped,
+            moved: self.moved,
         }
     }
+}
+
+/// The two readings miss the same copies: every key either misses is agreed
+/// on (copies no pop took by count per text, see [`agreed`]).
+fn agree(first: &Reading, second: &Reading) -> bool {
+    let both = agreed(first, second).0.len();
+    both == first.len() && both == second.len()
 }
 
 /// What both readings miss, sorted, and which of those were popped
@@ -175,23 +195,64 @@ mod tests {
         // miss copy 58.
         let busy = reading(&[("job-7", false)]);
         let quiet = || reading(&[("sha256:ec:58", false)]);
-        let mut r = Rereads::new(busy);
+        let mut r = Rereads::new(busy, true);
         let mut readings = vec![quiet(), quiet()].into_iter();
         while r.wants_another() {
-            r.add(readings.next().expect("at most three readings needed"));
+            r.add(
+                readings.next().expect("at most three readings needed"),
+                false,
+            );
         }
         let agreed = r.finish();
         assert_eq!(agreed.keys, ["sha256:ec:58"]);
-        assert_eq!(agreed.not_judged, 0);
+        assert_eq!((agreed.not_judged, agreed.moved), (0, false));
+    }
+
+    #[test]
+    fn a_loss_hidden_in_the_latest_reading_is_read_again_not_dropped() {
+        // The reverse order: quiet first, then a reading taken while pops
+        // went on that hides copy 58 (it misses nothing), then quiet again.
+        let quiet = || reading(&[("sha256:ec:58", false)]);
+        let mut r = Rereads::new(quiet(), false);
+        let mut readings =
+            vec![(Reading::new(), true), (quiet(), false), (quiet(), false)].into_iter();
+        while r.wants_another() {
+            let (next, moved) = readings.next().expect("at most four readings needed");
+            r.add(next, moved);
+        }
+        assert_eq!(r.finish().keys, ["sha256:ec:58"]);
+    }
+
+    #[test]
+    fn an_empty_first_reading_taken_while_copies_moved_is_read_again() {
+        let mut r = Rereads::new(Reading::new(), true);
+        assert!(r.wants_another());
+        r.add(reading(&[("sha256:ec:58", false)]), false);
+        assert!(r.wants_another());
+        r.add(reading(&[("sha256:ec:58", false)]), false);
+        assert!(!r.wants_another());
+        assert_eq!(r.finish().keys, ["sha256:ec:58"]);
+    }
+
+    #[test]
+    fn readings_that_keep_moving_are_reported_as_such() {
+        let mut r = Rereads::new(reading(&[("job-1", false)]), true);
+        while r.wants_another() {
+            r.add(reading(&[("job-1", false)]), true);
+        }
+        let agreed = r.finish();
+        // Ids are judged by key: both readings miss job-1.
+        assert_eq!(agreed.keys, ["job-1"]);
+        assert!(agreed.moved);
     }
 
     #[test]
     fn readings_that_never_agree_stop_and_leave_the_rest_not_judged() {
-        let mut r = Rereads::new(reading(&[("job-1", false)]));
+        let mut r = Rereads::new(reading(&[("job-1", false)]), false);
         let mut n = 1;
         while r.wants_another() {
             n += 1;
-            r.add(reading(&[(format!("job-{n}").as_str(), false)]));
+            r.add(reading(&[(format!("job-{n}").as_str(), false)]), false);
         }
         assert_eq!(n, MOST_READINGS);
         let agreed = r.finish();
@@ -201,7 +262,7 @@ mod tests {
 
     #[test]
     fn an_empty_first_reading_needs_no_second() {
-        let r = Rereads::new(Reading::new());
+        let r = Rereads::new(Reading::new(), false);
         assert!(!r.wants_another());
         assert_eq!(r.finish(), Agreed::default());
     }
