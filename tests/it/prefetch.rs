@@ -144,6 +144,50 @@ async fn held_jobs_are_handed_back_at_shutdown_and_run_once_later(pool: PgPool) 
     assert_each_ran_once_on_attempt_1(&log, &ids);
 }
 
+/// The same with several claims in flight (concurrency 8, batch 4: two
+/// claimers, each holding its own prefetch): at shutdown each claimer hands
+/// back what it holds, and every job still runs exactly once, on attempt 1.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn several_claimers_hand_back_what_they_hold_and_each_job_runs_once(pool: PgPool) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("runs");
+    let ids = support::enqueue_ids(&pool, &support::plain_jobs("pf", 300)).await;
+    let slow = PoolBuilder::new("pf")
+        .concurrency(8)
+        .prefetch(MAX_PREFETCH_WINDOW, 4)
+        .lease(Duration::from_secs(60))
+        .handler(slowing_handler(&log, ids[99], "0.2"))
+        .build();
+    assert_eq!(qbridge::worker::pool::claims_in_flight(&slow), 2);
+    let first = RunningPool::start(&pool, slow);
+    support::wait_for(
+        "the slow jobs to start",
+        Duration::from_secs(20),
+        || async { runs(&log).len() > 100 },
+    )
+    .await;
+    first.stop().await;
+    assert_eq!(
+        support::count(
+            &pool,
+            "SELECT count(*) FROM qbridge.jobs WHERE state = 'running' OR attempts <> 0",
+        )
+        .await,
+        0,
+        "a held job was left claimed or charged an attempt"
+    );
+    let rest = PoolBuilder::new("pf")
+        .concurrency(8)
+        .prefetch(MAX_PREFETCH_WINDOW, 2)
+        .handler(slowing_handler(&log, i64::MAX, "0"))
+        .build();
+    assert_eq!(qbridge::worker::pool::claims_in_flight(&rest), 4);
+    let second = RunningPool::start(&pool, rest);
+    drain(&pool).await;
+    second.stop().await;
+    assert_each_ran_once_on_attempt_1(&log, &ids);
+}
+
 /// Jobs claimed on their last attempt are never held (should the process
 /// die holding one, the reaper would dead-letter a job that never ran):
 /// fast handlers, so held jobs would start within the window and none would

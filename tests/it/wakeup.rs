@@ -23,13 +23,23 @@ async fn start_runtime(
     queue: &str,
     poll: &str,
 ) -> (CancellationToken, JoinHandle<()>) {
+    start_pool(pool, queue, poll, "concurrency = 2").await
+}
+
+/// [`start_runtime`] with the pool's size settings given as TOML.
+async fn start_pool(
+    pool: &PgPool,
+    queue: &str,
+    poll: &str,
+    size: &str,
+) -> (CancellationToken, JoinHandle<()>) {
     let toml = format!(
         r#"
         max_connections = 4
         [[pools]]
         name = "p"
         queues = ["{queue}"]
-        concurrency = 2
+        {size}
         poll_interval = "{poll}"
         handler = {{ type = "noop" }}
         "#
@@ -109,6 +119,33 @@ async fn notify_wakes_an_idle_pool_and_survives_a_killed_listener(pool: PgPool) 
         .unwrap();
     wait_drained(&pool, "a job notified after the listener came back", QUICK).await;
 
+    stop.cancel();
+    handle.await.unwrap();
+}
+
+/// A pool with room for four batches keeps four claims in flight, and its
+/// claimers sleep when the queue is empty: each NOTIFY wakes one of them,
+/// so jobs enqueued one at a time, again and again, are each picked up long
+/// before the 60 s poll.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn every_notify_wakes_a_pool_with_several_claims_in_flight(pool: PgPool) {
+    let (stop, handle) =
+        start_pool(&pool, "claimers", "60s", "concurrency = 8\nbatch_size = 2").await;
+    listener_pid(&pool, None).await;
+    for i in 0..6 {
+        qbridge::queue::enqueue_many(&pool, &[NewJob::new("claimers", json!({ "i": i }))], LIMIT)
+            .await
+            .unwrap();
+        wait_drained(&pool, "a notified job to run", QUICK).await;
+    }
+    // A burst: the claimer that takes a full batch passes the wake-up on.
+    let burst: Vec<NewJob> = (0..40)
+        .map(|i| NewJob::new("claimers", json!({ "b": i })))
+        .collect();
+    qbridge::queue::enqueue_many(&pool, &burst, LIMIT)
+        .await
+        .unwrap();
+    wait_drained(&pool, "a notified burst to run", QUICK).await;
     stop.cancel();
     handle.await.unwrap();
 }
