@@ -53,6 +53,37 @@ async fn drain(pool: &PgPool) -> i64 {
     most.into_inner()
 }
 
+/// Stops `running` once its slow jobs (past the first 100) have started and
+/// checks that it left no job claimed or charged an attempt: what it held
+/// went back unstarted, attempt refunded.
+async fn stop_once_slow(
+    pool: &PgPool,
+    running: RunningPool,
+    log: &std::path::Path,
+) -> qbridge::worker::pool::PoolReport {
+    // The first slow job has started: it came with the prefetch the fast
+    // ones' rate sized, and the rest of that claim is held. (A count of
+    // running rows would not say so: finished jobs stay `running` until the
+    // completer's batch lands.)
+    support::wait_for(
+        "the slow jobs to start",
+        Duration::from_secs(20),
+        || async { runs(log).len() > 100 },
+    )
+    .await;
+    let (report, _) = running.stop().await;
+    assert_eq!(
+        support::count(
+            pool,
+            "SELECT count(*) FROM qbridge.jobs WHERE state = 'running' OR attempts <> 0",
+        )
+        .await,
+        0,
+        "a held job was left claimed or charged an attempt"
+    );
+    report
+}
+
 fn assert_each_ran_once_on_attempt_1(log: &std::path::Path, ids: &[i64]) {
     let by_job = runs(log);
     for id in ids {
@@ -107,28 +138,8 @@ async fn held_jobs_are_handed_back_at_shutdown_and_run_once_later(pool: PgPool) 
         .lease(Duration::from_secs(60))
         .handler(slowing_handler(&log, ids[99], "0.2"))
         .build();
-    let first = RunningPool::start(&pool, slow);
-    // The first slow job has started: it came with the prefetch the fast
-    // ones' rate sized, and the rest of that claim is held. (A count of
-    // running rows would not say so: finished jobs stay `running` until the
-    // completer's batch lands.)
-    support::wait_for(
-        "the slow jobs to start",
-        Duration::from_secs(20),
-        || async { runs(&log).len() > 100 },
-    )
-    .await;
-    let (report, _) = first.stop().await;
+    let report = stop_once_slow(&pool, RunningPool::start(&pool, slow), &log).await;
     assert!(report.prefetch_handed_back > 0, "{report:?}");
-    assert_eq!(
-        support::count(
-            &pool,
-            "SELECT count(*) FROM qbridge.jobs WHERE state = 'running' OR attempts <> 0",
-        )
-        .await,
-        0,
-        "a held job was left claimed or charged an attempt"
-    );
     assert!(
         runs(&log).len() < ids.len(),
         "everything ran before the stop"
@@ -159,23 +170,7 @@ async fn several_claimers_hand_back_what_they_hold_and_each_job_runs_once(pool: 
         .handler(slowing_handler(&log, ids[99], "0.2"))
         .build();
     assert_eq!(qbridge::worker::pool::claims_in_flight(&slow), 2);
-    let first = RunningPool::start(&pool, slow);
-    support::wait_for(
-        "the slow jobs to start",
-        Duration::from_secs(20),
-        || async { runs(&log).len() > 100 },
-    )
-    .await;
-    first.stop().await;
-    assert_eq!(
-        support::count(
-            &pool,
-            "SELECT count(*) FROM qbridge.jobs WHERE state = 'running' OR attempts <> 0",
-        )
-        .await,
-        0,
-        "a held job was left claimed or charged an attempt"
-    );
+    stop_once_slow(&pool, RunningPool::start(&pool, slow), &log).await;
     let rest = PoolBuilder::new("pf")
         .concurrency(8)
         .prefetch(MAX_PREFETCH_WINDOW, 2)
