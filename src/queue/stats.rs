@@ -71,7 +71,10 @@ pub async fn db_health(pool: &PgPool) -> Result<DbHealth> {
     .await?
     .unwrap_or((0, 0, -1.0));
     let (xact_seconds, xmin_age): (f64, i64) = sqlx::query_as(
-        "SELECT coalesce(extract(epoch FROM now() - min(xact_start))::float8, 0), \
+        // clock_timestamp, not now(): now() is this transaction's start, and
+        // a transaction that began after it made the age negative (seen as a
+        // failed test while other tests ran on the same server).
+        "SELECT greatest(coalesce(extract(epoch FROM clock_timestamp() - min(xact_start))::float8, 0), 0), \
                 coalesce(max(age(backend_xmin)), 0)::int8 \
            FROM pg_stat_activity \
           WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()",
