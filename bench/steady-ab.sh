@@ -2,7 +2,7 @@
 # Two variants of the steady state at full speed, A and B, alternated PAIRS
 # times, each run on a database created fresh for it (a reused one bloats,
 # and its runs drift down: one fell to 413 jobs/s). A variant is a build
-# (BIN_A, BIN_B) and SQL run after migrating (SQL_A, SQL_B; e.g.
+# (BIN_A, BIN_B) and SQL run in it after migrating (SQL_A, SQL_B; e.g.
 # "ALTER DATABASE steady_ab SET qbridge.notify_max_usage = 0" for no NOTIFY).
 #
 #   PGPORT=5499 BIN_A=/tmp/qb-before BIN_B=/tmp/qb-after bench/steady-ab.sh
@@ -22,7 +22,7 @@ out=$(mktemp); trap 'rm -f "$out"' EXIT
 run() { # variant bin sql
     psql -qX -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
     RUST_LOG=warn "$2" migrate --database-url "$url" >/dev/null
-    [ -z "$3" ] || psql -qX -d postgres -c "$3" >/dev/null
+    [ -z "$3" ] || psql -qX -d "$db" -c "$3" >/dev/null
     psql -qX -d "$db" -c CHECKPOINT >/dev/null
     # shellcheck disable=SC2086 # ARGS is a list of arguments
     RUST_LOG=warn "$2" bench steady --database-url "$url" --workers "$W" --batch "$B" --rate 0 \

@@ -1,6 +1,7 @@
 //! Enqueue: one or many jobs in a single UNNEST insert per chunk, on the caller's
 //! connection or transaction so jobs commit or roll back with business writes.
-//! Wake-ups are sent by the `jobs_notify` trigger at commit.
+//! Wake-ups are sent at commit by the `jobs_hint_at_commit` trigger, coalesced
+//! per queue (migration 0020).
 
 use std::collections::HashMap;
 

@@ -4,6 +4,7 @@
 //! [`crate::app`].
 
 mod attempt;
+mod follow_up;
 pub mod gauges;
 pub mod heartbeat;
 pub mod pool;

@@ -1,7 +1,9 @@
 //! One worker pool: claims batches from its queues while it has free slots (plus
 //! a prefetch sized by its start rate, see [`crate::worker::prefetch`]), runs
 //! each job's handler in its own task, and sends the outcome to the completer.
-//! Sleeps until a NOTIFY wake-up or the poll interval, whichever comes first.
+//! Sleeps until a NOTIFY wake-up or the poll interval, whichever comes first
+//! (after a wake-up, an empty claim is followed up, see
+//! [`crate::worker::follow_up`]).
 //! A pool whose handlers take several batches at once keeps that many claims
 //! in flight (up to four claimers sharing its slots, see [`claims_in_flight`]).
 //!
@@ -25,6 +27,7 @@ use crate::queue::completer::Finished;
 use crate::queue::{fence, ClaimRequest, ClaimedJob, JobRef};
 use crate::worker::attempt::AttemptCtx;
 pub use crate::worker::attempt::RouteRuns;
+use crate::worker::follow_up::FollowUps;
 use crate::worker::heartbeat::{self, InFlight};
 use crate::worker::prefetch::{Held, Prefetch};
 
@@ -121,6 +124,7 @@ impl WorkerPool {
         let mut tenant_cursor: Option<String> = None;
 
         let mut prefetch = Prefetch::new(self.prefetch_window(), TokioInstant::now());
+        let mut follow_ups = FollowUps::default();
 
         while !intake.is_cancelled() {
             // Wait for one free slot, then take as many more as are free now;
@@ -241,11 +245,14 @@ impl WorkerPool {
                 // backstop. Polls keep a fixed cadence from the last claim's
                 // start, so a job nobody was told about waits at most one poll
                 // interval plus one claim.
-                let next_poll = tokio::time::Instant::from_std(started + self.config.poll_interval);
+                // After a hint, a neighbour's commit may land just after this
+                // claim looked: claim again shortly (see worker::follow_up).
+                let next_poll = TokioInstant::from_std(started + self.config.poll_interval);
+                let wake_at = follow_ups.wake_at(TokioInstant::now(), next_poll);
                 tokio::select! {
                     _ = intake.cancelled() => break,
-                    _ = self.waker.notified() => {}
-                    _ = tokio::time::sleep_until(next_poll) => {}
+                    _ = self.waker.notified() => follow_ups.hinted(),
+                    _ = tokio::time::sleep_until(wake_at) => {}
                 }
             }
         }

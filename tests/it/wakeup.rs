@@ -1,13 +1,17 @@
 //! Wake-ups: with a 60 s poll interval a NOTIFY gets a job picked up at once;
 //! when the listener's backend is killed the listener comes back, and the poll
-//! backstop picks up jobs no NOTIFY announced.
+//! backstop picks up jobs no NOTIFY announced. Wake-ups are coalesced per
+//! queue at commit (migration 0020), and a burst whose hints went to
+//! neighbours still runs at once.
 
 use std::time::Duration;
 
 use qbridge::app::Runtime;
 use qbridge::config::{Config, Overrides};
 use qbridge::queue::NewJob;
+use qbridge::queue::NOTIFY_CHANNEL;
 use serde_json::json;
+use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -179,6 +183,179 @@ async fn poll_backstop_picks_up_jobs_without_notify(pool: PgPool) {
     .unwrap();
     wait_drained(&pool, "a delayed job found by polling", QUICK).await;
 
+    stop.cancel();
+    handle.await.unwrap();
+}
+
+/// The next wake-up hint within half a second, if any.
+async fn next_hint(listener: &mut PgListener) -> Option<String> {
+    let n = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await;
+    n.ok()
+        .map(|n| n.expect("LISTEN connection").payload().to_string())
+}
+
+/// A transaction that commits while another of its queue is committing
+/// leaves the wake-up to that one; other queues, and a commit alone, are
+/// hinted as before, once per transaction and queue.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_commit_beside_one_of_its_queue_leaves_the_wake_up_to_it(pool: PgPool) {
+    let mut listener = PgListener::connect_with(&pool).await.unwrap();
+    listener.listen(NOTIFY_CHANNEL).await.unwrap();
+
+    // The first transaction takes its commit-time decision now (IMMEDIATE
+    // fires the deferred trigger) and holds its queue's hint until it commits.
+    let mut first = pool.begin().await.unwrap();
+    qbridge::queue::enqueue(
+        &mut first,
+        &[NewJob::new("burst", json!({ "n": 1 }))],
+        LIMIT,
+    )
+    .await
+    .unwrap();
+    sqlx::query("SET CONSTRAINTS qbridge.jobs_hint_at_commit IMMEDIATE")
+        .execute(&mut *first)
+        .await
+        .unwrap();
+
+    // A neighbour of the same queue commits meanwhile, then one of another queue.
+    qbridge::queue::enqueue_many(&pool, &[NewJob::new("burst", json!({ "n": 2 }))], LIMIT)
+        .await
+        .unwrap();
+    qbridge::queue::enqueue_many(&pool, &[NewJob::new("other", json!({}))], LIMIT)
+        .await
+        .unwrap();
+    assert_eq!(next_hint(&mut listener).await.as_deref(), Some("other"));
+    assert_eq!(
+        next_hint(&mut listener).await,
+        None,
+        "the neighbour woke workers itself"
+    );
+    first.commit().await.unwrap();
+    assert_eq!(next_hint(&mut listener).await.as_deref(), Some("burst"));
+    assert_eq!(next_hint(&mut listener).await, None);
+
+    // Alone: a 100-job commit wakes once; a job due later wakes nobody.
+    let hundred: Vec<NewJob> = (0..100)
+        .map(|i| NewJob::new("burst", json!({ "i": i })))
+        .collect();
+    qbridge::queue::enqueue_many(&pool, &hundred, LIMIT)
+        .await
+        .unwrap();
+    assert_eq!(next_hint(&mut listener).await.as_deref(), Some("burst"));
+    assert_eq!(next_hint(&mut listener).await, None);
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    qbridge::queue::enqueue_many(
+        &pool,
+        &[NewJob::new("burst", json!({})).with_run_at(later)],
+        LIMIT,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        next_hint(&mut listener).await,
+        None,
+        "a job due later woke workers"
+    );
+}
+
+/// A job whose commit left the hint to a neighbour and became visible just
+/// after the pool's hinted claim looked: the pool claims again shortly
+/// (`worker::follow_up`), not at the 60 s poll.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_job_committed_just_after_its_neighbours_hinted_claim_is_followed_up(pool: PgPool) {
+    let (stop, handle) = start_runtime(&pool, "follow", "60s").await;
+    listener_pid(&pool, None).await;
+    let job = |n: i32| [NewJob::new("follow", json!({ "n": n }))];
+
+    // The first transaction takes the queue's hint (IMMEDIATE fires the
+    // deferred trigger now); the neighbour decides next, so leaves it.
+    let mut first = pool.begin().await.unwrap();
+    let ids = qbridge::queue::enqueue(&mut first, &job(1), LIMIT)
+        .await
+        .unwrap();
+    let qbridge::queue::EnqueueOutcome::Inserted(first_id) = ids[0] else {
+        panic!("not inserted: {ids:?}")
+    };
+    let immediate = "SET CONSTRAINTS qbridge.jobs_hint_at_commit IMMEDIATE";
+    sqlx::query(immediate).execute(&mut *first).await.unwrap();
+    let mut neighbour = pool.begin().await.unwrap();
+    qbridge::queue::enqueue(&mut neighbour, &job(2), LIMIT)
+        .await
+        .unwrap();
+    sqlx::query(immediate)
+        .execute(&mut *neighbour)
+        .await
+        .unwrap();
+
+    // The hint wakes the pool, whose claim takes the first job only.
+    first.commit().await.unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        let ready: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM qbridge.jobs WHERE id = $1 AND state = 'ready'",
+        )
+        .bind(first_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if ready == 0 {
+            break;
+        }
+        assert!(started.elapsed() < QUICK, "the hinted job was not claimed");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Then the neighbour's job becomes visible, announced by nobody.
+    neighbour.commit().await.unwrap();
+    wait_drained(
+        &pool,
+        "the neighbour's job to be claimed before the poll",
+        QUICK,
+    )
+    .await;
+    stop.cancel();
+    handle.await.unwrap();
+}
+
+/// Eight connections commit one job at a time into a queue whose pool polls
+/// every 60 s: fewer hints than commits are sent, and every job still runs
+/// at once, its hint sent or left to a neighbour (the pool then claims
+/// again shortly after an empty claim, `worker::follow_up`).
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_burst_of_commits_sends_fewer_hints_and_every_job_runs_at_once(pool: PgPool) {
+    const PRODUCERS: usize = 8;
+    const EACH: usize = 50;
+    let (stop, handle) = start_runtime(&pool, "burst", "60s").await;
+    listener_pid(&pool, None).await;
+    let mut listener = PgListener::connect_with(&pool).await.unwrap();
+    listener.listen(NOTIFY_CHANNEL).await.unwrap();
+
+    let producers = support::extra_pool(&pool, PRODUCERS as u32).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for p in 0..PRODUCERS {
+        let producers = producers.clone();
+        tasks.spawn(async move {
+            for i in 0..EACH {
+                let job = NewJob::new("burst", json!({ "p": p, "i": i }));
+                qbridge::queue::enqueue_many(&producers, &[job], LIMIT)
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    wait_drained(&pool, "every job of the burst to run", QUICK).await;
+    let mut hints = 0;
+    while next_hint(&mut listener).await.is_some() {
+        hints += 1;
+    }
+    assert!(
+        hints < PRODUCERS * EACH,
+        "{hints} hints for {} commits: none was coalesced",
+        PRODUCERS * EACH
+    );
+    producers.close().await;
     stop.cancel();
     handle.await.unwrap();
 }
