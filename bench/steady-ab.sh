@@ -8,7 +8,8 @@
 #   PGPORT=5499 BIN_A=/tmp/qb-before BIN_B=/tmp/qb-after bench/steady-ab.sh
 #
 # Env: PAIRS (3), W (2 worker runtimes, and as many producers), B (100: claim
-# and producer batch), DURATION (15s), ARGS (more `bench steady` arguments),
+# and producer batch), DURATION (15s), ARGS (more `bench steady` arguments;
+# ARGS_A, ARGS_B: a variant's own, e.g. "--concurrency 200"),
 # PGHOST/PGPORT/PGUSER. Prints one line per run, then the medians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,22 +20,22 @@ db=steady_ab
 url="postgres://$PGUSER${PGPASSWORD:+:$PGPASSWORD}@$PGHOST:$PGPORT/$db"
 out=$(mktemp); trap 'rm -f "$out"' EXIT
 
-run() { # variant bin sql
+run() { # variant bin sql args
     psql -qX -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
     RUST_LOG=warn "$2" migrate --database-url "$url" >/dev/null
     [ -z "$3" ] || psql -qX -d "$db" -c "$3" >/dev/null
     psql -qX -d "$db" -c CHECKPOINT >/dev/null
     # shellcheck disable=SC2086 # ARGS is a list of arguments
     RUST_LOG=warn "$2" bench steady --database-url "$url" --workers "$W" --batch "$B" --rate 0 \
-        --producers "$W" --producer-batch "$B" --duration "$DURATION" ${ARGS:-} --json |
+        --producers "$W" --producer-batch "$B" --duration "$DURATION" ${ARGS:-} $4 --json |
         python3 -c 'import json,sys; d=json.load(sys.stdin); print(sys.argv[1], int(d["completed_jobs_s"]), int(d["enqueue_jobs_s"]), round(d["latency_p50_ms"],1), round(d["latency_p99_ms"],1), round(d["qbridge_cores"],2), round(d["other_cores"],2), d["ok"])' "$1" |
         tee -a "$out"
 }
 
 echo "variant completed/s enqueued/s p50_ms p99_ms qbridge_cores other_cores ok"
 for _ in $(seq "$PAIRS"); do
-    run A "$BIN_A" "${SQL_A:-}"
-    run B "$BIN_B" "${SQL_B:-}"
+    run A "$BIN_A" "${SQL_A:-}" "${ARGS_A:-}"
+    run B "$BIN_B" "${SQL_B:-}" "${ARGS_B:-}"
 done
 python3 - "$out" <<'PY'
 import statistics, sys
