@@ -18,7 +18,11 @@
 --
 -- Decided at commit (a deferred constraint trigger), not at insert: a long
 -- transaction holding the lock from its first insert would silence every
--- other producer of its queue until it commits.
+-- other producer of its queue until it commits. Two cases still cost a
+-- neighbour's job up to one poll interval (never the job): the hinting
+-- transaction fails at commit after deciding (a later deferred constraint,
+-- a serialization failure), or a session runs SET CONSTRAINTS ALL IMMEDIATE
+-- and then keeps its transaction open.
 CREATE FUNCTION qbridge.hint_jobs_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     -- A batch of rows for one queue: the first row decides, the rest return.

@@ -176,7 +176,10 @@ async fn several_claimers_hand_back_what_they_hold_and_each_job_runs_once(pool: 
         .prefetch(MAX_PREFETCH_WINDOW, 2)
         .handler(slowing_handler(&log, i64::MAX, "0"))
         .build();
-    assert_eq!(qbridge::worker::pool::claims_in_flight(&rest), 4);
+    assert_eq!(
+        qbridge::worker::pool::claims_in_flight(&rest),
+        qbridge::worker::pool::MAX_CLAIMS_IN_FLIGHT
+    );
     let second = RunningPool::start(&pool, rest);
     drain(&pool).await;
     second.stop().await;
