@@ -1,13 +1,15 @@
-//! Claims after a wake-up hint finds the queue empty.
+//! Claims after a wake-up finds the queue empty.
 //!
 //! Wake-ups are coalesced in the database (migration 0020): of the
 //! transactions of one queue committing at the same moment, only one sends
 //! the hint, and the others' jobs become visible while their commits finish,
-//! possibly just after the woken claim looked. So a claimer woken by a hint
-//! claims again shortly after an empty-looking claim, three times, before it
-//! falls back to the poll interval. A lone enqueue on an idle queue costs
-//! three empty claims more; in exchange no job waits for the poll because
-//! its hint went to a neighbour.
+//! possibly just after the woken claim looked. So a claimer woken up (by a
+//! hint, by another claimer passing one on, or by the listener after a
+//! reconnect) claims again shortly after an empty-looking claim, three
+//! times, before it falls back to the poll interval. A lone enqueue on an
+//! idle queue costs each woken claimer three empty claims more; in exchange a
+//! job whose hint went to a neighbour waits for the poll only when that
+//! neighbour's commit finished more than about 250 ms after the hint's.
 
 use std::time::Duration;
 
@@ -24,17 +26,17 @@ pub const FOLLOW_UPS: &[Duration] = &[
     Duration::from_millis(200),
 ];
 
-/// Where one claimer stands in the follow-ups of its latest hint.
+/// Where one claimer stands in the follow-ups of its latest wake-up.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct FollowUps {
     /// The next follow-up to take (an index into [`FOLLOW_UPS`]); `None`
-    /// when no hint woke the claimer since its last poll-length sleep.
+    /// when nothing woke the claimer since its last poll-length sleep.
     next: Option<usize>,
 }
 
 impl FollowUps {
-    /// A hint woke the claimer: its next empty claims are followed up again.
-    pub fn hinted(&mut self) {
+    /// A wake-up woke the claimer: its next empty claims are followed up again.
+    pub fn woken(&mut self) {
         self.next = Some(0);
     }
 
@@ -59,7 +61,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn without_a_hint_the_claimer_sleeps_until_the_poll() {
+    fn without_a_wake_up_the_claimer_sleeps_until_the_poll() {
         let now = Instant::now();
         let poll = now + Duration::from_secs(1);
         let mut f = FollowUps::default();
@@ -67,11 +69,11 @@ mod tests {
     }
 
     #[test]
-    fn a_hint_is_followed_by_each_follow_up_then_the_poll() {
+    fn a_wake_up_is_followed_by_each_follow_up_then_the_poll() {
         let now = Instant::now();
         let poll = now + Duration::from_secs(1);
         let mut f = FollowUps::default();
-        f.hinted();
+        f.woken();
         for delay in FOLLOW_UPS {
             assert_eq!(f.wake_at(now, poll), now + *delay);
         }
@@ -80,13 +82,13 @@ mod tests {
     }
 
     #[test]
-    fn a_new_hint_restarts_the_follow_ups() {
+    fn a_new_wake_up_restarts_the_follow_ups() {
         let now = Instant::now();
         let poll = now + Duration::from_secs(1);
         let mut f = FollowUps::default();
-        f.hinted();
+        f.woken();
         f.wake_at(now, poll);
-        f.hinted();
+        f.woken();
         assert_eq!(f.wake_at(now, poll), now + FOLLOW_UPS[0]);
     }
 
@@ -95,7 +97,7 @@ mod tests {
         let now = Instant::now();
         let poll = now + Duration::from_millis(2);
         let mut f = FollowUps::default();
-        f.hinted();
+        f.woken();
         assert_eq!(f.wake_at(now, poll), poll);
     }
 }

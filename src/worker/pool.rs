@@ -251,7 +251,7 @@ impl WorkerPool {
                 let wake_at = follow_ups.wake_at(TokioInstant::now(), next_poll);
                 tokio::select! {
                     _ = intake.cancelled() => break,
-                    _ = self.waker.notified() => follow_ups.hinted(),
+                    _ = self.waker.notified() => follow_ups.woken(),
                     _ = tokio::time::sleep_until(wake_at) => {}
                 }
             }
