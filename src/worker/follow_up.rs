@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// Delays of the claims that follow a hinted wake-up, each from the moment
+/// Delays of the claims that follow a wake-up, each from the moment
 /// the claimer goes back to sleep (so at about 5, 50 and 250 ms): a
 /// neighbour's commit lands within a WAL flush or two of the hint's; the
 /// later ones cover a slow flush on a loaded server. Three empty claims of
@@ -27,7 +27,7 @@ pub const FOLLOW_UPS: &[Duration] = &[
 ];
 
 /// Where one claimer stands in the follow-ups of its latest wake-up.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct FollowUps {
     /// The next follow-up to take (an index into [`FOLLOW_UPS`]); `None`
     /// when nothing woke the claimer since its last poll-length sleep.
@@ -41,7 +41,7 @@ impl FollowUps {
     }
 
     /// When a claimer whose queue looked empty at `now` claims next: at the
-    /// next follow-up of its latest hint, or at `next_poll`, whichever is first.
+    /// next follow-up of its latest wake-up, or at `next_poll`, whichever is first.
     pub fn wake_at(&mut self, now: Instant, next_poll: Instant) -> Instant {
         match self.next {
             Some(i) if i < FOLLOW_UPS.len() => {
@@ -60,19 +60,21 @@ impl FollowUps {
 mod tests {
     use super::*;
 
+    /// Now, a poll one second away, and a claimer nothing has woken yet.
+    fn start() -> (Instant, Instant, FollowUps) {
+        let now = Instant::now();
+        (now, now + Duration::from_secs(1), FollowUps::default())
+    }
+
     #[test]
     fn without_a_wake_up_the_claimer_sleeps_until_the_poll() {
-        let now = Instant::now();
-        let poll = now + Duration::from_secs(1);
-        let mut f = FollowUps::default();
+        let (now, poll, mut f) = start();
         assert_eq!(f.wake_at(now, poll), poll);
     }
 
     #[test]
     fn a_wake_up_is_followed_by_each_follow_up_then_the_poll() {
-        let now = Instant::now();
-        let poll = now + Duration::from_secs(1);
-        let mut f = FollowUps::default();
+        let (now, poll, mut f) = start();
         f.woken();
         for delay in FOLLOW_UPS {
             assert_eq!(f.wake_at(now, poll), now + *delay);
@@ -83,9 +85,7 @@ mod tests {
 
     #[test]
     fn a_new_wake_up_restarts_the_follow_ups() {
-        let now = Instant::now();
-        let poll = now + Duration::from_secs(1);
-        let mut f = FollowUps::default();
+        let (now, poll, mut f) = start();
         f.woken();
         f.wake_at(now, poll);
         f.woken();
@@ -94,9 +94,8 @@ mod tests {
 
     #[test]
     fn a_follow_up_never_waits_past_the_poll() {
-        let now = Instant::now();
+        let (now, _, mut f) = start();
         let poll = now + Duration::from_millis(2);
-        let mut f = FollowUps::default();
         f.woken();
         assert_eq!(f.wake_at(now, poll), poll);
     }

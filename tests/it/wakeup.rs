@@ -103,9 +103,7 @@ async fn notify_wakes_an_idle_pool_and_survives_a_killed_listener(pool: PgPool) 
     let first = listener_pid(&pool, None).await;
 
     // Idle pool, 60 s poll: only the NOTIFY can get this job picked up quickly.
-    qbridge::queue::enqueue_many(&pool, &[NewJob::new("wake", json!({}))], LIMIT)
-        .await
-        .unwrap();
+    enqueue_one(&pool, NewJob::new("wake", json!({}))).await;
     wait_drained(&pool, "the notified job to run", QUICK).await;
 
     // Kill the listener's backend: it must reconnect and LISTEN again.
@@ -118,9 +116,7 @@ async fn notify_wakes_an_idle_pool_and_survives_a_killed_listener(pool: PgPool) 
     let second = listener_pid(&pool, Some(first)).await;
     assert_ne!(first, second);
 
-    qbridge::queue::enqueue_many(&pool, &[NewJob::new("wake", json!({}))], LIMIT)
-        .await
-        .unwrap();
+    enqueue_one(&pool, NewJob::new("wake", json!({}))).await;
     wait_drained(&pool, "a job notified after the listener came back", QUICK).await;
 
     stop.cancel();
@@ -137,9 +133,7 @@ async fn every_notify_wakes_a_pool_with_several_claims_in_flight(pool: PgPool) {
         start_pool(&pool, "claimers", "60s", "concurrency = 8\nbatch_size = 2").await;
     listener_pid(&pool, None).await;
     for i in 0..6 {
-        qbridge::queue::enqueue_many(&pool, &[NewJob::new("claimers", json!({ "i": i }))], LIMIT)
-            .await
-            .unwrap();
+        enqueue_one(&pool, NewJob::new("claimers", json!({ "i": i }))).await;
         wait_drained(&pool, "a notified job to run", QUICK).await;
     }
     // A burst: the claimer that takes a full batch passes the wake-up on.
@@ -166,25 +160,31 @@ async fn poll_backstop_picks_up_jobs_without_notify(pool: PgPool) {
     assert!(killed);
 
     // Right after the kill: whatever the listener is doing, the poll finds it.
-    qbridge::queue::enqueue_many(&pool, &[NewJob::new("backstop", json!({}))], LIMIT)
-        .await
-        .unwrap();
+    enqueue_one(&pool, NewJob::new("backstop", json!({}))).await;
     wait_drained(&pool, "a job enqueued while the listener was down", QUICK).await;
 
     // A job that becomes due later never sends a NOTIFY (the trigger only
     // announces jobs due now): only the poll can find it.
     let soon = chrono::Utc::now() + chrono::Duration::milliseconds(500);
-    qbridge::queue::enqueue_many(
-        &pool,
-        &[NewJob::new("backstop", json!({})).with_run_at(soon)],
-        LIMIT,
-    )
-    .await
-    .unwrap();
+    enqueue_one(&pool, NewJob::new("backstop", json!({})).with_run_at(soon)).await;
     wait_drained(&pool, "a delayed job found by polling", QUICK).await;
 
     stop.cancel();
     handle.await.unwrap();
+}
+
+/// A connection listening for the wake-up hints of the test's database.
+async fn hint_listener(pool: &PgPool) -> PgListener {
+    let mut listener = PgListener::connect_with(pool).await.unwrap();
+    listener.listen(NOTIFY_CHANNEL).await.unwrap();
+    listener
+}
+
+/// Enqueues one job on its own (one transaction, committed).
+async fn enqueue_one(pool: &PgPool, job: NewJob) {
+    qbridge::queue::enqueue_many(pool, &[job], LIMIT)
+        .await
+        .unwrap();
 }
 
 /// The next wake-up hint within half a second, if any.
@@ -199,8 +199,7 @@ async fn next_hint(listener: &mut PgListener) -> Option<String> {
 /// hinted as before, once per transaction and queue.
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn a_commit_beside_one_of_its_queue_leaves_the_wake_up_to_it(pool: PgPool) {
-    let mut listener = PgListener::connect_with(&pool).await.unwrap();
-    listener.listen(NOTIFY_CHANNEL).await.unwrap();
+    let mut listener = hint_listener(&pool).await;
 
     // The first transaction takes its commit-time decision now (IMMEDIATE
     // fires the deferred trigger) and holds its queue's hint until it commits.
@@ -218,12 +217,8 @@ async fn a_commit_beside_one_of_its_queue_leaves_the_wake_up_to_it(pool: PgPool)
         .unwrap();
 
     // A neighbour of the same queue commits meanwhile, then one of another queue.
-    qbridge::queue::enqueue_many(&pool, &[NewJob::new("burst", json!({ "n": 2 }))], LIMIT)
-        .await
-        .unwrap();
-    qbridge::queue::enqueue_many(&pool, &[NewJob::new("other", json!({}))], LIMIT)
-        .await
-        .unwrap();
+    enqueue_one(&pool, NewJob::new("burst", json!({ "n": 2 }))).await;
+    enqueue_one(&pool, NewJob::new("other", json!({}))).await;
     assert_eq!(next_hint(&mut listener).await.as_deref(), Some("other"));
     assert_eq!(
         next_hint(&mut listener).await,
@@ -255,13 +250,7 @@ async fn a_commit_beside_one_of_its_queue_leaves_the_wake_up_to_it(pool: PgPool)
     assert_eq!(next_hint(&mut listener).await.as_deref(), Some("burst"));
     assert_eq!(next_hint(&mut listener).await, None);
     let later = chrono::Utc::now() + chrono::Duration::hours(1);
-    qbridge::queue::enqueue_many(
-        &pool,
-        &[NewJob::new("burst", json!({})).with_run_at(later)],
-        LIMIT,
-    )
-    .await
-    .unwrap();
+    enqueue_one(&pool, NewJob::new("burst", json!({})).with_run_at(later)).await;
     assert_eq!(
         next_hint(&mut listener).await,
         None,
@@ -355,8 +344,7 @@ async fn a_burst_of_commits_sends_fewer_hints_and_every_job_runs_at_once(pool: P
     const EACH: usize = 50;
     let (stop, handle) = start_runtime(&pool, "burst", "60s").await;
     listener_pid(&pool, None).await;
-    let mut listener = PgListener::connect_with(&pool).await.unwrap();
-    listener.listen(NOTIFY_CHANNEL).await.unwrap();
+    let mut listener = hint_listener(&pool).await;
 
     let producers = support::extra_pool(&pool, PRODUCERS as u32).await;
     let mut tasks = tokio::task::JoinSet::new();
@@ -365,9 +353,7 @@ async fn a_burst_of_commits_sends_fewer_hints_and_every_job_runs_at_once(pool: P
         tasks.spawn(async move {
             for i in 0..EACH {
                 let job = NewJob::new("burst", json!({ "p": p, "i": i }));
-                qbridge::queue::enqueue_many(&producers, &[job], LIMIT)
-                    .await
-                    .unwrap();
+                enqueue_one(&producers, job).await;
             }
         });
     }
