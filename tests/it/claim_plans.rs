@@ -1,0 +1,225 @@
+//! A claim's cost stays proportional to its batch whatever the table's
+//! statistics say. A queue table's statistics swing between empty and huge
+//! (autoanalyze often samples it drained), and a plan made for an empty
+//! table once turned every claim into a scan of the whole table, a nested
+//! loop of all its rows against the batch: 4 s a claim with 85,000 rows, so
+//! claims fell behind, the backlog grew and each claim got slower still
+//! (issue 17: the paced runs that stalled). These tests put the table in the
+//! states that misled the planner, fill it, and count the rows one claim (or
+//! one completion) reads, through the connections `qbridge::db` opens.
+
+use std::time::Duration;
+
+use qbridge::queue::{self, fence};
+use sqlx::PgPool;
+
+use crate::support::{self, claim_req};
+
+const LEASE: Duration = Duration::from_secs(60);
+/// Ready jobs waiting when the claim runs.
+const BACKLOG: i64 = 20_000;
+/// Jobs one claim takes.
+const BATCH: i64 = 100;
+/// Most rows of `qbridge.jobs` one claim (or completion) of [`BATCH`] may
+/// read: ten rows a job leaves room for a few dead entries at the head of
+/// the index, and is far below the backlog a whole-table plan reads.
+const MOST_ROWS_READ: i64 = 10 * BATCH;
+
+/// Rows of `qbridge.jobs` read so far by sequential scans and fetched
+/// through its indexes, as far as the backends have flushed their counts.
+async fn rows_read(observer: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_user_tables \
+          WHERE relid = 'qbridge.jobs'::regclass",
+    )
+    .fetch_one(observer)
+    .await
+    .expect("read table counters")
+}
+
+/// Makes the one backend of `db` flush its pending statistics: it does so
+/// before it reports this statement done.
+async fn flush_counts(db: &PgPool) {
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(db)
+        .await
+        .expect("flush counts");
+}
+
+/// `n` ready jobs on `queue`, in one statement.
+async fn fill(pool: &PgPool, queue: &str, n: i64) {
+    sqlx::query(
+        "INSERT INTO qbridge.jobs (queue, kind, payload) \
+         SELECT $1, 'k', jsonb_build_object('n', g) FROM generate_series(1, $2) g",
+    )
+    .bind(queue)
+    .bind(n)
+    .execute(pool)
+    .await
+    .expect("fill");
+}
+
+/// The test's table with autovacuum off, so no ANALYZE during the test
+/// changes the statistics each test sets up on purpose.
+async fn hold_statistics(pool: &PgPool) {
+    sqlx::query("ALTER TABLE qbridge.jobs SET (autovacuum_enabled = off)")
+        .execute(pool)
+        .await
+        .expect("autovacuum off");
+}
+
+async fn analyze(pool: &PgPool) {
+    sqlx::query("ANALYZE qbridge.jobs")
+        .execute(pool)
+        .await
+        .expect("analyze");
+}
+
+/// One connection opened the way qbridge opens its own (so with whatever
+/// settings `qbridge::db` gives them); a single one, so every statement of
+/// a test runs on the backend whose counts [`flush_counts`] flushes.
+async fn qbridge_connection(pool: &PgPool) -> PgPool {
+    qbridge::db::connect(&support::db_url(pool), 1)
+        .await
+        .expect("connect as qbridge does")
+}
+
+/// Claims `BATCH` from `queues` (optionally only `kinds`) on `db` and
+/// returns how many rows of the table that read, with the jobs.
+async fn rows_one_claim_reads(
+    pool: &PgPool,
+    db: &PgPool,
+    queues: &[String],
+    kinds: Option<&[String]>,
+) -> (i64, Vec<queue::ClaimedJob>) {
+    flush_counts(db).await;
+    let before = rows_read(pool).await;
+    let mut req = claim_req(queues, BATCH, "plans", LEASE);
+    req.kinds = kinds;
+    let jobs = queue::claim(db, &req).await.expect("claim");
+    flush_counts(db).await;
+    (rows_read(pool).await - before, jobs)
+}
+
+fn one(queue: &str) -> Vec<String> {
+    vec![queue.to_string()]
+}
+
+/// The statistics say the table is empty (analyzed before any job came) and
+/// the connection has claimed from it a few times, so a plan it caches was
+/// made for no rows. Then the backlog arrives: a claim still reads about its
+/// batch, not the backlog, and so does completing what it took.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn claims_planned_on_an_empty_table_stay_cheap_when_it_fills(pool: PgPool) {
+    hold_statistics(&pool).await;
+    analyze(&pool).await;
+    let db = qbridge_connection(&pool).await;
+    let queues = one("q");
+    // Postgres settles on a cached (generic) plan for a prepared statement
+    // after its fifth run; an empty claim and an empty completion still run.
+    let nothing = [qbridge::queue::JobRef { id: -1, lease: 1 }];
+    for _ in 0..8 {
+        assert!(
+            queue::claim(&db, &claim_req(&queues, BATCH, "plans", LEASE))
+                .await
+                .expect("empty claim")
+                .is_empty()
+        );
+        fence::complete(&db, &nothing, false)
+            .await
+            .expect("empty completion");
+    }
+    fill(&pool, "q", BACKLOG).await;
+
+    let (read, jobs) = rows_one_claim_reads(&pool, &db, &queues, None).await;
+    assert_eq!(jobs.len() as i64, BATCH);
+    assert!(
+        read <= MOST_ROWS_READ,
+        "one claim of {BATCH} read {read} rows of a {BACKLOG}-job table"
+    );
+
+    flush_counts(&db).await;
+    let before = rows_read(&pool).await;
+    let done = fence::complete(&db, &support::refs(&jobs), false)
+        .await
+        .expect("complete");
+    assert_eq!(done.applied.len() as i64, BATCH);
+    flush_counts(&db).await;
+    let read = rows_read(&pool).await - before;
+    assert!(
+        read <= MOST_ROWS_READ,
+        "completing {BATCH} jobs read {read} rows of a {BACKLOG}-job table"
+    );
+    db.close().await;
+}
+
+/// The statistics say the table has pages but no rows: it was analyzed
+/// right after a backlog drained (the dead rows still fill its pages), a
+/// queue's usual state between bursts. Then a new backlog arrives: a claim
+/// reads about its batch, on its first run too (a plan made for this claim
+/// alone), from one queue, from several, and for some kinds.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn claims_on_a_table_analyzed_while_drained_stay_cheap(pool: PgPool) {
+    hold_statistics(&pool).await;
+    fill(&pool, "q", 5_000).await;
+    sqlx::query("DELETE FROM qbridge.jobs")
+        .execute(&pool)
+        .await
+        .expect("drain");
+    analyze(&pool).await;
+    let (pages, rows): (i32, f32) = sqlx::query_as(
+        "SELECT relpages, reltuples FROM pg_class WHERE oid = 'qbridge.jobs'::regclass",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("statistics");
+    assert!(
+        pages > 0 && rows == 0.0,
+        "set-up: pages {pages}, rows {rows}"
+    );
+    fill(&pool, "q", BACKLOG).await;
+    fill(&pool, "other", BACKLOG).await;
+
+    let kinds = vec!["k".to_string()];
+    let several = vec!["q".to_string(), "other".to_string()];
+    for (what, queues, kinds) in [
+        ("one queue", one("q"), None),
+        ("two queues", several, None),
+        ("some kinds", one("q"), Some(&kinds[..])),
+    ] {
+        let db = qbridge_connection(&pool).await;
+        let (read, jobs) = rows_one_claim_reads(&pool, &db, &queues, kinds).await;
+        db.close().await;
+        assert_eq!(jobs.len() as i64, BATCH, "{what}");
+        assert!(
+            read <= MOST_ROWS_READ,
+            "{what}: one claim of {BATCH} read {read} rows of a {}-job table",
+            2 * BACKLOG
+        );
+    }
+}
+
+/// The statistics were taken while every job in the table was running (none
+/// ready), then a backlog of ready jobs arrives: a claim reads about its batch.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn claims_on_a_table_analyzed_while_all_ran_stay_cheap(pool: PgPool) {
+    hold_statistics(&pool).await;
+    fill(&pool, "q", 5_000).await;
+    sqlx::query(
+        "UPDATE qbridge.jobs SET state = 'running', lease_until = now() + interval '1 hour'",
+    )
+    .execute(&pool)
+    .await
+    .expect("all running");
+    analyze(&pool).await;
+    fill(&pool, "q", BACKLOG).await;
+
+    let db = qbridge_connection(&pool).await;
+    let (read, jobs) = rows_one_claim_reads(&pool, &db, &one("q"), None).await;
+    db.close().await;
+    assert_eq!(jobs.len() as i64, BATCH);
+    assert!(
+        read <= MOST_ROWS_READ,
+        "one claim of {BATCH} read {read} rows of a {BACKLOG}-job table"
+    );
+}
