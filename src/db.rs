@@ -42,7 +42,8 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
 /// transaction-mode `pooler` no statement is named (the statement cache is
 /// off: with the patched sqlx-postgres in `vendor/`, statements are
 /// unnamed and sent as one sequence) and no startup parameter a pooler
-/// rejects is sent.
+/// rejects is sent. Otherwise statements stay prepared but are planned at
+/// every run (see [`plan_every_run`]).
 pub async fn connect_via(url: &str, pooler: Pooler, max_connections: u32) -> Result<PgPool> {
     let unreachable = |reason: String| Error::Unreachable {
         url: redact_url(url),
@@ -60,6 +61,7 @@ pub async fn connect_via(url: &str, pooler: Pooler, max_connections: u32) -> Res
         Pooler::None => options,
         // PgBouncer refuses `extra_float_digits` at startup unless told to
         // ignore it; qbridge reads floats in binary, so it is not needed.
+        // Unnamed statements are planned at every run already.
         Pooler::PgbouncerTransaction => {
             options.statement_cache_capacity(0).extra_float_digits(None)
         }
@@ -84,9 +86,33 @@ pub async fn connect_via(url: &str, pooler: Pooler, max_connections: u32) -> Res
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                if pooler == Pooler::None {
+                    plan_every_run(conn).await?;
+                }
+                Ok(())
+            })
+        })
         .connect_with(options)
         .await
         .map_err(|e| unreachable(first_line(&e.to_string())))
+}
+
+/// Makes `conn` plan every statement for the values it runs with and the
+/// table as it is now, never reusing a plan cached for the table as it once
+/// was: a queue table's statistics swing between empty and huge, and a plan
+/// made while it was empty reads the whole table once a backlog arrives
+/// (issue 17; `tests/it/claim_plans.rs`). A plan per statement costs a
+/// fraction of a millisecond. Set after connecting rather than as a startup
+/// parameter, which a pooler in session mode may refuse. (Behind a
+/// transaction-mode pooler statements are unnamed, so planned at every run
+/// already.)
+async fn plan_every_run(conn: &mut sqlx::PgConnection) -> std::result::Result<(), sqlx::Error> {
+    use sqlx::Executor;
+    conn.execute("SET plan_cache_mode = force_custom_plan")
+        .await
+        .map(drop)
 }
 
 /// Applies pending migrations.

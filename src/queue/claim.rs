@@ -127,17 +127,22 @@ const TENANT_CAND: &str = r#"
      LIMIT $2
 "#;
 
-// The `l` CTE draws one lease token per claim: ids tell the jobs of a batch
-// apart, so (id, lease) is still unique per attempt. A CTE with a volatile
-// function is evaluated once.
+// The UPDATE reaches the candidates by id through `jobs_pkey`
+// (`id = ANY(ARRAY(...))`), with no join. A join of `jobs` with `cand` let
+// the planner, told by the statistics that the table was empty, put a
+// scan of the whole table on the outside of a nested loop: every row
+// compared with every candidate, 4 s a claim at 85,000 rows (issue 17, the
+// paced runs that stalled; `tests/it/claim_plans.rs`). One lease token per
+// claim, from an uncorrelated subquery (evaluated once): ids tell the jobs
+// of a batch apart, so (id, lease) is still unique per attempt.
 fn claim_sql(ctes: &str, cand: &str) -> String {
     format!(
-        "WITH {ctes} cand AS ({cand}), l AS (SELECT nextval('qbridge.lease_seq') AS lease)
+        "WITH {ctes} cand AS ({cand})
 UPDATE qbridge.jobs j
-   SET state = 'running', attempts = j.attempts + 1, lease = l.lease,
+   SET state = 'running', attempts = j.attempts + 1,
+       lease = (SELECT nextval('qbridge.lease_seq')),
        locked_by = $3, lease_until = now() + $4 * interval '1 millisecond'
-  FROM cand, l
- WHERE j.id = cand.id
+ WHERE j.id = ANY (ARRAY(SELECT id FROM cand))
 {RETURNING}"
     )
 }
