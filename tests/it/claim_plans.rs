@@ -180,7 +180,7 @@ async fn claims_on_a_table_analyzed_while_drained_stay_cheap(pool: PgPool) {
     fill(&pool, "q", BACKLOG).await;
     fill(&pool, "other", BACKLOG).await;
 
-    let kinds = vec!["k".to_string()];
+    let kinds = ["k".to_string()];
     let several = vec!["q".to_string(), "other".to_string()];
     for (what, queues, kinds) in [
         ("one queue", one("q"), None),
