@@ -1,5 +1,9 @@
 //! Burn-down: enqueue N no-op jobs in batches (timed), then start W workers and
-//! time until the queue is empty. Checks every job ran exactly once.
+//! time until the queue is empty. Checks every job ran exactly once. With
+//! `--idle-first` the workers start first and poll the empty queue for a
+//! while, so the jobs arrive as a burst after an idle spell (the drain clock
+//! then starts with the enqueue): the case where a plan made for an empty
+//! table met a backlog (issue 17).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +18,16 @@ use crate::queue::{enqueue, NewJob};
 pub async fn run(config: &Config, w: &WorkerArgs, as_json: bool) -> Result<BenchReport> {
     let db = harness::prepare(config).await?;
     let n = w.jobs;
+    let cfg = harness::worker_config(config, w, Duration::from_millis(100));
+    let probe = Arc::new(Probe::default());
+    let idle_first = !w.idle_first.is_zero();
+    let early = if idle_first {
+        let workers = Workers::start(&cfg, w.workers, probe.clone(), true).await?;
+        tokio::time::sleep(w.idle_first).await;
+        Some(workers)
+    } else {
+        None
+    };
 
     // Enqueue: like the peers, in calls of `enqueue_batch` jobs, payload {"i": n}.
     // Each call's jobs are built just before it (timed with it): building a
@@ -31,14 +45,18 @@ pub async fn run(config: &Config, w: &WorkerArgs, as_json: bool) -> Result<Bench
     let enqueue_secs = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
 
-    // Drain: the clock starts before the workers connect (their start-up counts).
-    let cfg = harness::worker_config(config, w, Duration::from_millis(100));
-    let probe = Arc::new(Probe::default());
+    // Drain: the clock starts before the workers connect (their start-up
+    // counts), or with the enqueue when they were already running.
     let rss_stop = tokio_util::sync::CancellationToken::new();
     let rss = harness::sample_rss(rss_stop.clone());
     let bar = crate::output::progress(n as u64, as_json, "drain");
-    let started = Instant::now();
-    let workers = Workers::start(&cfg, w.workers, probe.clone(), true).await?;
+    let (started, workers) = match early {
+        Some(workers) => (started, workers),
+        None => (
+            Instant::now(),
+            Workers::start(&cfg, w.workers, probe.clone(), true).await?,
+        ),
+    };
     let deadline = started + Duration::from_secs(600);
     loop {
         bar.set_position(probe.runs());
@@ -76,6 +94,7 @@ pub async fn run(config: &Config, w: &WorkerArgs, as_json: bool) -> Result<Bench
         settings: serde_json::json!({
             "workers": w.workers, "batch": w.batch, "concurrency": w.concurrency,
             "completer_batch": w.completer_batch, "enqueue_batch": w.enqueue_batch,
+            "idle_first_s": w.idle_first.as_secs_f64(),
         }),
         numbers: vec![
             ("enqueue_jobs_s".into(), n as f64 / enqueue_secs),

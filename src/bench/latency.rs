@@ -29,6 +29,7 @@ async fn measure(
         completer_batch: 100,
         enqueue_batch: 1,
         prefetch_window: crate::config::DEFAULT_PREFETCH_WINDOW,
+        idle_first: Duration::ZERO,
     };
     let cfg = harness::worker_config(config, &w, poll);
     let probe = Arc::new(Probe::default());

@@ -135,6 +135,11 @@ pub struct WorkerArgs {
     /// The pools' prefetch window (`[[pools]] prefetch_window`; 0s: off).
     #[arg(long, default_value = "50ms", value_parser = parse_dur)]
     pub prefetch_window: Duration,
+    /// Burn-down: start the workers this long before enqueuing, polling an
+    /// empty queue, so the backlog arrives as a burst after an idle spell
+    /// (0s: enqueue first, then start them).
+    #[arg(long, default_value = "0s", value_parser = parse_dur)]
+    pub idle_first: Duration,
 }
 
 fn parse_dur(s: &str) -> std::result::Result<Duration, String> {
