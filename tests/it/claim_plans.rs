@@ -68,6 +68,19 @@ async fn hold_statistics(pool: &PgPool) {
         .expect("autovacuum off");
 }
 
+/// The one connection a test sets its table up on: the rows its statements
+/// read must reach the counters before a claim is measured ([`done_with`]),
+/// not land in the middle of the measurement.
+async fn setup_connection(pool: &PgPool) -> PgPool {
+    support::extra_pool(pool, 1).await
+}
+
+/// Flushes the set-up connection's counts and closes it.
+async fn done_with(setup: PgPool) {
+    flush_counts(&setup).await;
+    setup.close().await;
+}
+
 async fn analyze(pool: &PgPool) {
     sqlx::query("ANALYZE qbridge.jobs")
         .execute(pool)
@@ -111,8 +124,9 @@ fn one(queue: &str) -> Vec<String> {
 /// batch, not the backlog, and so does completing what it took.
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn claims_planned_on_an_empty_table_stay_cheap_when_it_fills(pool: PgPool) {
-    hold_statistics(&pool).await;
-    analyze(&pool).await;
+    let setup = setup_connection(&pool).await;
+    hold_statistics(&setup).await;
+    analyze(&setup).await;
     let db = qbridge_connection(&pool).await;
     let queues = one("q");
     // Postgres settles on a cached (generic) plan for a prepared statement
@@ -129,7 +143,8 @@ async fn claims_planned_on_an_empty_table_stay_cheap_when_it_fills(pool: PgPool)
             .await
             .expect("empty completion");
     }
-    fill(&pool, "q", BACKLOG).await;
+    fill(&setup, "q", BACKLOG).await;
+    done_with(setup).await;
 
     let (read, jobs) = rows_one_claim_reads(&pool, &db, &queues, None).await;
     assert_eq!(jobs.len() as i64, BATCH);
@@ -160,13 +175,14 @@ async fn claims_planned_on_an_empty_table_stay_cheap_when_it_fills(pool: PgPool)
 /// alone), from one queue, from several, and for some kinds.
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn claims_on_a_table_analyzed_while_drained_stay_cheap(pool: PgPool) {
-    hold_statistics(&pool).await;
-    fill(&pool, "q", 5_000).await;
+    let setup = setup_connection(&pool).await;
+    hold_statistics(&setup).await;
+    fill(&setup, "q", 5_000).await;
     sqlx::query("DELETE FROM qbridge.jobs")
-        .execute(&pool)
+        .execute(&setup)
         .await
         .expect("drain");
-    analyze(&pool).await;
+    analyze(&setup).await;
     let (pages, rows): (i32, f32) = sqlx::query_as(
         "SELECT relpages, reltuples FROM pg_class WHERE oid = 'qbridge.jobs'::regclass",
     )
@@ -177,8 +193,9 @@ async fn claims_on_a_table_analyzed_while_drained_stay_cheap(pool: PgPool) {
         pages > 0 && rows == 0.0,
         "set-up: pages {pages}, rows {rows}"
     );
-    fill(&pool, "q", BACKLOG).await;
-    fill(&pool, "other", BACKLOG).await;
+    fill(&setup, "q", BACKLOG).await;
+    fill(&setup, "other", BACKLOG).await;
+    done_with(setup).await;
 
     let kinds = ["k".to_string()];
     let several = vec!["q".to_string(), "other".to_string()];
@@ -203,16 +220,18 @@ async fn claims_on_a_table_analyzed_while_drained_stay_cheap(pool: PgPool) {
 /// ready), then a backlog of ready jobs arrives: a claim reads about its batch.
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn claims_on_a_table_analyzed_while_all_ran_stay_cheap(pool: PgPool) {
-    hold_statistics(&pool).await;
-    fill(&pool, "q", 5_000).await;
+    let setup = setup_connection(&pool).await;
+    hold_statistics(&setup).await;
+    fill(&setup, "q", 5_000).await;
     sqlx::query(
         "UPDATE qbridge.jobs SET state = 'running', lease_until = now() + interval '1 hour'",
     )
-    .execute(&pool)
+    .execute(&setup)
     .await
     .expect("all running");
-    analyze(&pool).await;
-    fill(&pool, "q", BACKLOG).await;
+    analyze(&setup).await;
+    fill(&setup, "q", BACKLOG).await;
+    done_with(setup).await;
 
     let db = qbridge_connection(&pool).await;
     let (read, jobs) = rows_one_claim_reads(&pool, &db, &one("q"), None).await;
@@ -222,4 +241,33 @@ async fn claims_on_a_table_analyzed_while_all_ran_stay_cheap(pool: PgPool) {
         read <= MOST_ROWS_READ,
         "one claim of {BATCH} read {read} rows of a {BACKLOG}-job table"
     );
+}
+
+/// The benchmark of that case end to end: workers poll the empty queue,
+/// then a burst arrives (`bench burndown --idle-first`); every job runs
+/// exactly once and the queue ends empty (the bench checks both: `ok`).
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_burst_after_an_idle_spell_drains_every_job_once(pool: PgPool) {
+    let url = support::db_url(&pool);
+    let out = support::qbridge(&[
+        "bench",
+        "burndown",
+        "--database-url",
+        &url,
+        "--jobs",
+        "3000",
+        "--batch",
+        "100",
+        "--idle-first",
+        "300ms",
+        "--json",
+    ])
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", support::last_stderr_line(&out));
+    let report: serde_json::Value =
+        serde_json::from_str(support::last_line(&stdout)).expect("a JSON report");
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["n"], 3000);
+    assert_eq!(report["settings"]["idle_first_s"], 0.3);
 }
