@@ -112,7 +112,7 @@ async fn claim_order_is_priority_then_run_at(pool: PgPool) {
     let again = support::claim(&pool, "q", 10, LEASE).await;
     assert!(again.is_empty(), "running jobs were claimed again");
 
-    // RETURNING order is not claim order: claim one at a time to see the order.
+    // Claim one at a time: the order claims take jobs in.
     let ids = support::enqueue_ids(
         &pool,
         &[
@@ -127,6 +127,25 @@ async fn claim_order_is_priority_then_run_at(pool: PgPool) {
         order.push(support::claim(&pool, "r", 1, LEASE).await[0].id);
     }
     assert_eq!(order, vec![ids[1], ids[2], ids[0]]);
+
+    // One claim hands its jobs back in claim order too: a pool starts the
+    // first of them and holds the rest, and of two jobs with one lock key
+    // the first runs.
+    let ids = support::enqueue_ids(
+        &pool,
+        &[
+            NewJob::new("s", json!(1)),
+            NewJob::new("s", json!(2)).with_priority(5),
+            NewJob::new("s", json!(3)).with_run_at(past),
+        ],
+    )
+    .await;
+    let one_claim: Vec<i64> = support::claim(&pool, "s", 3, LEASE)
+        .await
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(one_claim, vec![ids[1], ids[2], ids[0]]);
 }
 
 /// 5,000 jobs of tenant A arrive before 10 of tenant B. A claim of 20 with a
