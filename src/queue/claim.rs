@@ -231,6 +231,11 @@ pub async fn claim_batch(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claime
             jobs
         }
     };
+    let mut jobs = jobs;
+    // RETURNING hands the rows back in the order the UPDATE found them (by
+    // id); the pool starts the first and holds the rest, and of two jobs
+    // with one lock key the first runs, so put them back in claim order.
+    jobs.sort_by(|a, b| (b.priority, a.run_at, a.id).cmp(&(a.priority, b.run_at, b.id)));
     let found = jobs.len();
     let tenant_cursor = match req.tenant {
         Some(_) => jobs.iter().filter_map(|j| j.tenant.clone()).max(),
