@@ -78,8 +78,14 @@ pub async fn connect_via(url: &str, pooler: Pooler, max_connections: u32) -> Res
             };
             return Err(unreachable(format!("{reason}{hint}")));
         }
-        Ok(Ok(conn)) => {
+        Ok(Ok(mut conn)) => {
             use sqlx::Connection;
+            // The pool's connections run this too; failing here says why.
+            if pooler == Pooler::None {
+                plan_every_run(&mut conn)
+                    .await
+                    .map_err(|e| unreachable(first_line(&e.to_string())))?;
+            }
             let _ = conn.close().await;
         }
     }
