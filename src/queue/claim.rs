@@ -190,7 +190,7 @@ pub async fn claim_batch(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claime
     let lease_ms = req.lease.as_millis().min(i64::MAX as u128) as i64;
     let kinds = req.kinds;
     let [one, many, by_kind, tenant] = statements();
-    let jobs: Vec<ClaimedJob> = match req.tenant {
+    let mut jobs: Vec<ClaimedJob> = match req.tenant {
         None => {
             let (sql, with_kinds) = match (kinds.is_some(), req.queues.len()) {
                 (true, _) => (by_kind, true),
@@ -231,7 +231,6 @@ pub async fn claim_batch(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claime
             jobs
         }
     };
-    let mut jobs = jobs;
     // RETURNING hands the rows back in the order the UPDATE found them (by
     // id); the pool starts the first and holds the rest, and of two jobs
     // with one lock key the first runs, so put them back in claim order.

@@ -84,6 +84,24 @@ async fn eight_claimers_complete_every_job_exactly_once(pool: PgPool) {
     assert_eq!(support::jobs(&pool).await, 0, "jobs table is not empty");
 }
 
+/// Three jobs on `queue`: a plain one, one of priority 5, one due at `past`
+/// (claim order: the second, the third, the first); their ids.
+async fn enqueue_plain_urgent_overdue(
+    pool: &PgPool,
+    queue: &str,
+    past: chrono::DateTime<chrono::Utc>,
+) -> Vec<i64> {
+    support::enqueue_ids(
+        pool,
+        &[
+            NewJob::new(queue, json!(1)),
+            NewJob::new(queue, json!(2)).with_priority(5),
+            NewJob::new(queue, json!(3)).with_run_at(past),
+        ],
+    )
+    .await
+}
+
 /// A claim takes the highest priority first, then the oldest run_at.
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn claim_order_is_priority_then_run_at(pool: PgPool) {
@@ -113,15 +131,7 @@ async fn claim_order_is_priority_then_run_at(pool: PgPool) {
     assert!(again.is_empty(), "running jobs were claimed again");
 
     // Claim one at a time: the order claims take jobs in.
-    let ids = support::enqueue_ids(
-        &pool,
-        &[
-            NewJob::new("r", json!(1)),
-            NewJob::new("r", json!(2)).with_priority(5),
-            NewJob::new("r", json!(3)).with_run_at(past),
-        ],
-    )
-    .await;
+    let ids = enqueue_plain_urgent_overdue(&pool, "r", past).await;
     let mut order = Vec::new();
     for _ in 0..3 {
         order.push(support::claim(&pool, "r", 1, LEASE).await[0].id);
@@ -131,15 +141,7 @@ async fn claim_order_is_priority_then_run_at(pool: PgPool) {
     // One claim hands its jobs back in claim order too: a pool starts the
     // first of them and holds the rest, and of two jobs with one lock key
     // the first runs.
-    let ids = support::enqueue_ids(
-        &pool,
-        &[
-            NewJob::new("s", json!(1)),
-            NewJob::new("s", json!(2)).with_priority(5),
-            NewJob::new("s", json!(3)).with_run_at(past),
-        ],
-    )
-    .await;
+    let ids = enqueue_plain_urgent_overdue(&pool, "s", past).await;
     let one_claim: Vec<i64> = support::claim(&pool, "s", 3, LEASE)
         .await
         .iter()

@@ -8,6 +8,7 @@
 //! states that misled the planner, fill it, and count the rows one claim (or
 //! one completion) reads, through the connections `qbridge::db` opens.
 
+use std::future::Future;
 use std::time::Duration;
 
 use qbridge::queue::{self, fence};
@@ -63,10 +64,27 @@ async fn fill(pool: &PgPool, queue: &str, n: i64) {
 /// The test's table with autovacuum off, so no ANALYZE during the test
 /// changes the statistics each test sets up on purpose.
 async fn hold_statistics(pool: &PgPool) {
-    sqlx::query("ALTER TABLE qbridge.jobs SET (autovacuum_enabled = off)")
+    exec(
+        pool,
+        "ALTER TABLE qbridge.jobs SET (autovacuum_enabled = off)",
+    )
+    .await;
+}
+
+/// Runs one set-up statement.
+async fn exec(pool: &PgPool, sql: &str) {
+    sqlx::query(sql)
         .execute(pool)
         .await
-        .expect("autovacuum off");
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// Statistics taken right after a backlog drained: the table has pages but
+/// no rows, a queue's usual state between bursts.
+async fn analyze_drained(setup: &PgPool) {
+    fill(setup, "q", 5_000).await;
+    exec(setup, "DELETE FROM qbridge.jobs").await;
+    analyze(setup).await;
 }
 
 /// The one connection a test sets its table up on: the rows its statements
@@ -83,10 +101,7 @@ async fn done_with(setup: PgPool) {
 }
 
 async fn analyze(pool: &PgPool) {
-    sqlx::query("ANALYZE qbridge.jobs")
-        .execute(pool)
-        .await
-        .expect("analyze");
+    exec(pool, "ANALYZE qbridge.jobs").await;
 }
 
 /// One connection opened the way qbridge opens its own (so with whatever
@@ -98,6 +113,20 @@ async fn qbridge_connection(pool: &PgPool) -> PgPool {
         .expect("connect as qbridge does")
 }
 
+/// Runs `work` (statements on `db`) and returns how many rows of the table
+/// it read, with its result.
+async fn rows_read_by<T>(
+    observer: &PgPool,
+    db: &PgPool,
+    work: impl Future<Output = T>,
+) -> (i64, T) {
+    flush_counts(db).await;
+    let before = rows_read(observer).await;
+    let out = work.await;
+    flush_counts(db).await;
+    (rows_read(observer).await - before, out)
+}
+
 /// Claims `BATCH` from `queues` (optionally only `kinds`) on `db` and
 /// returns how many rows of the table that read, with the jobs.
 async fn rows_one_claim_reads(
@@ -106,13 +135,10 @@ async fn rows_one_claim_reads(
     queues: &[String],
     kinds: Option<&[String]>,
 ) -> (i64, Vec<queue::ClaimedJob>) {
-    flush_counts(db).await;
-    let before = rows_read(pool).await;
     let mut req = claim_req(queues, BATCH, "plans", LEASE);
     req.kinds = kinds;
-    let jobs = queue::claim(db, &req).await.expect("claim");
-    flush_counts(db).await;
-    (rows_read(pool).await - before, jobs)
+    let (read, jobs) = rows_read_by(pool, db, queue::claim(db, &req)).await;
+    (read, jobs.expect("claim"))
 }
 
 fn one(queue: &str) -> Vec<String> {
@@ -154,14 +180,9 @@ async fn claims_planned_on_an_empty_table_stay_cheap_when_it_fills(pool: PgPool)
         "one claim of {BATCH} read {read} rows of a {BACKLOG}-job table"
     );
 
-    flush_counts(&db).await;
-    let before = rows_read(&pool).await;
-    let done = fence::complete(&db, &support::refs(&jobs), false)
-        .await
-        .expect("complete");
-    assert_eq!(done.applied.len() as i64, BATCH);
-    flush_counts(&db).await;
-    let read = rows_read(&pool).await - before;
+    let refs = support::refs(&jobs);
+    let (read, done) = rows_read_by(&pool, &db, fence::complete(&db, &refs, false)).await;
+    assert_eq!(done.expect("complete").applied.len() as i64, BATCH);
     assert!(
         (BATCH..=MOST_ROWS_READ).contains(&read),
         "completing {BATCH} jobs read {read} rows of a {BACKLOG}-job table"
@@ -169,21 +190,15 @@ async fn claims_planned_on_an_empty_table_stay_cheap_when_it_fills(pool: PgPool)
     db.close().await;
 }
 
-/// The statistics say the table has pages but no rows: it was analyzed
-/// right after a backlog drained (the dead rows still fill its pages), a
-/// queue's usual state between bursts. Then a new backlog arrives: a claim
+/// The statistics say the table has pages but no rows ([`analyze_drained`]).
+/// Then a new backlog arrives: a claim
 /// reads about its batch, on its first run too (a plan made for this claim
 /// alone), from one queue, from several, and for some kinds.
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn claims_on_a_table_analyzed_while_drained_stay_cheap(pool: PgPool) {
     let setup = setup_connection(&pool).await;
     hold_statistics(&setup).await;
-    fill(&setup, "q", 5_000).await;
-    sqlx::query("DELETE FROM qbridge.jobs")
-        .execute(&setup)
-        .await
-        .expect("drain");
-    analyze(&setup).await;
+    analyze_drained(&setup).await;
     let (pages, rows): (i32, f32) = sqlx::query_as(
         "SELECT relpages, reltuples FROM pg_class WHERE oid = 'qbridge.jobs'::regclass",
     )
@@ -280,12 +295,7 @@ async fn a_burst_after_an_idle_spell_drains_every_job_once(pool: PgPool) {
 async fn the_reaper_on_a_table_analyzed_while_drained_stays_cheap(pool: PgPool) {
     let setup = setup_connection(&pool).await;
     hold_statistics(&setup).await;
-    fill(&setup, "q", 5_000).await;
-    sqlx::query("DELETE FROM qbridge.jobs")
-        .execute(&setup)
-        .await
-        .expect("drain");
-    analyze(&setup).await;
+    analyze_drained(&setup).await;
     fill(&setup, "q", BACKLOG).await;
     sqlx::query(
         "UPDATE qbridge.jobs SET state = 'running', attempts = 1, \
@@ -299,15 +309,10 @@ async fn the_reaper_on_a_table_analyzed_while_drained_stays_cheap(pool: PgPool) 
     done_with(setup).await;
 
     let db = qbridge_connection(&pool).await;
-    flush_counts(&db).await;
-    let before = rows_read(&pool).await;
-    let report = qbridge::queue::reaper::run_once(&db, BATCH)
-        .await
-        .expect("reap");
-    flush_counts(&db).await;
-    let read = rows_read(&pool).await - before;
+    let (read, report) =
+        rows_read_by(&pool, &db, qbridge::queue::reaper::run_once(&db, BATCH)).await;
     db.close().await;
-    assert_eq!(report.requeued as i64, BATCH);
+    assert_eq!(report.expect("reap").requeued as i64, BATCH);
     assert!(
         (BATCH..=MOST_ROWS_READ).contains(&read),
         "one reaper pass over {BATCH} expired jobs read {read} rows of a {BACKLOG}-job table"
