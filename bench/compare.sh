@@ -37,7 +37,9 @@ for r in $(seq "$RUNS"); do
 
   echo ">> run $r/$RUNS: qbridge's statements under pgbench B=$B" >&2
   psql -qX -d "$DB" -c 'VACUUM ANALYZE qbridge.jobs' -c CHECKPOINT >/dev/null
-  tps=$(pgbench -n -M prepared -c "$FLOOR_CLIENTS" -j 2 -T "$FLOOR_SECONDS" -D B="$B" -f "$cycle" "$DB" 2>&1 |
+  # Planned at every run, as qbridge's own connections plan them (db::plan_every_run).
+  tps=$(PGOPTIONS='-c plan_cache_mode=force_custom_plan' \
+        pgbench -n -M prepared -c "$FLOOR_CLIENTS" -j 2 -T "$FLOOR_SECONDS" -D B="$B" -f "$cycle" "$DB" 2>&1 |
         sed -n 's/^tps = \([0-9.]*\) .*/\1/p')
   echo "cycle $(awk -v t="$tps" -v b="$B" 'BEGIN{printf "%d", t*b}')" >>"$out"
   psql -qX -d "$DB" -c "DELETE FROM qbridge.jobs WHERE queue = 'cycle'" -c 'VACUUM ANALYZE qbridge.jobs' -c CHECKPOINT >/dev/null

@@ -1,6 +1,6 @@
 -- pgbench transaction with qbridge's own statements on qbridge's own table:
 -- the enqueue trigger and indexes, the claim as `queue::claim` writes it
--- (fresh lease, bookkeeping columns) and the fenced completion as
+-- (fresh lease, bookkeeping columns, candidates reached by id) and the fenced completion as
 -- `queue::fence::complete` writes it. Payloads are built by the server, as
 -- in floor.sql, so this row is the SQL's cost alone: the gap between it and
 -- the floor is what the schema and statements cost, the gap between it and
@@ -12,13 +12,13 @@ WITH cand AS (
      ORDER BY priority DESC, run_at, id
      LIMIT :B
      FOR NO KEY UPDATE SKIP LOCKED
-), l AS (SELECT nextval('qbridge.lease_seq') AS lease),
+),
 claimed AS (
     UPDATE qbridge.jobs j
-       SET state = 'running', attempts = j.attempts + 1, lease = l.lease,
+       SET state = 'running', attempts = j.attempts + 1,
+           lease = (SELECT nextval('qbridge.lease_seq')),
            locked_by = 'cycle', lease_until = now() + 60000 * interval '1 millisecond'
-      FROM cand, l
-     WHERE j.id = cand.id
+     WHERE j.id = ANY (ARRAY(SELECT id FROM cand))
     RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.priority, j.attempts, j.max_attempts,
               j.lease, j.run_at, j.created_at, j.lock_key, j.tenant, j.copy
 )
