@@ -5,7 +5,7 @@
 //! (after a wake-up, an empty claim is followed up, see
 //! [`crate::worker::follow_up`]).
 //! A pool whose handlers take several batches at once keeps that many claims
-//! in flight (up to two claimers sharing its slots, see [`claims_in_flight`]).
+//! in flight (up to four claimers sharing its slots, see [`claims_in_flight`]).
 //!
 //! Shutdown: when `intake` is cancelled it stops claiming; running handlers get
 //! until `deadline`; after that they are cancelled and their jobs handed back.
@@ -55,16 +55,8 @@ pub struct WorkerPool {
     pub routes: Option<RouteRuns>,
 }
 
-/// Most claims one pool keeps in flight (see [`claims_in_flight`]). Claims
-/// in flight at once all walk the head of the claim index and skip each
-/// other's locked rows: with four per pool racing over a queue the workers
-/// keep nearly empty, each came back with about 28 of its 100 and Postgres
-/// read about 35 pages per job claimed (31 with two, 22 with full claims).
-/// Two completed a median 16% more at full speed (issue 17, 12 of 15 pairs;
-/// README, "Claims in flight"), and a backlog still drains as fast: a full
-/// claim is claimed again at once. Four was stop 33's choice, one the
-/// original (a pool then left Postgres idle between its claims).
-pub const MAX_CLAIMS_IN_FLIGHT: usize = 2;
+/// Most claims one pool keeps in flight (see [`claims_in_flight`]).
+pub const MAX_CLAIMS_IN_FLIGHT: usize = 4;
 
 /// What a pool's claimers share: the handler slots, the running attempts
 /// and the metric handles.

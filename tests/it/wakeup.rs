@@ -123,7 +123,7 @@ async fn notify_wakes_an_idle_pool_and_survives_a_killed_listener(pool: PgPool) 
     handle.await.unwrap();
 }
 
-/// A pool with room for four batches keeps several claims in flight, and its
+/// A pool with room for four batches keeps four claims in flight, and its
 /// claimers sleep when the queue is empty: each NOTIFY wakes one of them,
 /// so jobs enqueued one at a time, again and again, are each picked up long
 /// before the 60 s poll.
