@@ -8,12 +8,14 @@
 #   4. qbridge's steady state at full speed (enqueue and drain at once, like the floor);
 # repeated RUNS times, round-robin; prints medians and the ratios.
 # Env: DB (qbridge_compare, dropped and recreated), B (100), N (50000), W (2),
+#      P (producers of the steady state; W by default: two producers, each
+#      with one enqueue in flight, set the pace on this 2-core machine),
 #      RUNS (3), FLOOR_SECONDS (15), FLOOR_CLIENTS (8), PGHOST/PGPORT/PGUSER,
 #      BIN and CYCLE_SQL (another build and its statements, for before/after).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
-DB=${DB:-qbridge_compare}; B=${B:-100}; N=${N:-50000}; W=${W:-2}; RUNS=${RUNS:-3}
+DB=${DB:-qbridge_compare}; B=${B:-100}; N=${N:-50000}; W=${W:-2}; P=${P:-$W}; RUNS=${RUNS:-3}
 FLOOR_SECONDS=${FLOOR_SECONDS:-15}; FLOOR_CLIENTS=${FLOOR_CLIENTS:-8}
 URL="postgres://$PGUSER${PGPASSWORD:+:$PGPASSWORD}@$PGHOST:$PGPORT/$DB"
 
@@ -48,9 +50,9 @@ for r in $(seq "$RUNS"); do
   RUST_LOG=warn $bin bench burndown --database-url "$URL" --jobs "$N" --workers "$W" --batch "$B" --json |
     python3 -c 'import json,sys; d=json.load(sys.stdin); print("burndown", int(d["drain_jobs_s"]), int(d["enqueue_jobs_s"]), d["ok"], round(d["rss_peak_mib"],1))' >>"$out"
 
-  echo ">> run $r/$RUNS: qbridge steady state (full speed) batch=$B" >&2
+  echo ">> run $r/$RUNS: qbridge steady state (full speed) batch=$B producers=$P" >&2
   RUST_LOG=warn $bin bench steady --database-url "$URL" --workers "$W" --batch "$B" --rate 0 \
-      --producers "$W" --producer-batch "$B" --duration "${FLOOR_SECONDS}s" --json |
+      --producers "$P" --producer-batch "$B" --duration "${FLOOR_SECONDS}s" --json |
     python3 -c 'import json,sys; d=json.load(sys.stdin); print("steady", int(d["completed_jobs_s"]), d["ok"], int(d["enqueue_jobs_s"]), round(d["qbridge_cores"], 2), round(d["other_cores"], 2))' >>"$out"
 done
 
