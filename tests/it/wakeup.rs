@@ -374,3 +374,53 @@ async fn a_burst_of_commits_sends_fewer_hints_and_every_job_runs_at_once(pool: P
     stop.cancel();
     handle.await.unwrap();
 }
+
+/// The hint trigger's WHEN runs for every row an enqueue inserts, so what
+/// it calls per row is paid per job: a 1,000-job enqueue into one queue
+/// calls the PL/pgSQL function that remembers the queue once (for its first
+/// row), not 1,000 times (migration 0021; about 2 µs a row before), and
+/// still hints once.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn the_hint_trigger_calls_plpgsql_once_per_queue_not_per_row(pool: PgPool) {
+    let mut listener = hint_listener(&pool).await;
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SET track_functions = 'pl'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let before = first_row_calls(&mut conn).await;
+    let thousand: Vec<NewJob> = (0..1000)
+        .map(|i| NewJob::new("rows", json!({ "i": i })))
+        .collect();
+    qbridge::queue::enqueue(&mut conn, &thousand, LIMIT)
+        .await
+        .unwrap();
+    // The counters of the enqueue's backend reach the shared statistics
+    // when it flushes them: at its next statement's end at the latest.
+    sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap();
+    let after = first_row_calls(&mut conn).await;
+    assert_eq!(
+        after - before,
+        1,
+        "PL/pgSQL calls for 1,000 rows of one queue"
+    );
+    assert_eq!(next_hint(&mut listener).await.as_deref(), Some("rows"));
+    assert_eq!(next_hint(&mut listener).await, None);
+}
+
+/// Calls of `qbridge.first_row_of_queue` counted so far (`track_functions`
+/// must be on for the backends that call it), this backend's flushed first.
+async fn first_row_calls(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    // A new transaction reads the statistics afresh.
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_user_functions \
+          WHERE schemaname = 'qbridge' AND funcname = 'first_row_of_queue'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
