@@ -395,9 +395,6 @@ async fn the_hint_trigger_calls_plpgsql_once_per_queue_not_per_row(pool: PgPool)
     qbridge::queue::enqueue(&mut conn, &thousand, LIMIT)
         .await
         .unwrap();
-    // The counters of the enqueue's backend reach the shared statistics
-    // when it flushes them: at its next statement's end at the latest.
-    sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap();
     let after = first_row_calls(&mut conn).await;
     assert_eq!(
         after - before,
@@ -409,13 +406,13 @@ async fn the_hint_trigger_calls_plpgsql_once_per_queue_not_per_row(pool: PgPool)
 }
 
 /// Calls of `qbridge.first_row_of_queue` counted so far (`track_functions`
-/// must be on for the backends that call it), this backend's flushed first.
+/// must be on for the backends that call it): this backend's counters are
+/// flushed to the shared statistics first, then read in a new transaction.
 async fn first_row_calls(conn: &mut sqlx::PgConnection) -> i64 {
     sqlx::query("SELECT pg_stat_force_next_flush()")
         .execute(&mut *conn)
         .await
         .unwrap();
-    // A new transaction reads the statistics afresh.
     sqlx::query_scalar(
         "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_user_functions \
           WHERE schemaname = 'qbridge' AND funcname = 'first_row_of_queue'",
