@@ -318,3 +318,50 @@ async fn the_reaper_on_a_table_analyzed_while_drained_stays_cheap(pool: PgPool) 
         "one reaper pass over {BATCH} expired jobs read {read} rows of a {BACKLOG}-job table"
     );
 }
+
+/// A plan that sorts the whole backlog. In a full-speed `bench steady` run
+/// whose workers fell behind (p99 40 s), `auto_explain` showed every claim
+/// planned as a bitmap scan of all ready rows and a sort, 300 ms a claim:
+/// statistics sampled with about a hundred ready rows made that look as
+/// cheap as the ordered walk of a bloated claim index, and the claims then
+/// read the growing backlog, so it kept growing. Costs that favour reading
+/// the table in bulk (here `random_page_cost`, which makes every index page
+/// look expensive) reach the same choice every time: a claim still walks
+/// the claim index in order and reads about its batch, for one queue,
+/// several, and some kinds.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn claims_walk_the_index_even_when_costs_favour_a_sort(pool: PgPool) {
+    let setup = setup_connection(&pool).await;
+    hold_statistics(&setup).await;
+    fill(&setup, "q", BACKLOG).await;
+    fill(&setup, "other", BACKLOG).await;
+    analyze(&setup).await;
+    let db_name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&setup)
+        .await
+        .expect("database name");
+    exec(
+        &setup,
+        &format!("ALTER DATABASE \"{db_name}\" SET random_page_cost = 1000"),
+    )
+    .await;
+    done_with(setup).await;
+
+    let kinds = ["k".to_string()];
+    let several = vec!["q".to_string(), "other".to_string()];
+    for (what, queues, kinds) in [
+        ("one queue", one("q"), None),
+        ("two queues", several, None),
+        ("some kinds", one("q"), Some(&kinds[..])),
+    ] {
+        let db = qbridge_connection(&pool).await;
+        let (read, jobs) = rows_one_claim_reads(&pool, &db, &queues, kinds).await;
+        db.close().await;
+        assert_eq!(jobs.len() as i64, BATCH, "{what}");
+        assert!(
+            (BATCH..=MOST_ROWS_READ).contains(&read),
+            "{what}: one claim of {BATCH} read {read} rows of a {}-job table",
+            2 * BACKLOG
+        );
+    }
+}
