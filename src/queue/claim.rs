@@ -49,15 +49,12 @@ pub struct ClaimRequest<'a> {
 const RETURNING: &str = "RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.priority, \
      j.attempts, j.max_attempts, j.lease, j.run_at, j.created_at, j.lock_key, j.tenant, j.copy";
 
-// One queue: `queue = $1[1]` is an equality the claim index can walk in
-// (priority DESC, run_at, id) order. `queue = ANY($1)` cannot keep that order,
-// and the planner falls back to a scan and sort of every ready row.
+// The candidates of one queue (or one kind of it) come from
+// `qbridge.ready_ids` and `qbridge.ready_ids_of_kind` (migration 0022): the
+// walk of a claim index in (priority DESC, run_at, id) order, planned with
+// every other plan switched off, so the batch is read and not the backlog.
 const ONE_QUEUE_CAND: &str = r#"
-    SELECT id FROM qbridge.jobs
-     WHERE state = 'ready' AND queue = ($1::text[])[1] AND run_at <= now()
-     ORDER BY priority DESC, run_at, id
-     LIMIT $2
-     FOR NO KEY UPDATE SKIP LOCKED
+    SELECT id FROM qbridge.ready_ids(($1::text[])[1], $2)
 "#;
 
 // Several queues: walk the index once per queue, then merge. Rows locked by a
@@ -65,13 +62,7 @@ const ONE_QUEUE_CAND: &str = r#"
 // statement commits.
 const MANY_QUEUES_CAND: &str = r#"
     SELECT x.id FROM unnest($1::text[]) AS q(name)
-     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM qbridge.jobs
-         WHERE state = 'ready' AND queue = q.name AND run_at <= now()
-         ORDER BY priority DESC, run_at, id
-         LIMIT $2
-         FOR NO KEY UPDATE SKIP LOCKED
-     ) x
+     CROSS JOIN LATERAL qbridge.ready_ids(q.name, $2) x
      ORDER BY x.priority DESC, x.run_at, x.id
      LIMIT $2
 "#;
@@ -81,14 +72,7 @@ const MANY_QUEUES_CAND: &str = r#"
 const KINDS_CAND: &str = r#"
     SELECT x.id FROM unnest($1::text[]) AS q(name)
      CROSS JOIN unnest($5::text[]) AS k(kind)
-     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM qbridge.jobs
-         WHERE state = 'ready' AND kind IS NOT NULL AND queue = q.name AND kind = k.kind
-           AND run_at <= now()
-         ORDER BY priority DESC, run_at, id
-         LIMIT $2
-         FOR NO KEY UPDATE SKIP LOCKED
-     ) x
+     CROSS JOIN LATERAL qbridge.ready_ids_of_kind(q.name, k.kind, $2) x
      ORDER BY x.priority DESC, x.run_at, x.id
      LIMIT $2
 "#;
@@ -162,15 +146,15 @@ fn statements() -> &'static [String; 4] {
     })
 }
 
-// The planner may not choose how a claim finds its candidates. The ordered
-// walk of a claim index reads about the batch; every other plan (a bitmap
-// scan or a sequential scan of all ready rows, then a sort) reads the whole
-// backlog, every claim. Statistics sampled while the queue held a hundred
-// ready rows made such a plan look as cheap (caught by auto_explain in a
-// stalled `bench steady` run: 300 ms a claim, p99 40 s;
-// `tests/it/claim_plans.rs`). Scoped to the claim's transaction, so no
-// other statement on the connection is planned with these switches.
-const ORDERED_WALK_ONLY: &str = "BEGIN; SET LOCAL enable_seqscan = off; \
+// The tenant claim's loose index scan and per-tenant walks are one
+// statement, not a function per queue like the other claims' (migration
+// 0022), so it gets the same planner switches from its own transaction:
+// two round trips more per claim, paid only by tenant-capped pools (with
+// them on every claim, `bench steady`'s workers fell behind: p50 18 -> 110
+// ms). Scoped to that transaction: no other statement on the connection is
+// planned with them.
+const ORDERED_WALK_ONLY: &str =
+    "BEGIN; SET LOCAL enable_indexscan = on; SET LOCAL enable_seqscan = off; \
      SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off";
 
 /// Runs one claim statement in a transaction planned with
@@ -229,7 +213,7 @@ pub async fn claim_batch(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claime
                 .bind(lease_ms);
             // Only the per-kind statement has a $5.
             let query = if with_kinds { query.bind(kinds) } else { query };
-            walking_the_index(pool, query).await?
+            query.fetch_all(pool).await?
         }
         Some(t) => {
             let queue = &req.queues[0];
