@@ -145,6 +145,29 @@ fn one(queue: &str) -> Vec<String> {
     vec![queue.to_string()]
 }
 
+/// With [`BACKLOG`] ready jobs of kind `k` in each of queues `q` and `other`:
+/// one claim of [`BATCH`], on a fresh qbridge connection, from one queue,
+/// from both, and for one kind, each reads about its batch.
+async fn each_claim_reads_about_its_batch(pool: &PgPool) {
+    let kinds = ["k".to_string()];
+    let several = vec!["q".to_string(), "other".to_string()];
+    for (what, queues, kinds) in [
+        ("one queue", one("q"), None),
+        ("two queues", several, None),
+        ("some kinds", one("q"), Some(&kinds[..])),
+    ] {
+        let db = qbridge_connection(pool).await;
+        let (read, jobs) = rows_one_claim_reads(pool, &db, &queues, kinds).await;
+        db.close().await;
+        assert_eq!(jobs.len() as i64, BATCH, "{what}");
+        assert!(
+            (BATCH..=MOST_ROWS_READ).contains(&read),
+            "{what}: one claim of {BATCH} read {read} rows of a {}-job table",
+            2 * BACKLOG
+        );
+    }
+}
+
 /// The statistics say the table is empty (analyzed before any job came) and
 /// the connection has claimed from it a few times, so a plan it caches was
 /// made for no rows. Then the backlog arrives: a claim still reads about its
@@ -213,23 +236,7 @@ async fn claims_on_a_table_analyzed_while_drained_stay_cheap(pool: PgPool) {
     fill(&setup, "other", BACKLOG).await;
     done_with(setup).await;
 
-    let kinds = ["k".to_string()];
-    let several = vec!["q".to_string(), "other".to_string()];
-    for (what, queues, kinds) in [
-        ("one queue", one("q"), None),
-        ("two queues", several, None),
-        ("some kinds", one("q"), Some(&kinds[..])),
-    ] {
-        let db = qbridge_connection(&pool).await;
-        let (read, jobs) = rows_one_claim_reads(&pool, &db, &queues, kinds).await;
-        db.close().await;
-        assert_eq!(jobs.len() as i64, BATCH, "{what}");
-        assert!(
-            (BATCH..=MOST_ROWS_READ).contains(&read),
-            "{what}: one claim of {BATCH} read {read} rows of a {}-job table",
-            2 * BACKLOG
-        );
-    }
+    each_claim_reads_about_its_batch(&pool).await;
 }
 
 /// The statistics were taken while every job in the table was running (none
@@ -339,23 +346,7 @@ async fn claims_walk_the_index_even_when_costs_favour_a_sort(pool: PgPool) {
     prefer_bulk_plans(&setup).await;
     done_with(setup).await;
 
-    let kinds = ["k".to_string()];
-    let several = vec!["q".to_string(), "other".to_string()];
-    for (what, queues, kinds) in [
-        ("one queue", one("q"), None),
-        ("two queues", several, None),
-        ("some kinds", one("q"), Some(&kinds[..])),
-    ] {
-        let db = qbridge_connection(&pool).await;
-        let (read, jobs) = rows_one_claim_reads(&pool, &db, &queues, kinds).await;
-        db.close().await;
-        assert_eq!(jobs.len() as i64, BATCH, "{what}");
-        assert!(
-            (BATCH..=MOST_ROWS_READ).contains(&read),
-            "{what}: one claim of {BATCH} read {read} rows of a {}-job table",
-            2 * BACKLOG
-        );
-    }
+    each_claim_reads_about_its_batch(&pool).await;
 }
 
 /// Makes the planner prefer reading every ready row and sorting them, on
