@@ -1,17 +1,14 @@
 -- pgbench transaction with qbridge's own statements on qbridge's own table:
 -- the enqueue trigger and indexes, the claim as `queue::claim` writes it
--- (fresh lease, bookkeeping columns, candidates reached by id) and the fenced completion as
+-- (candidates from qbridge.ready_ids, the ordered walk only; fresh lease, bookkeeping
+-- columns, candidates reached by id) and the fenced completion as
 -- `queue::fence::complete` writes it. Payloads are built by the server, as
 -- in floor.sql, so this row is the SQL's cost alone: the gap between it and
 -- the floor is what the schema and statements cost, the gap between it and
 -- `bench steady` is what the qbridge process (and its round trips) costs.
 INSERT INTO qbridge.jobs (queue, payload) SELECT 'cycle', jsonb_build_object('i', g) FROM generate_series(1, :B) g;
 WITH cand AS (
-    SELECT id FROM qbridge.jobs
-     WHERE state = 'ready' AND queue = 'cycle' AND run_at <= now()
-     ORDER BY priority DESC, run_at, id
-     LIMIT :B
-     FOR NO KEY UPDATE SKIP LOCKED
+    SELECT id FROM qbridge.ready_ids('cycle', :B)
 ),
 claimed AS (
     UPDATE qbridge.jobs j

@@ -7,7 +7,8 @@
 #
 #   PGPORT=5499 BIN_A=/tmp/qb-before BIN_B=/tmp/qb-after bench/steady-ab.sh
 #
-# Env: PAIRS (3), W (2 worker runtimes), P (producers; W by default), B (100: claim
+# Env: PAIRS (3), W (2 worker runtimes), P (producers; W by default), RATE (jobs/s
+# over all producers; 0, the default: full speed), B (100: claim
 # and producer batch), DURATION (15s), ARGS (more `bench steady` arguments;
 # ARGS_A, ARGS_B: a variant's own, e.g. "--concurrency 200"),
 # PGHOST/PGPORT/PGUSER. Prints one line per run, then the medians.
@@ -26,7 +27,7 @@ run() { # variant bin sql args
     [ -z "$3" ] || psql -qX -d "$db" -c "$3" >/dev/null
     psql -qX -d "$db" -c CHECKPOINT >/dev/null
     # shellcheck disable=SC2086 # ARGS is a list of arguments
-    RUST_LOG=warn "$2" bench steady --database-url "$url" --workers "$W" --batch "$B" --rate 0 \
+    RUST_LOG=warn "$2" bench steady --database-url "$url" --workers "$W" --batch "$B" --rate "${RATE:-0}" \
         --producers "$P" --producer-batch "$B" --duration "$DURATION" ${ARGS:-} $4 --json |
         python3 -c 'import json,sys; d=json.load(sys.stdin); print(sys.argv[1], int(d["completed_jobs_s"]), int(d["enqueue_jobs_s"]), round(d["latency_p50_ms"],1), round(d["latency_p99_ms"],1), round(d["qbridge_cores"],2), round(d["other_cores"],2), d["ok"])' "$1" |
         tee -a "$out"
