@@ -1,7 +1,9 @@
-//! Claim: take up to N ready jobs in one autocommit statement — a
-//! `FOR NO KEY UPDATE SKIP LOCKED` subselect in claim order, an UPDATE to
-//! `running` with a fresh lease token, RETURNING. No transaction is held while
-//! handlers run. Optional per-kind filter and per-tenant cap.
+//! Claim: take up to N ready jobs in one statement — candidates locked
+//! `FOR NO KEY UPDATE SKIP LOCKED` in claim order by the ordered walk of a
+//! claim index (`qbridge.ready_ids*`, or the tenant walk in its own short
+//! transaction), an UPDATE to `running` with a fresh lease token, RETURNING.
+//! No transaction is held while handlers run. Optional per-kind filter and
+//! per-tenant cap.
 
 use std::time::Duration;
 
