@@ -334,6 +334,7 @@ fn start_mirror(
         buffer_bytes: cfg.proxy.mirror_buffer,
         batch_items: cfg.proxy.mirror_batch,
         writers: cfg.proxy.mirror_writers,
+        linger: cfg.proxy.mirror_linger,
         payload_limit: cfg.payload_limit,
     };
     let limit = cfg.payload_limit;

@@ -64,6 +64,10 @@ pub struct ProxyArgs {
     /// Mirror transactions in flight (default: `[proxy] mirror_writers`).
     #[arg(long)]
     pub mirror_writers: Option<usize>,
+    /// How long a mirror batch that is not full waits for more (default:
+    /// `[proxy] mirror_linger`; 0s writes at once).
+    #[arg(long, value_parser = parse_dur)]
+    pub mirror_linger: Option<Duration>,
     /// Phase of the bench route: `redis_only` measures the proxy's splice
     /// without mirroring, to tell its cost from the mirror's.
     #[arg(long, default_value = "dual_write", value_parser = ["dual_write", "redis_only"])]
@@ -97,6 +101,7 @@ pub struct ProxyRun {
     args: ProxyArgs,
     batch: usize,
     writers: usize,
+    linger: Duration,
     buffer_bytes: usize,
     direct: Side,
     /// Sides that only forward, measured in the same run: qbridge's splice
@@ -195,6 +200,7 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
         args: args.clone(),
         batch: opts.batch_items,
         writers: opts.writers,
+        linger: opts.linger,
         buffer_bytes: opts.buffer_bytes,
         direct,
         references,
@@ -312,6 +318,7 @@ fn mirror_options(config: &Config, args: &ProxyArgs) -> MirrorOptions {
             .mirror_writers
             .unwrap_or(config.proxy.mirror_writers)
             .max(1),
+        linger: args.mirror_linger.unwrap_or(config.proxy.mirror_linger),
         payload_limit: config.payload_limit,
     }
 }

@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use super::{Bytes, RedisTls};
+use super::{Bytes, Dur, RedisTls};
 use crate::config::tls::is_tls_url;
 use crate::error::{Error, Result};
 
@@ -33,6 +33,8 @@ pub(super) struct ProxyFile {
     #[serde(default)]
     mirror_writers: Option<usize>,
     #[serde(default)]
+    mirror_linger: Option<Dur>,
+    #[serde(default)]
     password_file: Option<std::path::PathBuf>,
 }
 
@@ -60,6 +62,9 @@ pub struct ProxyConfig {
     pub mirror_batch: usize,
     /// Group-commit transactions in flight at once.
     pub mirror_writers: usize,
+    /// How long a group commit of mirror copies that is not full waits for
+    /// more (see [`crate::mirror::MirrorOptions::linger`]).
+    pub mirror_linger: std::time::Duration,
     /// The proxy's own password (`QBRIDGE_PROXY_PASSWORD`, else
     /// `[proxy] password_file`): when set, a client must AUTH to the proxy
     /// before anything else, and the upstream connection authenticates with
@@ -88,6 +93,7 @@ pub(super) fn validate_proxy(
         mirror_buffer: None,
         mirror_batch: None,
         mirror_writers: None,
+        mirror_linger: None,
         password_file: None,
     });
     let ctx = |m: &str| Error::Config(format!("proxy: {m}"));
@@ -126,8 +132,25 @@ pub(super) fn validate_proxy(
         mirror_buffer: positive(file.mirror_buffer.map(|b| b.0), 64 << 20, "mirror_buffer")?,
         mirror_batch: positive(file.mirror_batch, 1000, "mirror_batch")?,
         mirror_writers: positive(file.mirror_writers, 2, "mirror_writers")?,
+        mirror_linger: mirror_linger(file.mirror_linger)?,
         password,
     })
+}
+
+/// The longest `mirror_linger` taken: the wait adds to every mirror copy's
+/// lag, and the cutover's completeness gate reads that lag.
+const MAX_MIRROR_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn mirror_linger(v: Option<Dur>) -> Result<std::time::Duration> {
+    match v {
+        None => Ok(crate::mirror::MirrorOptions::DEFAULT_LINGER),
+        Some(Dur(d)) if d > MAX_MIRROR_LINGER => Err(Error::Config(format!(
+            "proxy: mirror_linger must be at most {}ms (got {}ms)",
+            MAX_MIRROR_LINGER.as_millis(),
+            d.as_millis()
+        ))),
+        Some(Dur(d)) => Ok(d),
+    }
 }
 
 /// The trust of `redis_url`: `redis_ca_file` when set (only with

@@ -194,6 +194,12 @@ fn a_route_with_handler_and_consumers() {
     );
     assert_eq!(cfg.proxy.upstream, "rediss://:pw@cache:6380/2");
     assert_eq!(cfg.proxy.mirror_buffer, 8 << 20);
+    assert_eq!(
+        cfg.proxy.mirror_linger,
+        crate::mirror::MirrorOptions::DEFAULT_LINGER
+    );
+    let off = load("[proxy]\nmirror_linger = \"0s\"").unwrap();
+    assert_eq!(off.proxy.mirror_linger, std::time::Duration::ZERO);
 }
 
 #[test]
@@ -222,6 +228,8 @@ fn bad_routes_are_refused_with_the_reason() {
         ("redis_url = \"http://x\"".to_string(), "redis://"),
         ("redis_url = \"not a url\"".to_string(), "not a URL"),
         ("[proxy]\nmirror_batch = 0".to_string(), "mirror_batch"),
+        ("[proxy]\nmirror_linger = \"2s\"".to_string(), "mirror_linger must be at most 1000ms"),
+        ("[proxy]\nmirror_linger = \"soon\"".to_string(), "mirror_linger"),
         (format!("{ROUTE}priority_steps = [0, 5]\n"), "needs format = \"celery\""),
         (
             format!("{}priority_steps = [0, 5, 5]\n", ROUTE.replace("sidekiq", "celery")),

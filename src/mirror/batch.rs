@@ -85,12 +85,12 @@ pub(super) async fn write_batch(
     payload_limit: usize,
     chunk: usize,
 ) -> Result<Vec<Stored>, Error> {
-    let mut tx = pool.begin().await?;
     // A batch stuck behind a lock (a business transaction holding a key it
     // shares, a manual LOCK TABLE) fails over to the gap list instead of
-    // stalling every proxy client behind the mirror buffer.
-    sqlx::query("SET LOCAL lock_timeout = '2s'")
-        .execute(&mut *tx)
+    // stalling every proxy client behind the mirror buffer. Sent with BEGIN:
+    // one round trip fewer per batch.
+    let mut tx = pool
+        .begin_with("BEGIN; SET LOCAL lock_timeout = '2s'")
         .await?;
     let mut stored = Vec::with_capacity(all.len());
     for part in all.chunks(chunk.max(1)) {

@@ -11,7 +11,7 @@ use std::time::Instant;
 use ::redis::aio::ConnectionManager;
 use bytes::Bytes;
 use sqlx::PgPool;
-use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use super::batch::{rq_jobs_of, write_batch, Part};
@@ -31,6 +31,8 @@ pub struct Mirror {
     tx: async_channel::Sender<Request>,
     budget: Arc<Semaphore>,
     budget_units: u32,
+    /// Wakes lingering writers when a live store is queued.
+    urgent: Arc<Notify>,
     /// Copies due later (members of a framework's schedule or retry set),
     /// written beside the writers (`super::due`).
     pub(super) due: super::options::DueWriter,
@@ -88,6 +90,7 @@ impl Mirror {
         let mut writers = JoinSet::new();
         let breaker = Breaker::new();
         let retained = Retained::new(opts.buffer_bytes);
+        let urgent = Arc::new(Notify::new());
         for _ in 0..opts.writers.max(1) {
             let writer = Writer {
                 pool: pool.clone(),
@@ -97,6 +100,7 @@ impl Mirror {
                 probe: probe.clone(),
                 breaker: breaker.clone(),
                 retained: retained.clone(),
+                urgent: Arc::clone(&urgent),
             };
             writers.spawn(writer.run());
         }
@@ -104,6 +108,7 @@ impl Mirror {
             tx,
             budget: Arc::new(Semaphore::new(units as usize)),
             budget_units: units,
+            urgent,
             due: super::options::DueWriter::new(pool, opts),
         };
         (mirror, writers)
@@ -172,6 +177,7 @@ impl Mirror {
             .acquire_many_owned(units)
             .await
             .map_err(|_| MirrorClosed)?;
+        let live = reply.is_some();
         let request = Request {
             route,
             items,
@@ -184,7 +190,12 @@ impl Mirror {
             reply,
             _permit: permit,
         };
-        self.tx.send(request).await.map_err(|_| MirrorClosed)
+        self.tx.send(request).await.map_err(|_| MirrorClosed)?;
+        if live {
+            // A client waits for this commit: no writer may linger over it.
+            self.urgent.notify_waiters();
+        }
+        Ok(())
     }
 }
 
@@ -196,6 +207,7 @@ struct Writer {
     probe: Option<LagProbe>,
     breaker: Breaker,
     retained: Retained,
+    urgent: Arc<Notify>,
 }
 
 /// How often a writer with nothing new to write tries again what it parked.
@@ -276,22 +288,49 @@ impl Writer {
     }
 
     /// Waits for one request, then takes whatever else is queued, up to the
-    /// batch size: under load batches fill while the last one commits.
+    /// batch size: under load batches fill while the last one commits. A
+    /// batch of mirror copies that is not full yet waits up to the linger
+    /// for more; a live store queued meanwhile ends the wait at once.
     async fn gather(&self) -> Option<Vec<Request>> {
-        let rx = &self.rx;
-        let first = rx.recv().await.ok()?;
+        let first = self.rx.recv().await.ok()?;
+        let until = tokio::time::Instant::now() + self.opts.linger;
         let mut count = first.items.len();
         let mut batch = vec![first];
-        while count < self.opts.batch_items {
-            match rx.try_recv() {
+        // Registered before the queue is read, so a live store queued after
+        // that read cannot slip past this writer's wait unnoticed.
+        let urgent = self.urgent.notified();
+        let mut urgent = std::pin::pin!(urgent);
+        urgent.as_mut().enable();
+        self.take_queued(&mut batch, &mut count);
+        if self.lingers(&batch, count) {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => {}
+                _ = urgent => {}
+            }
+            self.take_queued(&mut batch, &mut count);
+        }
+        Some(batch)
+    }
+
+    /// Moves what is queued now into `batch`, up to the batch size.
+    fn take_queued(&self, batch: &mut Vec<Request>, count: &mut usize) {
+        while *count < self.opts.batch_items {
+            match self.rx.try_recv() {
                 Ok(request) => {
-                    count += request.items.len();
+                    *count += request.items.len();
                     batch.push(request);
                 }
                 Err(_) => break,
             }
         }
-        Some(batch)
+    }
+
+    /// Whether a batch waits for more: only mirror copies (nobody waits for
+    /// their commit), and room left.
+    fn lingers(&self, batch: &[Request], count: usize) -> bool {
+        !self.opts.linger.is_zero()
+            && count < self.opts.batch_items
+            && batch.iter().all(|r| r.reply.is_none())
     }
 
     async fn write(&mut self, batch: Vec<Request>) {

@@ -1,5 +1,6 @@
 //! The proxy's group-commit writer: concurrent pushes become few
-//! transactions, live stores wait for their commit, and a Postgres outage
+//! transactions, a batch of mirror copies lingers for more but never over a
+//! live store, live stores wait for their commit, and a Postgres outage
 //! parks mirror items in the route's Redis gap list until it is back.
 
 use std::sync::Arc;
@@ -30,6 +31,7 @@ fn opts() -> MirrorOptions {
         buffer_bytes: 1 << 20,
         batch_items: 500,
         writers: 2,
+        linger: MirrorOptions::DEFAULT_LINGER,
         payload_limit: 1 << 20,
     }
 }
@@ -99,6 +101,78 @@ async fn live_stores_answer_after_their_commit(pool: PgPool) {
         .await,
         1
     );
+}
+
+/// One writer that lingers `linger` over a batch that is not full.
+fn lingering(linger: Duration) -> MirrorOptions {
+    MirrorOptions {
+        writers: 1,
+        linger,
+        ..opts()
+    }
+}
+
+/// How many transactions wrote the mirror's jobs rows.
+async fn transactions_of_jobs(pool: &PgPool) -> i64 {
+    support::count(pool, "SELECT count(DISTINCT xmin::text) FROM qbridge.jobs").await
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn mirror_copies_pushed_within_the_linger_share_one_transaction(pool: PgPool) {
+    let (routes, _) = route_table("json:/id", Phase::DualWrite);
+    let route = Arc::clone(routes.by_name("r").unwrap());
+    let (mirror, _writers) = Mirror::start(pool.clone(), None, lingering(Duration::from_secs(2)));
+    let push = |id: String| {
+        let (mirror, route) = (mirror.clone(), Arc::clone(&route));
+        async move {
+            let item = Bytes::from(format!(r#"{{"id":"{id}"}}"#));
+            mirror
+                .mirror(route, vec![item], Instant::now())
+                .await
+                .unwrap();
+        }
+    };
+    push("first".into()).await;
+    // Without a linger the first copy is committed alone long before this.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..9 {
+        push(format!("later-{i}")).await;
+    }
+    support::wait_for_count(
+        &pool,
+        "10 mirror copies",
+        "SELECT count(*) FROM qbridge.jobs",
+        10,
+    )
+    .await;
+    assert_eq!(transactions_of_jobs(&pool).await, 1);
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_live_store_ends_a_lingering_batch_at_once(pool: PgPool) {
+    let (routes, _) = route_table("json:/id", Phase::DualWrite);
+    let route = Arc::clone(routes.by_name("r").unwrap());
+    // A linger far longer than the store may take.
+    let (mirror, _writers) = Mirror::start(pool.clone(), None, lingering(Duration::from_secs(60)));
+    let copy = Bytes::from_static(br#"{"id":"mirrored"}"#);
+    mirror
+        .mirror(Arc::clone(&route), vec![copy], Instant::now())
+        .await
+        .unwrap();
+    // Let the writer take the mirror copy and start lingering over it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let live = vec![Bytes::from_static(br#"{"id":"live"}"#)];
+    let stored = tokio::time::timeout(Duration::from_secs(10), mirror.store_live(route, live))
+        .await
+        .expect("a live store must not wait out the linger")
+        .unwrap();
+    assert_eq!(stored.len(), 1);
+    // The lingering batch took the live store: both in one transaction.
+    assert_eq!(
+        support::count(&pool, "SELECT count(*) FROM qbridge.jobs").await,
+        2
+    );
+    assert_eq!(transactions_of_jobs(&pool).await, 1);
 }
 
 // Not #[sqlx::test]: this test needs a Postgres it can kill.

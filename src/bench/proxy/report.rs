@@ -145,6 +145,7 @@ impl ProxyRun {
                 "clients": a.clients, "depth": a.depth, "duration_s": a.duration.as_secs_f64(),
                 "payload_bytes": a.payload_bytes, "slow_postgres_s": a.slow_postgres.as_secs_f64(),
                 "mirror_batch": self.batch, "mirror_writers": self.writers, "phase": a.phase,
+                "mirror_linger_ms": self.linger.as_secs_f64() * 1e3,
                 "rate": a.rate, "items": a.items.max(1), "twemproxy": !self.twemproxy_left_out,
             }),
             numbers,
@@ -158,7 +159,7 @@ impl ProxyRun {
         let a = &self.args;
         let mut out = format!(
             "qbridge bench proxy: {} clients, depth {}, {} item(s) per LPUSH, {:?} per side, \
-             {}-byte payloads, {}, route phase {}, mirror batch {} x {} writers\n\n",
+             {}-byte payloads, {}, route phase {}, mirror batch {} x {} writers, linger {:?}\n\n",
             a.clients,
             a.depth,
             a.items.max(1),
@@ -170,7 +171,8 @@ impl ProxyRun {
             },
             a.phase,
             self.batch,
-            self.writers
+            self.writers,
+            self.linger
         );
         let rows: Vec<Vec<String>> = self
             .sides()

@@ -66,6 +66,7 @@ pub fn proxy_config() -> ProxyConfig {
         mirror_buffer: 1 << 20,
         mirror_batch: 100,
         mirror_writers: 1,
+        mirror_linger: qbridge::mirror::MirrorOptions::DEFAULT_LINGER,
         password: None,
     }
 }
@@ -100,6 +101,7 @@ pub async fn start_with(
             buffer_bytes: config.mirror_buffer,
             batch_items: config.mirror_batch,
             writers: 1,
+            linger: config.mirror_linger,
             payload_limit: support::LIMIT,
         },
     );
