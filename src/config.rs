@@ -32,7 +32,7 @@ pub use cutover::{CutoverConfig, DiffConfig, DualWriteMirrors, GatesConfig, Shad
 pub use database::{DatabaseConfig, Pooler};
 pub(crate) use pools::{check_handler, validate_pool};
 pub use pools::{header_map, DEFAULT_PREFETCH_WINDOW, MAX_PREFETCH_WINDOW};
-pub use proxy::{check_redis_url, ProxyConfig};
+pub use proxy::{check_redis_url, ProxyConfig, DEFAULT_MIRROR_LINGER};
 pub use routes::{PushEnd, RedisConsumerConfig, RedisSideKind, RouteConfig};
 pub use sentinel_url::{is_sentinel_url, SentinelUrl};
 use tls::RedisTls;

@@ -196,7 +196,7 @@ fn a_route_with_handler_and_consumers() {
     assert_eq!(cfg.proxy.mirror_buffer, 8 << 20);
     assert_eq!(
         cfg.proxy.mirror_linger,
-        crate::mirror::MirrorOptions::DEFAULT_LINGER
+        crate::config::DEFAULT_MIRROR_LINGER
     );
     let off = load("[proxy]\nmirror_linger = \"0s\"").unwrap();
     assert_eq!(off.proxy.mirror_linger, std::time::Duration::ZERO);

@@ -45,7 +45,7 @@ pub struct MirrorClosed;
 
 impl MirrorOptions {
     /// `[proxy] mirror_linger`'s default.
-    pub const DEFAULT_LINGER: Duration = Duration::from_millis(2);
+    pub const DEFAULT_LINGER: Duration = crate::config::DEFAULT_MIRROR_LINGER;
 }
 
 /// Transactions of due copies in flight at once.
