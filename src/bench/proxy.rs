@@ -99,10 +99,8 @@ struct Stall {
 /// A finished run.
 pub struct ProxyRun {
     args: ProxyArgs,
-    batch: usize,
-    writers: usize,
-    linger: Duration,
-    buffer_bytes: usize,
+    /// The mirror's settings the run used.
+    mirror: MirrorOptions,
     direct: Side,
     /// Sides that only forward, measured in the same run: qbridge's splice
     /// alone (`redis_only`) and twemproxy when installed.
@@ -198,10 +196,7 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> Result<ProxyRun> {
     cleanup(&db, &config.proxy.upstream, &key_text).await?;
     Ok(ProxyRun {
         args: args.clone(),
-        batch: opts.batch_items,
-        writers: opts.writers,
-        linger: opts.linger,
-        buffer_bytes: opts.buffer_bytes,
+        mirror: opts,
         direct,
         references,
         twemproxy_left_out: args.without_twemproxy,

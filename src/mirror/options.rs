@@ -43,11 +43,6 @@ pub enum StoreError {
 #[error("qbridge is shutting down: the mirror writer has stopped")]
 pub struct MirrorClosed;
 
-impl MirrorOptions {
-    /// `[proxy] mirror_linger`'s default.
-    pub const DEFAULT_LINGER: Duration = crate::config::DEFAULT_MIRROR_LINGER;
-}
-
 /// Transactions of due copies in flight at once.
 const IN_FLIGHT: usize = 4;
 

@@ -219,7 +219,7 @@ diff = {{ settle = "0s" }}
             buffer_bytes: 1 << 20,
             batch_items: 10,
             writers: 1,
-            linger: MirrorOptions::DEFAULT_LINGER,
+            linger: qbridge::config::DEFAULT_MIRROR_LINGER,
             payload_limit: 1 << 20,
         },
     );

@@ -31,7 +31,7 @@ fn opts() -> MirrorOptions {
         buffer_bytes: 1 << 20,
         batch_items: 500,
         writers: 2,
-        linger: MirrorOptions::DEFAULT_LINGER,
+        linger: qbridge::config::DEFAULT_MIRROR_LINGER,
         payload_limit: 1 << 20,
     }
 }

@@ -262,7 +262,7 @@ async fn an_unreachable_upstream_is_a_clear_startup_error(pool: PgPool) {
             buffer_bytes: 1 << 20,
             batch_items: 10,
             writers: 1,
-            linger: qbridge::mirror::MirrorOptions::DEFAULT_LINGER,
+            linger: qbridge::config::DEFAULT_MIRROR_LINGER,
             payload_limit: crate::support::LIMIT,
         },
     );

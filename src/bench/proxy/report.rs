@@ -116,7 +116,10 @@ impl ProxyRun {
             ("mirrored", self.mirrored as f64),
             ("rss_before_proxy_mib", self.rss_before_mib),
             ("rss_peak_proxy_mib", self.rss_peak_mib),
-            ("mirror_buffer_mib", self.buffer_bytes as f64 / 1048576.0),
+            (
+                "mirror_buffer_mib",
+                self.mirror.buffer_bytes as f64 / 1048576.0,
+            ),
         ];
         if let Some(s) = &self.stall {
             more.extend([
@@ -144,8 +147,8 @@ impl ProxyRun {
             settings: serde_json::json!({
                 "clients": a.clients, "depth": a.depth, "duration_s": a.duration.as_secs_f64(),
                 "payload_bytes": a.payload_bytes, "slow_postgres_s": a.slow_postgres.as_secs_f64(),
-                "mirror_batch": self.batch, "mirror_writers": self.writers, "phase": a.phase,
-                "mirror_linger_ms": self.linger.as_secs_f64() * 1e3,
+                "mirror_batch": self.mirror.batch_items, "mirror_writers": self.mirror.writers, "phase": a.phase,
+                "mirror_linger_ms": self.mirror.linger.as_secs_f64() * 1e3,
                 "rate": a.rate, "items": a.items.max(1), "twemproxy": !self.twemproxy_left_out,
             }),
             numbers,
@@ -170,9 +173,9 @@ impl ProxyRun {
                 r => format!("paced at {r} pushes/s"),
             },
             a.phase,
-            self.batch,
-            self.writers,
-            self.linger
+            self.mirror.batch_items,
+            self.mirror.writers,
+            self.mirror.linger
         );
         let rows: Vec<Vec<String>> = self
             .sides()
@@ -245,7 +248,7 @@ impl ProxyRun {
             "peak RSS, proxy phase (MiB)",
             self.rss_peak_mib,
             self.rss_before_mib,
-            self.buffer_bytes as f64 / 1048576.0
+            self.mirror.buffer_bytes as f64 / 1048576.0
         ));
         if let Some(s) = &self.stall {
             out.push_str(&format!(

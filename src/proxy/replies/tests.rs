@@ -66,7 +66,7 @@ async fn rig() -> Rig {
         buffer_bytes: 1 << 20,
         batch_items: 10,
         writers: 1,
-        linger: MirrorOptions::DEFAULT_LINGER,
+        linger: crate::config::DEFAULT_MIRROR_LINGER,
         payload_limit: 1 << 20,
     };
     let (mirror, _writers) = Mirror::start(pool, None, opts);

@@ -251,7 +251,7 @@ async fn a_popped_copy_is_judged_by_its_pop_not_by_the_push_its_number_names(poo
         buffer_bytes: 1 << 20,
         batch_items: 100,
         writers: 1,
-        linger: MirrorOptions::DEFAULT_LINGER,
+        linger: qbridge::config::DEFAULT_MIRROR_LINGER,
         payload_limit: 1 << 20,
     };
     let (mirror, _writers) = Mirror::start(pool.clone(), None, opts);

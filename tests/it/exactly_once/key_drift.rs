@@ -103,7 +103,7 @@ async fn a_gap_entry_written_twice_is_one_job(pool: PgPool) {
         buffer_bytes: 1 << 20,
         batch_items: 100,
         writers: 1,
-        linger: MirrorOptions::DEFAULT_LINGER,
+        linger: qbridge::config::DEFAULT_MIRROR_LINGER,
         payload_limit: 1 << 20,
     };
     let (mirror, writers) = Mirror::start(dead, Some(redis().await), opts);

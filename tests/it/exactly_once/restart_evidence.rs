@@ -370,7 +370,7 @@ async fn a_push_mirrored_after_the_restart_is_judged_by_when_redis_took_it(pool:
         buffer_bytes: 1 << 20,
         batch_items: 100,
         writers: 1,
-        linger: MirrorOptions::DEFAULT_LINGER,
+        linger: qbridge::config::DEFAULT_MIRROR_LINGER,
         payload_limit: 1 << 20,
     };
     let (mirror, _writers) = Mirror::start(pool.clone(), None, opts);

@@ -291,7 +291,7 @@ async fn a_proxy_password_needs_upstream_credentials_when_redis_wants_them(pool:
             buffer_bytes: 1 << 20,
             batch_items: 10,
             writers: 1,
-            linger: MirrorOptions::DEFAULT_LINGER,
+            linger: qbridge::config::DEFAULT_MIRROR_LINGER,
             payload_limit: support::LIMIT,
         },
     );

@@ -66,7 +66,7 @@ pub fn proxy_config() -> ProxyConfig {
         mirror_buffer: 1 << 20,
         mirror_batch: 100,
         mirror_writers: 1,
-        mirror_linger: qbridge::mirror::MirrorOptions::DEFAULT_LINGER,
+        mirror_linger: qbridge::config::DEFAULT_MIRROR_LINGER,
         password: None,
     }
 }

@@ -171,7 +171,7 @@ async fn a_wrong_ca_is_a_one_line_error_naming_the_url_without_its_password(pool
         buffer_bytes: 1 << 20,
         batch_items: 10,
         writers: 1,
-        linger: MirrorOptions::DEFAULT_LINGER,
+        linger: qbridge::config::DEFAULT_MIRROR_LINGER,
         payload_limit: support::LIMIT,
     };
     let (mirror, _writers) = Mirror::start(pool.clone(), None, options);
