@@ -70,6 +70,7 @@ pub async fn run(
             tenant: None,
             tenant_after: None,
             lock_retry_delay: Duration::from_secs(1),
+            start: None,
         };
         let t = Instant::now();
         let got = claim(&db, &req).await?;

@@ -12,6 +12,7 @@ use sqlx::query::QueryAs;
 use sqlx::{PgPool, Postgres};
 
 use crate::error::Result;
+use crate::queue::claim_head::ClaimHead;
 use crate::queue::job::ClaimedJob;
 use crate::queue::{fence, lock_keys};
 
@@ -46,6 +47,11 @@ pub struct ClaimRequest<'a> {
     pub tenant_after: Option<&'a str>,
     /// Delay before a job whose lock key is busy is offered again.
     pub lock_retry_delay: Duration,
+    /// Walk the claim index from this head (the previous claim's
+    /// [`Claimed::head`], from a [`crate::queue::claim_head::HeadTracker`])
+    /// instead of from its start. Used by claims of one queue with no kind
+    /// filter or tenant cap; the others always walk from the start.
+    pub start: Option<ClaimHead>,
 }
 
 const RETURNING: &str = "RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.priority, \
@@ -57,6 +63,12 @@ const RETURNING: &str = "RETURNING j.id, j.queue, j.kind, j.key, j.payload, j.pr
 // every other plan switched off, so the batch is read and not the backlog.
 const ONE_QUEUE_CAND: &str = r#"
     SELECT id FROM qbridge.ready_ids(($1::text[])[1], $2)
+"#;
+
+// One queue from the head the previous claim found (migration 0023,
+// `queue::claim_head`): past the entries claimed jobs left at the start.
+const ONE_QUEUE_FROM_HEAD_CAND: &str = r#"
+    SELECT id FROM qbridge.ready_ids_from(($1::text[])[1], $2, $5, $6)
 "#;
 
 // Several queues: walk the index once per queue, then merge. Rows locked by a
@@ -135,12 +147,13 @@ UPDATE qbridge.jobs j
     )
 }
 
-/// The four statement texts, built once from the constant pieces above.
-fn statements() -> &'static [String; 4] {
-    static SQL: std::sync::OnceLock<[String; 4]> = std::sync::OnceLock::new();
+/// The five statement texts, built once from the constant pieces above.
+fn statements() -> &'static [String; 5] {
+    static SQL: std::sync::OnceLock<[String; 5]> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
         [
             claim_sql("", ONE_QUEUE_CAND),
+            claim_sql("", ONE_QUEUE_FROM_HEAD_CAND),
             claim_sql("", MANY_QUEUES_CAND),
             claim_sql("", KINDS_CAND),
             claim_sql(TENANTS_CTE, TENANT_CAND),
@@ -185,6 +198,9 @@ pub struct Claimed {
     pub more: bool,
     /// With a tenant cap: where the next claim should start.
     pub tenant_cursor: Option<String>,
+    /// The first job taken, in claim order (before any was put back for its
+    /// lock key): where the next claim may start ([`ClaimRequest::start`]).
+    pub head: Option<ClaimHead>,
 }
 
 /// Claims up to `req.limit` jobs. Jobs whose lock key is held by a running job
@@ -200,21 +216,31 @@ pub async fn claim_batch(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claime
     }
     let lease_ms = req.lease.as_millis().min(i64::MAX as u128) as i64;
     let kinds = req.kinds;
-    let [one, many, by_kind, tenant] = statements();
+    let [one, from_head, many, by_kind, tenant] = statements();
     let mut jobs: Vec<ClaimedJob> = match req.tenant {
         None => {
-            let (sql, with_kinds) = match (kinds.is_some(), req.queues.len()) {
-                (true, _) => (by_kind, true),
-                (false, 1) => (one, false),
-                (false, _) => (many, false),
+            // Only a claim of one queue with no kind filter walks from a head.
+            let start = req
+                .start
+                .filter(|_| kinds.is_none() && req.queues.len() == 1);
+            let sql = match (kinds.is_some(), req.queues.len(), start) {
+                (true, _, _) => by_kind,
+                (false, 1, Some(_)) => from_head,
+                (false, 1, None) => one,
+                (false, _, _) => many,
             };
             let query = sqlx::query_as(sql)
                 .bind(req.queues)
                 .bind(req.limit)
                 .bind(req.worker)
                 .bind(lease_ms);
-            // Only the per-kind statement has a $5.
-            let query = if with_kinds { query.bind(kinds) } else { query };
+            // Only the per-kind statement has a $5, and the walk from a head
+            // a $5 and $6.
+            let query = match (kinds, start) {
+                (Some(kinds), _) => query.bind(kinds),
+                (None, Some(head)) => query.bind(head.priority).bind(head.walk_from()),
+                (None, None) => query,
+            };
             query.fetch_all(pool).await?
         }
         Some(t) => {
@@ -247,6 +273,7 @@ pub async fn claim_batch(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claime
     // with one lock key the first runs, so put them back in claim order.
     jobs.sort_by(|a, b| (b.priority, a.run_at, a.id).cmp(&(a.priority, b.run_at, b.id)));
     let found = jobs.len();
+    let head = ClaimHead::of(&jobs);
     let tenant_cursor = match req.tenant {
         Some(_) => jobs.iter().filter_map(|j| j.tenant.clone()).max(),
         None => None,
@@ -262,6 +289,7 @@ pub async fn claim_batch(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claime
             deferred: 0,
             more,
             tenant_cursor,
+            head,
         });
     }
     let refs: Vec<_> = jobs.iter().map(|j| j.job_ref()).collect();
@@ -271,6 +299,7 @@ pub async fn claim_batch(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claime
             jobs: kept,
             more,
             tenant_cursor,
+            head,
         }),
         Err(err) => {
             // The claim committed but nothing may run unchecked: hand every job

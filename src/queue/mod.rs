@@ -7,6 +7,7 @@
 
 pub mod backoff;
 pub mod claim;
+pub mod claim_head;
 pub mod completer;
 pub mod dlq;
 pub mod enqueue;

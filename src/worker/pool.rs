@@ -23,6 +23,7 @@ use crate::config::PoolConfig;
 use crate::handler::Handler;
 use crate::metrics as m;
 use crate::queue::claim::claim_batch;
+use crate::queue::claim_head::HeadTracker;
 use crate::queue::completer::Finished;
 use crate::queue::{fence, ClaimRequest, ClaimedJob, JobRef};
 use crate::worker::attempt::AttemptCtx;
@@ -122,6 +123,8 @@ impl WorkerPool {
         let mut failures = 0u32;
         // Where the next tenant-capped claim starts (claims rotate through tenants).
         let mut tenant_cursor: Option<String> = None;
+        // Where the next claim starts its walk of the claim index.
+        let mut walk = HeadTracker::default();
 
         let mut prefetch = Prefetch::new(self.prefetch_window(), TokioInstant::now());
         let mut follow_ups = FollowUps::default();
@@ -177,6 +180,7 @@ impl WorkerPool {
                 tenant: self.config.tenant.as_ref(),
                 tenant_after: tenant_cursor.as_deref(),
                 lock_retry_delay: self.config.lock_retry_delay,
+                start: walk.start(TokioInstant::now()),
             };
             let started = Instant::now();
             let claimed = match claim_batch(&self.db, &req).await {
@@ -202,6 +206,7 @@ impl WorkerPool {
             };
             // An empty claim restarts the rotation from the first tenant.
             tenant_cursor = claimed.tenant_cursor;
+            walk.claimed(claimed.head, TokioInstant::now());
             let got = claimed.jobs.len();
             report.claimed += got as u64;
             if got > 0 {

@@ -41,7 +41,7 @@ async fn rows_read(observer: &PgPool) -> i64 {
 
 /// Makes the one backend of `db` flush its pending statistics: it does so
 /// before it reports this statement done.
-async fn flush_counts(db: &PgPool) {
+pub(crate) async fn flush_counts(db: &PgPool) {
     sqlx::query("SELECT pg_stat_force_next_flush()")
         .execute(db)
         .await
@@ -107,7 +107,7 @@ async fn analyze(pool: &PgPool) {
 /// One connection opened the way qbridge opens its own (so with whatever
 /// settings `qbridge::db` gives them); a single one, so every statement of
 /// a test runs on the backend whose counts [`flush_counts`] flushes.
-async fn qbridge_connection(pool: &PgPool) -> PgPool {
+pub(crate) async fn qbridge_connection(pool: &PgPool) -> PgPool {
     qbridge::db::connect(&support::db_url(pool), 1)
         .await
         .expect("connect as qbridge does")

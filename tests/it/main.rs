@@ -5,6 +5,7 @@
 mod admin_http;
 mod bad_input;
 mod claim;
+mod claim_head;
 mod claim_plans;
 mod cli;
 mod console;

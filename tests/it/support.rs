@@ -142,6 +142,7 @@ pub fn claim_req<'a>(
         tenant: None,
         tenant_after: None,
         lock_retry_delay: Duration::from_millis(50),
+        start: None,
     }
 }
 

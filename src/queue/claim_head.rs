@@ -1,0 +1,150 @@
+//! Where a claimer's next claim starts its walk of the claim index: at the
+//! head of the queue its previous claim found, not at the start of the index.
+//!
+//! A claimed row's entry stays at the start of `jobs_claim_idx` until vacuum
+//! removes it, so a walk from the start steps over every job claimed since
+//! the last vacuum; in the steady state at full speed that walk was most of
+//! what a claim cost (issue 17). A walk from the head (`qbridge.ready_ids_from`,
+//! migration 0023) starts past them. Claim order stays exact for every job
+//! due at or after the head, less [`SLOW_COMMIT_MARGIN`], and for every other
+//! priority. A ready job of the head's priority due earlier than that (handed
+//! back with its old `run_at`, or enqueued by a transaction that committed
+//! long after it took its `run_at`) is found by the next walk from the start,
+//! which every claimer makes at least every [`FULL_WALK_EVERY`].
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+
+use super::job::ClaimedJob;
+
+/// How far before the head's due time a walk from the head starts. An
+/// enqueue takes its `run_at` when its transaction starts and is seen only
+/// when it commits: a job committed after a later-due one was claimed sits
+/// behind the head by as long as its transaction took.
+pub const SLOW_COMMIT_MARGIN: Duration = Duration::from_millis(200);
+
+/// The longest a claimer goes without walking the claim index from its start,
+/// and so the longest a ready job behind the head waits for it.
+pub const FULL_WALK_EVERY: Duration = Duration::from_millis(250);
+
+/// The first job a claim took, in claim order: where the queue's head was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimHead {
+    /// The head's priority (higher is claimed first).
+    pub priority: i32,
+    /// When the head was due (Postgres's clock, as stored).
+    pub run_at: DateTime<Utc>,
+}
+
+impl ClaimHead {
+    /// The head of `jobs`, given in claim order (the first).
+    pub fn of(jobs: &[ClaimedJob]) -> Option<ClaimHead> {
+        jobs.first().map(|j| ClaimHead {
+            priority: j.priority,
+            run_at: j.run_at,
+        })
+    }
+
+    /// Where a walk from this head starts: its due time less
+    /// [`SLOW_COMMIT_MARGIN`].
+    pub fn walk_from(&self) -> DateTime<Utc> {
+        let margin = chrono::Duration::from_std(SLOW_COMMIT_MARGIN).unwrap_or_default();
+        self.run_at - margin
+    }
+}
+
+/// One claimer's memory of the head, and when it last walked from the start.
+#[derive(Debug, Default)]
+pub struct HeadTracker {
+    head: Option<ClaimHead>,
+    /// When the next walk from the start is due; `None`: now.
+    full_walk_due: Option<Instant>,
+    /// Whether the claim being made walks from the start.
+    walking_full: bool,
+}
+
+impl HeadTracker {
+    /// Where the claim about to be made starts: `None` walks the index from
+    /// its start (no head known, the last claim found nothing, or a full
+    /// walk is due).
+    pub fn start(&mut self, now: Instant) -> Option<ClaimHead> {
+        let due = self.full_walk_due.is_none_or(|at| now >= at);
+        self.walking_full = due || self.head.is_none();
+        if self.walking_full {
+            None
+        } else {
+            self.head
+        }
+    }
+
+    /// What the claim found (its head in claim order, `None` when it took
+    /// nothing). An empty claim says nothing of where the head is, so the
+    /// next one walks from the start.
+    pub fn claimed(&mut self, head: Option<ClaimHead>, now: Instant) {
+        if self.walking_full {
+            self.full_walk_due = Some(now + FULL_WALK_EVERY);
+        }
+        self.head = head;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(priority: i32) -> ClaimHead {
+        ClaimHead {
+            priority,
+            run_at: DateTime::from_timestamp(1_800_000_000, 0).expect("a time"),
+        }
+    }
+
+    #[test]
+    fn the_first_claim_walks_from_the_start_and_the_next_from_its_head() {
+        let t0 = Instant::now();
+        let mut tracker = HeadTracker::default();
+        assert_eq!(tracker.start(t0), None);
+        tracker.claimed(Some(head(3)), t0);
+        assert_eq!(tracker.start(t0), Some(head(3)));
+        tracker.claimed(Some(head(1)), t0);
+        assert_eq!(tracker.start(t0 + Duration::from_millis(1)), Some(head(1)));
+    }
+
+    #[test]
+    fn a_walk_from_the_start_comes_round_every_full_walk_period() {
+        let t0 = Instant::now();
+        let mut tracker = HeadTracker::default();
+        tracker.start(t0);
+        tracker.claimed(Some(head(0)), t0);
+        let before = t0 + FULL_WALK_EVERY - Duration::from_millis(1);
+        assert_eq!(tracker.start(before), Some(head(0)));
+        tracker.claimed(Some(head(0)), before);
+        // Claims from the head do not put the full walk off.
+        let at = t0 + FULL_WALK_EVERY;
+        assert_eq!(tracker.start(at), None);
+        tracker.claimed(Some(head(0)), at);
+        assert_eq!(tracker.start(at), Some(head(0)));
+    }
+
+    #[test]
+    fn an_empty_claim_sends_the_next_one_to_the_start() {
+        let t0 = Instant::now();
+        let mut tracker = HeadTracker::default();
+        tracker.start(t0);
+        tracker.claimed(Some(head(0)), t0);
+        tracker.start(t0);
+        tracker.claimed(None, t0);
+        assert_eq!(tracker.start(t0), None);
+    }
+
+    #[test]
+    fn a_walk_from_the_head_starts_the_margin_before_it() {
+        let h = head(0);
+        assert_eq!(
+            (h.run_at - h.walk_from()).to_std().expect("positive"),
+            SLOW_COMMIT_MARGIN
+        );
+    }
+}
