@@ -71,6 +71,16 @@ struct Shared {
     queue_label: Arc<str>,
     /// How many claimers share them.
     claimers: usize,
+    /// Where the claimers' next claim starts its walk of the claim index.
+    walk: std::sync::Mutex<HeadTracker>,
+}
+
+impl Shared {
+    /// The claimers' shared [`HeadTracker`] (held only to read or note a
+    /// head; a claimer that panicked holding it left nothing half-written).
+    fn walk(&self) -> std::sync::MutexGuard<'_, HeadTracker> {
+        self.walk.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl WorkerPool {
@@ -97,6 +107,7 @@ impl WorkerPool {
             claimed_total: metrics::counter!(m::JOBS_CLAIMED, "queue" => label),
             queue_label,
             claimers: claims_in_flight(&self.config),
+            walk: std::sync::Mutex::default(),
         };
         let claimers = (0..shared.claimers).map(|_| self.claim_loop(&shared, &intake));
         let mut report = PoolReport::default();
@@ -123,8 +134,6 @@ impl WorkerPool {
         let mut failures = 0u32;
         // Where the next tenant-capped claim starts (claims rotate through tenants).
         let mut tenant_cursor: Option<String> = None;
-        // Where the next claim starts its walk of the claim index.
-        let mut walk = HeadTracker::default();
 
         let mut prefetch = Prefetch::new(self.prefetch_window(), TokioInstant::now());
         let mut follow_ups = FollowUps::default();
@@ -180,7 +189,7 @@ impl WorkerPool {
                 tenant: self.config.tenant.as_ref(),
                 tenant_after: tenant_cursor.as_deref(),
                 lock_retry_delay: self.config.lock_retry_delay,
-                start: walk.start(TokioInstant::now()),
+                start: shared.walk().start(TokioInstant::now()),
             };
             let started = Instant::now();
             let claimed = match claim_batch(&self.db, &req).await {
@@ -206,7 +215,7 @@ impl WorkerPool {
             };
             // An empty claim restarts the rotation from the first tenant.
             tenant_cursor = claimed.tenant_cursor;
-            walk.claimed(claimed.head, TokioInstant::now());
+            shared.walk().claimed(claimed.head);
             let got = claimed.jobs.len();
             report.claimed += got as u64;
             if got > 0 {
