@@ -10,7 +10,7 @@
 //! priority. A ready job of the head's priority due earlier than that (handed
 //! back with its old `run_at`, or enqueued by a transaction that committed
 //! long after it took its `run_at`) is found by the next walk from the start,
-//! which every claimer makes at least every [`FULL_WALK_EVERY`].
+//! which one of each pool's claimers makes every [`FULL_WALK_EVERY`].
 
 use std::time::Duration;
 
@@ -25,8 +25,9 @@ use super::job::ClaimedJob;
 /// behind the head by as long as its transaction took.
 pub const SLOW_COMMIT_MARGIN: Duration = Duration::from_millis(200);
 
-/// The longest a claimer goes without walking the claim index from its start,
-/// and so the longest a ready job behind the head waits for it.
+/// The longest a pool goes without walking the claim index from its start
+/// (while it claims), and so the longest a ready job behind the head waits
+/// for it.
 pub const FULL_WALK_EVERY: Duration = Duration::from_millis(250);
 
 /// The first job a claim took, in claim order: where the queue's head was.

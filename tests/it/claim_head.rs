@@ -3,7 +3,7 @@
 //! walk the claim-index entries that claimed jobs leave behind, keeps claim
 //! order for every priority and for jobs due from the head on, and a job due
 //! behind the head (handed back, or committed late) is still found by the
-//! walk from the start every claimer makes every `FULL_WALK_EVERY`.
+//! walk from the start each pool makes every `FULL_WALK_EVERY`.
 
 use std::time::Duration;
 
@@ -176,8 +176,8 @@ async fn a_claim_from_the_head_takes_its_limit_in_claim_order(pool: PgPool) {
 
 /// A worker pool draining a backlog claims from the head. A job due an hour
 /// before that backlog, enqueued once the pool is draining, still runs while
-/// the backlog is far from drained: the pool's claimers walk from the start
-/// every `FULL_WALK_EVERY`. (Claims from the head alone would leave it until
+/// the backlog is far from drained: one of the pool's claimers walks from
+/// the start every `FULL_WALK_EVERY`. (Claims from the head alone would leave it until
 /// the backlog was gone and a claim came back empty.)
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn a_job_due_behind_the_head_runs_while_the_pool_drains_a_backlog(pool: PgPool) {
