@@ -283,13 +283,37 @@ pub async fn record_acks(
     if acks.is_empty() {
         return Ok(());
     }
+    let latest = latest_per_server(acks);
     sqlx::query(RECORD_ACKS_SQL)
-        .bind(acks.iter().map(|a| a.0).collect::<Vec<_>>())
-        .bind(acks.iter().map(|a| a.1).collect::<Vec<_>>())
-        .bind(acks.iter().map(|a| a.2).collect::<Vec<_>>())
+        .bind(latest.iter().map(|a| a.0).collect::<Vec<_>>())
+        .bind(latest.iter().map(|a| a.1).collect::<Vec<_>>())
+        .bind(latest.iter().map(|a| a.2).collect::<Vec<_>>())
         .execute(tx)
         .await?;
     Ok(())
+}
+
+/// One acknowledgement per (route, server): the latest, and `None` (now)
+/// over any time. A mirror batch carries one per item, nearly all of one
+/// server; grouping them here rather than in the statement saved a tenth
+/// of Postgres's time per mirrored item (issue 17, `pg_stat_statements`:
+/// 101 µs per batch of ~94).
+fn latest_per_server<'a>(
+    acks: &[(&'a str, &'a str, Option<DateTime<Utc>>)],
+) -> Vec<(&'a str, &'a str, Option<DateTime<Utc>>)> {
+    let mut latest: Vec<(&str, &str, Option<DateTime<Utc>>)> = Vec::new();
+    for &(route, run, at) in acks {
+        match latest.iter_mut().find(|l| l.0 == route && l.1 == run) {
+            Some(l) => {
+                l.2 = match (l.2, at) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                }
+            }
+            None => latest.push((route, run, at)),
+        }
+    }
+    latest
 }
 
 /// The `run_id` of an `INFO server` reply (what the proxy's probe and the
@@ -362,7 +386,8 @@ fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
 
 #[cfg(test)]
 mod tests {
-    use super::info_field;
+    use super::{info_field, latest_per_server};
+    use chrono::{TimeZone, Utc};
 
     #[test]
     fn reads_info_fields() {
@@ -370,5 +395,23 @@ mod tests {
         assert_eq!(info_field(info, "run_id"), Some("abc123"));
         assert_eq!(info_field(info, "uptime_in_seconds"), Some("42"));
         assert_eq!(info_field(info, "run"), None);
+    }
+
+    #[test]
+    fn keeps_the_latest_ack_per_server_and_now_over_any_time() {
+        let t = |s| Some(Utc.timestamp_opt(s, 0).unwrap());
+        let acks = [
+            ("r", "a", t(10)),
+            ("r", "b", t(5)),
+            ("r", "a", t(30)),
+            ("r", "a", t(20)),
+            ("s", "a", t(1)),
+            ("r", "b", None),
+            ("r", "b", t(50)),
+        ];
+        assert_eq!(
+            latest_per_server(&acks),
+            vec![("r", "a", t(30)), ("r", "b", None), ("s", "a", t(1))]
+        );
     }
 }
