@@ -30,6 +30,7 @@ mod batch;
 mod breaker;
 mod due;
 mod gap_repair;
+mod gather;
 mod options;
 mod release;
 mod retained;

@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 
 use super::batch::{rq_jobs_of, write_batch, Part};
 use super::breaker::Breaker;
+use super::gather::{Gatherer, Turns};
 use super::options::{MirrorClosed, MirrorOptions, StoreError};
 use super::retained::{Kept, Retained};
 use super::spool;
@@ -38,9 +39,9 @@ pub struct Mirror {
     pub(super) due: super::options::DueWriter,
 }
 
-struct Request {
+pub(super) struct Request {
     route: Arc<Route>,
-    items: Vec<Bytes>,
+    pub(super) items: Vec<Bytes>,
     copy: JobCopy,
     via: Via,
     /// When Redis acknowledged the push (mirror lag starts here).
@@ -53,7 +54,7 @@ struct Request {
     /// same on every attempt (a retry from the gap list included), so its
     /// content hash is numbered once.
     writes: uuid::Uuid,
-    reply: Option<oneshot::Sender<Result<Vec<Stored>, StoreError>>>,
+    pub(super) reply: Option<oneshot::Sender<Result<Vec<Stored>, StoreError>>>,
     /// Returned to the budget when the request is done.
     _permit: OwnedSemaphorePermit,
 }
@@ -91,16 +92,22 @@ impl Mirror {
         let breaker = Breaker::new();
         let retained = Retained::new(opts.buffer_bytes);
         let urgent = Arc::new(Notify::new());
+        let turns = Arc::new(Turns::default());
         for _ in 0..opts.writers.max(1) {
             let writer = Writer {
                 pool: pool.clone(),
                 spool: spool.clone(),
-                rx: rx.clone(),
+                gather: Arc::new(Gatherer {
+                    rx: rx.clone(),
+                    urgent: Arc::clone(&urgent),
+                    turns: Arc::clone(&turns),
+                    linger: opts.linger,
+                    batch_items: opts.batch_items,
+                }),
                 opts,
                 probe: probe.clone(),
                 breaker: breaker.clone(),
                 retained: retained.clone(),
-                urgent: Arc::clone(&urgent),
             };
             writers.spawn(writer.run());
         }
@@ -202,12 +209,11 @@ impl Mirror {
 struct Writer {
     pool: PgPool,
     spool: Option<ConnectionManager>,
-    rx: async_channel::Receiver<Request>,
+    gather: Arc<Gatherer>,
     opts: MirrorOptions,
     probe: Option<LagProbe>,
     breaker: Breaker,
     retained: Retained,
-    urgent: Arc<Notify>,
 }
 
 /// How often a writer with nothing new to write tries again what it parked.
@@ -218,15 +224,21 @@ pub type LagProbe = Arc<std::sync::Mutex<Vec<f64>>>;
 
 impl Writer {
     async fn run(mut self) {
+        // Its own handle, so a turn (which borrows it) is no borrow of self.
+        let gather = Arc::clone(&self.gather);
         loop {
-            let next = tokio::select! {
-                batch = self.gather() => batch,
+            // Only the wait for a first request gives way to the retry of
+            // what was parked: a batch given up while it gathered lost the
+            // requests it held (`tests::a_push_gathered_as_parked_items_are_retried_is_kept`).
+            let turn = tokio::select! {
+                turn = gather.first() => turn,
                 _ = tokio::time::sleep(RETRY_KEPT_EVERY), if !self.retained.is_empty() => {
                     self.write_kept().await;
                     continue;
                 }
             };
-            let Some(batch) = next else { break };
+            let Some(turn) = turn else { break };
+            let batch = gather.fill(turn).await;
             self.write(batch).await;
             if !self.retained.is_empty() {
                 self.write_kept().await;
@@ -244,6 +256,8 @@ impl Writer {
         if self.breaker.is_open() {
             return;
         }
+        let turns = Arc::clone(&self.gather.turns);
+        let _writing = turns.writing();
         let kept = self.retained.take();
         if kept.is_empty() {
             return;
@@ -287,53 +301,9 @@ impl Writer {
         }
     }
 
-    /// Waits for one request, then takes whatever else is queued, up to the
-    /// batch size: under load batches fill while the last one commits. A
-    /// batch of mirror copies that is not full yet waits up to the linger
-    /// for more; a live store queued meanwhile ends the wait at once.
-    async fn gather(&self) -> Option<Vec<Request>> {
-        let first = self.rx.recv().await.ok()?;
-        let until = tokio::time::Instant::now() + self.opts.linger;
-        let mut count = first.items.len();
-        let mut batch = vec![first];
-        // Registered before the queue is read, so a live store queued after
-        // that read cannot slip past this writer's wait unnoticed.
-        let urgent = self.urgent.notified();
-        let mut urgent = std::pin::pin!(urgent);
-        urgent.as_mut().enable();
-        self.take_queued(&mut batch, &mut count);
-        if self.lingers(&batch, count) {
-            tokio::select! {
-                _ = tokio::time::sleep_until(until) => {}
-                _ = urgent => {}
-            }
-            self.take_queued(&mut batch, &mut count);
-        }
-        Some(batch)
-    }
-
-    /// Moves what is queued now into `batch`, up to the batch size.
-    fn take_queued(&self, batch: &mut Vec<Request>, count: &mut usize) {
-        while *count < self.opts.batch_items {
-            match self.rx.try_recv() {
-                Ok(request) => {
-                    *count += request.items.len();
-                    batch.push(request);
-                }
-                Err(_) => break,
-            }
-        }
-    }
-
-    /// Whether a batch waits for more: only mirror copies (nobody waits for
-    /// their commit), and room left.
-    fn lingers(&self, batch: &[Request], count: usize) -> bool {
-        !self.opts.linger.is_zero()
-            && count < self.opts.batch_items
-            && batch.iter().all(|r| r.reply.is_none())
-    }
-
     async fn write(&mut self, batch: Vec<Request>) {
+        let turns = Arc::clone(&self.gather.turns);
+        let _writing = turns.writing();
         let count: usize = batch.iter().map(|r| r.items.len()).sum();
         metrics::histogram!(m::MIRROR_BATCH_ITEMS).record(count as f64);
         // While Postgres is known to be down, do not make every batch wait
@@ -436,5 +406,100 @@ impl Writer {
             }
             None => metrics::counter!(m::MIRROR_LOST, "route" => route).increment(n),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{Config, Overrides};
+    use crate::routes::Routes;
+
+    fn route() -> Arc<Route> {
+        let toml =
+            "[[routes]]\nname = \"w\"\nredis_key = \"w\"\nqueue = \"w\"\nformat = \"json:/id\"\n";
+        let routes = Routes::from_config(
+            &Config::from_toml(toml, &Overrides::default())
+                .unwrap()
+                .routes,
+        );
+        Arc::clone(routes.by_name("w").unwrap())
+    }
+
+    fn kept(route: &Arc<Route>) -> Kept {
+        Kept {
+            route: Arc::clone(route),
+            items: vec![Bytes::from_static(br#"{"id":"parked"}"#)],
+            copy: JobCopy::Mirror,
+            via: Via::Proxy,
+            ledger_only: true,
+            writes: uuid::Uuid::new_v4(),
+            acked_at: Instant::now(),
+            acked_by: None,
+        }
+    }
+
+    /// A push that arrives just before the writer's once-a-second retry of
+    /// parked items was dropped with the batch it was gathering when the
+    /// retry's timer fired: neither written, nor parked, nor counted.
+    #[tokio::test(start_paused = true)]
+    async fn a_push_gathered_as_parked_items_are_retried_is_kept() {
+        let route = route();
+        let (tx, rx) = async_channel::bounded(16);
+        // Postgres is down: every write parks its items for the next try.
+        let breaker = Breaker::new();
+        breaker.open();
+        let retained = Retained::new(1 << 20);
+        retained.keep(kept(&route));
+        let writer = Writer {
+            pool: sqlx::postgres::PgPoolOptions::new()
+                .connect_lazy("postgres://qbridge@127.0.0.1:1/none")
+                .unwrap(),
+            spool: None,
+            gather: Arc::new(Gatherer {
+                rx,
+                urgent: Arc::new(Notify::new()),
+                turns: Arc::new(Turns::default()),
+                linger: Duration::from_millis(2),
+                batch_items: 100,
+            }),
+            opts: MirrorOptions {
+                buffer_bytes: 1 << 20,
+                batch_items: 100,
+                writers: 1,
+                linger: Duration::from_millis(2),
+                payload_limit: 1 << 20,
+            },
+            probe: None,
+            breaker,
+            retained: retained.clone(),
+        };
+        let running = tokio::spawn(writer.run());
+        // One millisecond before the retry is due: the retry's timer fires
+        // while this push lingers for company.
+        tokio::time::sleep(RETRY_KEPT_EVERY - Duration::from_millis(1)).await;
+        let permit = Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap();
+        let k = kept(&route);
+        tx.send(Request {
+            route: k.route,
+            items: vec![Bytes::from_static(br#"{"id":"new"}"#)],
+            copy: k.copy,
+            via: k.via,
+            acked_at: k.acked_at,
+            acked_by: None,
+            ledger_only: true,
+            writes: k.writes,
+            reply: None,
+            _permit: permit,
+        })
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        drop(tx);
+        running.await.unwrap();
+        let items: Vec<Bytes> = retained.take().into_iter().flat_map(|k| k.items).collect();
+        assert_eq!(items.len(), 2, "parked: {items:?}");
     }
 }
