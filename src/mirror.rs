@@ -33,6 +33,7 @@ mod gap_repair;
 mod gather;
 mod options;
 mod release;
+mod request;
 mod retained;
 mod spool;
 mod writer;

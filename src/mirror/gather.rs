@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex, MutexGuard, Notify};
 
-use super::writer::Request;
+use super::request::Request;
 
 /// How long a batch that is not full waits, after its linger, for the
 /// other writers' commits to end, in lingers: a commit stuck behind a lock

@@ -11,13 +11,14 @@ use std::time::Instant;
 use ::redis::aio::ConnectionManager;
 use bytes::Bytes;
 use sqlx::PgPool;
-use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio::task::JoinSet;
 
 use super::batch::{rq_jobs_of, write_batch, Part};
 use super::breaker::Breaker;
 use super::gather::{Gatherer, Turns};
 use super::options::{MirrorClosed, MirrorOptions, StoreError};
+pub(super) use super::request::Request;
 use super::retained::{Kept, Retained};
 use super::spool;
 use crate::ingest::{Stored, Via};
@@ -37,26 +38,6 @@ pub struct Mirror {
     /// Copies due later (members of a framework's schedule or retry set),
     /// written beside the writers (`super::due`).
     pub(super) due: super::options::DueWriter,
-}
-
-pub(super) struct Request {
-    route: Arc<Route>,
-    pub(super) items: Vec<Bytes>,
-    copy: JobCopy,
-    via: Via,
-    /// When Redis acknowledged the push (mirror lag starts here).
-    acked_at: Instant,
-    /// Which Redis server acknowledged it (its `run_id`), when known.
-    acked_by: Option<Arc<str>>,
-    /// Mirror copies recorded in `job_keys` only ([`ingest::Item::ledger_only`]).
-    ledger_only: bool,
-    /// Names this request's writes: item `i` is write `<writes>.<i>`, the
-    /// same on every attempt (a retry from the gap list included), so its
-    /// content hash is numbered once.
-    writes: uuid::Uuid,
-    pub(super) reply: Option<oneshot::Sender<Result<Vec<Stored>, StoreError>>>,
-    /// Returned to the budget when the request is done.
-    _permit: OwnedSemaphorePermit,
 }
 
 /// The budget is counted in KiB so a u32 of permits covers any buffer size.
