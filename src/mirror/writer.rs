@@ -18,7 +18,7 @@ use super::batch::{rq_jobs_of, write_batch, Part};
 use super::breaker::Breaker;
 use super::gather::{Gatherer, Turns};
 use super::options::{MirrorClosed, MirrorOptions, StoreError};
-pub(super) use super::request::Request;
+use super::request::Request;
 use super::retained::{Kept, Retained};
 use super::spool;
 use crate::ingest::{Stored, Via};

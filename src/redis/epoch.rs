@@ -295,9 +295,9 @@ pub async fn record_acks(
 
 /// One acknowledgement per (route, server): the latest, and `None` (now)
 /// over any time. A mirror batch carries one per item, nearly all of one
-/// server; grouping them here rather than in the statement saved a tenth
-/// of Postgres's time per mirrored item (issue 17, `pg_stat_statements`:
-/// 101 µs per batch of ~94).
+/// server; grouped before the statement (which groups as well, for any
+/// caller), its executor time per batch of ~94 halved (issue 17,
+/// `pg_stat_statements`: 101 → 50 µs).
 fn latest_per_server<'a>(
     acks: &[(&'a str, &'a str, Option<DateTime<Utc>>)],
 ) -> Vec<(&'a str, &'a str, Option<DateTime<Utc>>)> {
