@@ -66,9 +66,11 @@ impl Mirror {
     ) -> (Mirror, JoinSet<()>) {
         let units = u32::try_from((opts.buffer_bytes / UNIT).max(1)).unwrap_or(u32::MAX);
         // Every request holds at least one unit of the byte budget, so the
-        // budget bounds the requests queued too; the channel must not be the
-        // tighter bound (it would cap one-item pushes far below the buffer).
-        let (tx, rx) = async_channel::bounded(units as usize);
+        // budget bounds the requests queued; the channel needs no bound of
+        // its own. A bounded one of `units` slots (65,536 at 64 MiB) was a
+        // ring of 8 MiB, allocated up front, that every push stepped
+        // through cold: 5.4% of the process's samples at depth 1 (perf).
+        let (tx, rx) = async_channel::unbounded();
         let mut writers = JoinSet::new();
         let breaker = Breaker::new();
         let retained = Retained::new(opts.buffer_bytes);

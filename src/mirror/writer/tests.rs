@@ -91,3 +91,47 @@ async fn a_push_gathered_as_parked_items_are_retried_is_kept() {
     let items: Vec<Bytes> = retained.take().into_iter().flat_map(|k| k.items).collect();
     assert_eq!(items.len(), 2, "parked: {items:?}");
 }
+
+/// The mirror buffer bounds what waits for the writers: with the writer
+/// stuck in its first write (a Postgres that takes the connection and never
+/// answers), pushes queue until their bytes fill the budget, and the next
+/// one waits for room instead of growing the queue.
+#[tokio::test]
+async fn pushes_wait_for_room_once_the_buffer_is_full() {
+    // Accepts connections and never answers: the first write hangs.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            open.push(conn);
+        }
+    });
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(60))
+        .connect_lazy(&format!("postgres://qbridge@127.0.0.1:{port}/none"))
+        .unwrap();
+    let opts = MirrorOptions {
+        // Four units: each one-item push below holds one.
+        buffer_bytes: 4 * UNIT,
+        batch_items: 1,
+        writers: 1,
+        linger: Duration::ZERO,
+        payload_limit: 1 << 20,
+    };
+    let (mirror, writers) = Mirror::start(pool, None, opts);
+    let route = route();
+    let push = |n: usize| {
+        let item = Bytes::from(format!(r#"{{"id":"{n}"}}"#));
+        mirror.mirror(Arc::clone(&route), vec![item], Instant::now())
+    };
+    let wait = Duration::from_millis(500);
+    for n in 0..4 {
+        let queued = tokio::time::timeout(wait, push(n)).await;
+        assert!(matches!(queued, Ok(Ok(()))), "push {n} did not queue");
+    }
+    let fifth = tokio::time::timeout(wait, push(4)).await;
+    assert!(fifth.is_err(), "a fifth push queued past a full buffer");
+    drop(writers);
+    held.abort();
+}
