@@ -1,4 +1,5 @@
-//! The writer's loop with Postgres down: what it parks, and when.
+//! The writer with Postgres down or silent: what it parks, and when, and
+//! what the mirror buffer holds back.
 
 use std::time::Duration;
 
