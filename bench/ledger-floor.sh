@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one mirrored item costs Postgres to record, against the cheapest
 # records that could replace it: the evidence behind issue 17's depth-1
-# ratio (see README, "The ledger's floor").
+# ratio (see README, "How far depth 1 can go on two cores").
 #
 #   bench/ledger-floor.sh URL [ROUNDS=3] [SECONDS=10]
 #   env: PRELOAD=300000 rows already in each per-item table (a ledger
@@ -16,7 +16,8 @@
 # figure is the statement's execution time per item from
 # pg_stat_statements (CPU inside Postgres, without commit or WAL flush),
 # minus the time to generate the same rows without writing them.
-#   ledger     the mirror's statement (ingest/keys.rs) into a copy of job_keys
+#   ledger     the mirror's statement (KEYS_SQL in src/ingest/keys.rs, kept in
+#              step by hand) into a copy of job_keys
 #   keyed-row  the least a per-item ledger could write: (queue, key), its
 #              primary key, a plain insert, no payload, no duplicate check
 #   batch-row  one row per batch: the keys and payloads as arrays
@@ -28,6 +29,7 @@ preload=${PRELOAD:-300000}
 export PGOPTIONS="-c client_min_messages=warning"
 qbridge=${QBRIDGE:-target/release/qbridge}
 psql=(psql "$url" -qAtX -v ON_ERROR_STOP=1)
+[ -x "$qbridge" ] || { echo "$qbridge not found: cargo build --release, or set QBRIDGE" >&2; exit 1; }
 "$qbridge" --database-url "$url" migrate >/dev/null
 "${psql[@]}" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null ||
     { echo "pg_stat_statements is not loaded: start the cluster with PROFILE=1" >&2; exit 1; }
