@@ -46,20 +46,27 @@ pub struct MirrorClosed;
 /// Transactions of due copies in flight at once.
 const IN_FLIGHT: usize = 4;
 
-/// The due copies' own writer: the pool, and room for [`IN_FLIGHT`].
+/// The due copies' own writer: the pool, room for [`IN_FLIGHT`], and the
+/// Redis connection RQ's job hashes are read on.
 #[derive(Clone)]
 pub(crate) struct DueWriter {
     pub(super) pool: PgPool,
     pub(super) room: Arc<Semaphore>,
     pub(super) payload_limit: usize,
+    pub(super) redis: Option<redis::aio::ConnectionManager>,
 }
 
 impl DueWriter {
-    pub(super) fn new(pool: PgPool, opts: MirrorOptions) -> DueWriter {
+    pub(super) fn new(
+        pool: PgPool,
+        redis: Option<redis::aio::ConnectionManager>,
+        opts: MirrorOptions,
+    ) -> DueWriter {
         DueWriter {
             pool,
             room: Arc::new(Semaphore::new(IN_FLIGHT)),
             payload_limit: opts.payload_limit,
+            redis,
         }
     }
 }

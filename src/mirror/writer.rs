@@ -44,6 +44,11 @@ pub struct Mirror {
 const UNIT: usize = 1024;
 
 impl Mirror {
+    /// The Postgres pool the mirror writes with.
+    pub fn pool(&self) -> &PgPool {
+        &self.due.pool
+    }
+
     /// Starts `opts.writers` writers on `pool`. `spool` is the Redis
     /// connection of the gap lists; without one, items a failed transaction
     /// could not write are counted as lost (their Redis copies still run).
@@ -99,7 +104,7 @@ impl Mirror {
             budget: Arc::new(Semaphore::new(units as usize)),
             budget_units: units,
             urgent,
-            due: super::options::DueWriter::new(pool, opts),
+            due: super::options::DueWriter::new(pool, spool, opts),
         };
         (mirror, writers)
     }

@@ -192,15 +192,15 @@ pub fn of_route(format: &Format, redis_key: &[u8]) -> Vec<Structure> {
 
 /// The route's sets whose additions the proxy mirrors as jobs due later:
 /// Sidekiq's `schedule` and `retry` (JSON jobs naming their queue, scored by
-/// when they run). Not RQ's scheduled registry (its members are bare ids,
-/// the job in a hash the mirror would read first), nor the dead sets (a
-/// dead job is carried into `jobs_dead` by the importer or decommission).
+/// when they run) and RQ's scheduled registry (bare job ids scored by when
+/// they run; the mirror reads each job's hash before it writes). Not the
+/// dead sets (a dead job is carried into `jobs_dead` by the importer or
+/// decommission).
 pub fn mirrored_sets(format: &Format, redis_key: &[u8]) -> Vec<Structure> {
+    let due_later = |s: &Structure| matches!(s.holding, Holding::Scheduled | Holding::Retrying);
     match format {
-        Format::Sidekiq => sidekiq(redis_key)
-            .into_iter()
-            .filter(|s| matches!(s.holding, Holding::Scheduled | Holding::Retrying))
-            .collect(),
+        Format::Sidekiq => sidekiq(redis_key).into_iter().filter(due_later).collect(),
+        Format::Rq => rq(redis_key).into_iter().filter(due_later).collect(),
         _ => Vec::new(),
     }
 }

@@ -45,6 +45,10 @@ pub(super) enum Entry {
     /// A SELECT queued by Redis: the database changes at EXEC, if its
     /// element of EXEC's array is `+OK`.
     Select(Option<i64>),
+    /// A pop from a framework's set queued by Redis (RQ's scheduler moves a
+    /// due job with a push and a `ZREM` in one MULTI): its element of EXEC's
+    /// array says which members Redis handed out.
+    Pop(SetPop),
 }
 
 /// What the reply side does with the head command's reply.
@@ -378,6 +382,7 @@ impl Session {
                 Cmd::Reset if simple(b"RESET") => self.reset(),
                 Cmd::Push(push) if simple(b"QUEUED") => entries.push(Entry::Redis(Some(push))),
                 Cmd::Select(db) if simple(b"QUEUED") => entries.push(Entry::Select(db)),
+                Cmd::SetPop(pop) if simple(b"QUEUED") => entries.push(Entry::Pop(pop)),
                 _ if simple(b"QUEUED") => entries.push(Entry::Redis(None)),
                 // An error: Redis did not queue it (EXEC will abort).
                 _ => {}

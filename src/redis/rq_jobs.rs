@@ -43,6 +43,36 @@ pub async fn read(conn: &mut ConnectionManager, ids: &[&str]) -> Result<HashMap<
         .collect())
 }
 
+/// [`read`], read again for ids whose hash is not there yet, with a short
+/// backoff, until every hash is there or `wait` has passed. RQ up to 2.x
+/// adds a scheduled job's id to `rq:scheduled:<queue>` on its own, before
+/// the MULTI that writes the job's hash (`ScheduledJobRegistry.schedule`
+/// ignores the pipeline it is given), so when the proxy sees that `ZADD`
+/// answered the hash is usually a moment away. What is still missing after
+/// `wait` is left out: the caller decides what an id without its job is.
+pub async fn read_appearing(
+    conn: &mut ConnectionManager,
+    ids: &[&str],
+    wait: std::time::Duration,
+) -> Result<HashMap<String, JobHash>> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut found = read(conn, ids).await?;
+    let mut pause = std::time::Duration::from_millis(5);
+    loop {
+        let missing: Vec<&str> = ids
+            .iter()
+            .copied()
+            .filter(|id| !found.contains_key(*id))
+            .collect();
+        if missing.is_empty() || tokio::time::Instant::now() + pause > deadline {
+            return Ok(found);
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(250));
+        found.extend(read(conn, &missing).await?);
+    }
+}
+
 /// [`read`], or no hashes at all — without a connection or when the read
 /// fails — logged, since such copies keep the id alone and cannot run on
 /// Postgres without Redis.

@@ -12,5 +12,6 @@ mod planted;
 mod rig;
 mod rollback;
 mod rq_jobs;
+mod rq_scheduled;
 mod sidekiq_scheduled;
 mod watch;

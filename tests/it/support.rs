@@ -333,6 +333,22 @@ pub fn python() -> std::path::PathBuf {
     path
 }
 
+/// The Python of one cell of the framework version matrix
+/// (`.matrix/<cell>/bin/python`, made by `./scripts/test-deps.sh` for the
+/// cells the suite runs).
+pub fn matrix_python(cell: &str) -> std::path::PathBuf {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(".matrix")
+        .join(cell)
+        .join("bin/python");
+    assert!(
+        path.exists(),
+        "{} is missing: run ./scripts/test-deps.sh (scripts/test and .ci/run do)",
+        path.display()
+    );
+    path
+}
+
 /// `qbridge run --database-url URL --config CFG` as a child process (killed
 /// if the test ends first).
 pub fn spawn_run(database_url: &str, config: &std::path::Path) -> tokio::process::Child {

@@ -38,6 +38,24 @@ def structures():
         print(job.id, flush=True)
 
 
+def schedule(n, seconds):
+    queue = Queue(os.environ["QBT_QUEUE"], connection=Redis.from_url(os.environ["QBT_BROKER"]))
+    for i in range(n):
+        job = queue.enqueue_in(timedelta(seconds=seconds), "rq_app.add", i, i)
+        print(job.id, flush=True)
+
+
+def scheduler():
+    from rq.scheduler import RQScheduler
+
+    connection = Redis.from_url(os.environ["QBT_BROKER"])
+    pass_ = RQScheduler([os.environ["QBT_QUEUE"]], connection=connection)
+    if not pass_.acquire_locks():
+        sys.exit("another RQ scheduler holds the queue's lock")
+    pass_.enqueue_scheduled_jobs()
+    pass_.release_locks()
+
+
 def produce(n):
     queue = Queue(os.environ["QBT_QUEUE"], connection=Redis.from_url(os.environ["QBT_BROKER"]))
     for i in range(n):
@@ -50,5 +68,9 @@ if __name__ == "__main__":
         produce(int(sys.argv[2]))
     elif sys.argv[1:2] == ["structures"]:
         structures()
+    elif sys.argv[1:2] == ["schedule"]:
+        schedule(int(sys.argv[2]), float(sys.argv[3]))
+    elif sys.argv[1:2] == ["scheduler"]:
+        scheduler()
     else:
-        sys.exit("usage: rq_app.py produce N | structures")
+        sys.exit("usage: rq_app.py produce N | structures | schedule N SECONDS | scheduler")

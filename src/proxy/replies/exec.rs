@@ -8,6 +8,7 @@ use super::super::command::{one_line, LocalPush, LocalStore};
 use super::super::frame::{self, Frame};
 use super::super::link::Shared;
 use super::super::session::{took, Entry};
+use super::super::set_pop::handed_out;
 use super::Replies;
 use crate::metrics as m;
 
@@ -22,7 +23,7 @@ impl<R: tokio::io::AsyncRead + Unpin> Replies<R> {
         };
         let queued = entries
             .iter()
-            .filter(|e| matches!(e, Entry::Redis(_) | Entry::Select(_)))
+            .filter(|e| matches!(e, Entry::Redis(_) | Entry::Select(_) | Entry::Pop(_)))
             .count();
         if queued != results.len() {
             // Cannot happen with Redis's rules; if it does, pass the reply on
@@ -37,6 +38,7 @@ impl<R: tokio::io::AsyncRead + Unpin> Replies<R> {
             return;
         }
         let local = entries.iter().any(|e| matches!(e, Entry::Local(_)));
+        self.record_pops(&entries, &results).await;
         let mut results = results.into_iter();
         let mut spliced = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -48,6 +50,7 @@ impl<R: tokio::io::AsyncRead + Unpin> Replies<R> {
                     }
                     spliced.push(Ok(result));
                 }
+                Entry::Pop(_) => spliced.push(Ok(results.next().unwrap_or(Frame::Null))),
                 Entry::Select(db) => {
                     let result = results.next().unwrap_or(Frame::Null);
                     if matches!(&result, Frame::Simple(ok) if ok.as_ref() == b"OK") {
@@ -84,6 +87,29 @@ impl<R: tokio::io::AsyncRead + Unpin> Replies<R> {
             });
         }
         frame::encode(&Frame::Array(array), &mut self.out);
+    }
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> Replies<R> {
+    /// Records what the pops of a transaction handed out, before any of its
+    /// locally answered pushes is stored: RQ's scheduler pushes a due job
+    /// and takes it out of its registry in one MULTI, and the push must
+    /// find the evidence when it is written (`ingest::promote`).
+    async fn record_pops(&mut self, entries: &[Entry], results: &[Frame]) {
+        let db = self.session.next_db();
+        let mut results = results.iter();
+        for entry in entries {
+            let result = match entry {
+                Entry::Local(_) => continue,
+                Entry::Redis(_) | Entry::Select(_) | Entry::Pop(_) => results.next(),
+            };
+            if let (Entry::Pop(pop), Some(result)) = (entry, result) {
+                let members = handed_out(pop, result);
+                if !members.is_empty() {
+                    self.record_released(pop.clone(), members, db).await;
+                }
+            }
+        }
     }
 }
 
