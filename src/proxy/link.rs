@@ -29,7 +29,7 @@ pub(super) struct Shared {
     pub latency: metrics::Histogram,
     pub protocol_errors: metrics::Counter,
     /// Scripts seen that take members out of a set (`set_pop`).
-    pub pop_scripts: super::set_pop::PopScripts,
+    pub pop_scripts: super::pop_scripts::PopScripts,
 }
 
 /// What the reader and the reply side of one connection share besides the

@@ -21,6 +21,7 @@
 //! pairing; the tags), `reader` (client → Redis), `replies` (Redis → client,
 //! settling pushes), `session` (the connection state replies depend on),
 //! `auth` (AUTH through the splice and the proxy's own password),
+//! `set_pop` and `pop_scripts` (a framework's pops out of its sets),
 //! `connection` (one splice), `upstream` (plain TCP or TLS to Redis),
 //! `server` ([`ProxyServer`]).
 //!
@@ -74,6 +75,7 @@ mod command;
 mod connection;
 pub mod frame;
 mod link;
+mod pop_scripts;
 mod reader;
 mod replies;
 mod server;

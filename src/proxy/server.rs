@@ -18,6 +18,7 @@ use super::auth::{self, Gate};
 use super::connection;
 use super::frame::{Frame, Limits, DEPTH_CAP};
 use super::link::Shared;
+use super::pop_scripts::PopScripts;
 use super::upstream::{Stream, Upstream};
 use crate::config::tls::hint;
 use crate::config::ProxyConfig;
@@ -95,6 +96,12 @@ impl ProxyServer {
             max_depth: DEPTH_CAP,
             max_inline_len: 512 << 20,
         };
+        let pop_scripts = PopScripts::shared(deps.mirror.pool().clone());
+        // What other proxies learned is known before the first client:
+        // Postgres down is no reason not to proxy (a refresh follows).
+        if let Err(e) = pop_scripts.refresh().await {
+            tracing::warn!(error = %e, "cannot read the pop scripts other proxies learned; trying again every second");
+        }
         let shared = Shared {
             gate,
             routes: deps.routes,
@@ -104,7 +111,7 @@ impl ProxyServer {
             commands: metrics::counter!(m::PROXY_COMMANDS),
             latency: metrics::histogram!(m::PROXY_ADDED_LATENCY),
             protocol_errors: metrics::counter!(m::PROXY_PROTOCOL_ERRORS),
-            pop_scripts: Default::default(),
+            pop_scripts,
         };
         Ok(ProxyServer {
             listener,
@@ -134,6 +141,10 @@ impl ProxyServer {
     pub async fn run(self, token: CancellationToken) {
         tracing::info!(listen = %self.local_addr, upstream = %self.upstream_shown, "RESP proxy listening");
         let slots = Arc::new(Semaphore::new(self.max_clients));
+        let refresh = {
+            let (shared, stop) = (Arc::clone(&self.shared), token.clone());
+            tokio::spawn(async move { shared.pop_scripts.keep_refreshed(stop).await })
+        };
         let mut conns = JoinSet::new();
         let mut next_id = 0u64;
         loop {
@@ -174,6 +185,9 @@ impl ProxyServer {
         }
         drop(self.listener);
         drain(conns, self.drain_timeout).await;
+        // A last store of what was learned (bounded like the drain).
+        refresh.abort();
+        let _ = tokio::time::timeout(PING_TIMEOUT, self.shared.pop_scripts.refresh()).await;
     }
 }
 

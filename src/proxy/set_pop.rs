@@ -14,24 +14,18 @@
 //! What counts as a pop (anything else proves nothing):
 //! - `ZREM set member…` answered with the number of members given: each was
 //!   there and is gone.
-//! - A Lua script (`EVAL`, or `EVALSHA` of a script this proxy saw loaded
-//!   with `SCRIPT LOAD` or run with `EVAL`) whose first key is the set, whose
+//! - A Lua script (`EVAL`, or `EVALSHA` of a script `super::pop_scripts`
+//!   knows: a framework poller's, or one any proxy saw loaded with
+//!   `SCRIPT LOAD` or run with `EVAL`) whose first key is the set, whose
 //!   source calls `ZREM`, and whose reply is members of the set: Sidekiq's
-//!   poller pops a due job that way (its `zpopbyscore` script, 6.x and 7.x).
-//!   A script the proxy never saw (loaded before it started) proves nothing:
-//!   its pushes are held as before, and the diff shows them.
-
-use std::collections::HashSet;
-use std::sync::Mutex;
+//!   poller pops a due job that way (its `zpopbyscore` script, 6.3 to 8.x).
+//!   A script no proxy knows proves nothing: its pushes are held as before,
+//!   and the diff shows them.
 
 use bytes::Bytes;
-use sha1::{Digest, Sha1};
 
 use super::frame::Frame;
-
-/// Scripts learned at most (only those that call ZREM are kept): enough for
-/// any framework, bounded against a client loading scripts without end.
-const MAX_SCRIPTS: usize = 1024;
+use super::pop_scripts::{calls_zrem, PopScripts};
 
 /// A command that may take members out of a mirrored set.
 #[derive(Debug, Clone)]
@@ -40,34 +34,6 @@ pub(super) struct SetPop {
     pub set: Bytes,
     /// `ZREM`'s members; `None` for a script (its reply names them).
     pub named: Option<Vec<Bytes>>,
-}
-
-/// The SHA-1s (lowercase hex) of scripts seen that call ZREM, shared by
-/// every connection of one proxy.
-#[derive(Debug, Default)]
-pub(super) struct PopScripts(Mutex<HashSet<String>>);
-
-impl PopScripts {
-    fn learn(&self, source: &[u8]) {
-        if !calls_zrem(source) {
-            return;
-        }
-        let sha = format!("{:x}", Sha1::digest(source));
-        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if known.len() < MAX_SCRIPTS {
-            known.insert(sha);
-        }
-    }
-
-    fn knows(&self, sha: &[u8]) -> bool {
-        let sha = String::from_utf8_lossy(sha).to_ascii_lowercase();
-        let known = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        known.contains(&sha)
-    }
-}
-
-fn calls_zrem(source: &[u8]) -> bool {
-    source.to_ascii_lowercase().windows(4).any(|w| w == b"zrem")
 }
 
 /// Whether `name args…` may take members out of a set `is_set` accepts;
@@ -145,6 +111,8 @@ mod tests {
     fn is_schedule(key: &[u8]) -> bool {
         key == b"schedule"
     }
+
+    use sha1::{Digest, Sha1};
 
     #[test]
     fn a_script_is_a_pop_once_seen_loaded_and_only_on_the_set() {

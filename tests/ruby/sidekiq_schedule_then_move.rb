@@ -8,6 +8,12 @@
 #                          poller runs): it pops each due job from
 #                          `schedule` with its Lua script and pushes it to
 #                          queue:default; prints "moved"
+#   move-loaded-elsewhere ELSEWHERE_URL SECONDS
+#                       -> the same pass by a poller that loaded its script
+#                          at ELSEWHERE_URL (Redis itself, or another proxy)
+#                          while nothing was due, then, SECONDS later, runs
+#                          through REDIS_URL with the script's SHA-1 alone
+#                          (EVALSHA, no SCRIPT LOAD there); prints "moved"
 require "sidekiq"
 require "sidekiq/scheduled"
 
@@ -25,6 +31,14 @@ when "schedule"
 when "move"
   Sidekiq::Scheduled::Enq.new.enqueue_jobs
   puts "moved"
+when "move-loaded-elsewhere"
+  enq = Sidekiq::Scheduled::Enq.new
+  Sidekiq.configure_client { |c| c.redis = { url: ARGV[1] } }
+  enq.enqueue_jobs
+  sleep ARGV[2].to_f
+  Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch("REDIS_URL") } }
+  enq.enqueue_jobs
+  puts "moved"
 else
-  abort "usage: schedule N SECONDS | move"
+  abort "usage: schedule N SECONDS | move | move-loaded-elsewhere ELSEWHERE_URL SECONDS"
 end

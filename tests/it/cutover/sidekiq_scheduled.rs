@@ -195,6 +195,128 @@ async fn a_job_scheduled_before_the_flip_and_moved_after_it_runs_live_in_postgre
     side.stop().await;
 }
 
+/// A poller whose script was loaded before the proxy saw it (at Redis
+/// itself: the proxy started later, or restarted) sends only `EVALSHA`
+/// through the proxy. Sidekiq's poller scripts are known by their SHA-1, so
+/// the moves after the flip still run live, once, with nothing held.
+/// Before, the proxy learned scripts only from a `SCRIPT LOAD` it saw, and
+/// each move was held as a re-push without evidence.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_poller_whose_script_was_loaded_elsewhere_is_recognised(pool: PgPool) {
+    let redis = ThrowawayRedis::start();
+    let toml = "[[routes]]\nname = \"mail\"\nredis_key = \"queue:default\"\nqueue = \"mail\"\n\
+                format = \"sidekiq\"\nphase = \"shadow\"\n";
+    let side = ProxySide::start_on(&pool, toml, &redis.url()).await;
+    let jids = ruby(
+        "sidekiq_schedule_then_move.rb",
+        &["schedule", "3", "3"],
+        &side.url(),
+    )
+    .await;
+    wait_for(
+        &pool,
+        "SELECT count(*) FROM qbridge.job_keys WHERE queue = 'mail' AND copy = 'mirror'",
+        3,
+    )
+    .await;
+    side.force_to("mail", &redis.url(), qbridge::model::Phase::PostgresOnly)
+        .await;
+    let moved = ruby(
+        "sidekiq_schedule_then_move.rb",
+        &["move-loaded-elsewhere", &redis.url(), "3.5"],
+        &side.url(),
+    )
+    .await;
+    assert_eq!(moved, ["moved"]);
+    wait_for(
+        &pool,
+        "SELECT count(*) FROM qbridge.job_keys WHERE queue = 'mail' AND copy = 'live'",
+        3,
+    )
+    .await;
+    let held: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM qbridge.held_repushes WHERE queue = 'mail'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(held, 0, "nothing held");
+    assert_eq!(jids.len(), 3);
+    side.stop().await;
+}
+
+/// A pop script the proxy learns (seen loaded) is stored in Postgres, so a
+/// second proxy — or this one after a restart — recognises its `EVALSHA`
+/// although it never saw the load: the reply names what Redis handed out,
+/// recorded as the evidence that runs the job's re-push live.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_pop_script_one_proxy_learned_is_known_to_another(pool: PgPool) {
+    let redis = ThrowawayRedis::start();
+    let toml = "[[routes]]\nname = \"mail\"\nredis_key = \"queue:default\"\nqueue = \"mail\"\n\
+                format = \"sidekiq\"\nphase = \"shadow\"\n";
+    let first = ProxySide::start_on(&pool, toml, &redis.url()).await;
+    let jids = ruby(
+        "sidekiq_schedule_then_move.rb",
+        &["schedule", "1", "3600"],
+        &first.url(),
+    )
+    .await;
+    wait_for(
+        &pool,
+        "SELECT count(*) FROM qbridge.job_keys WHERE queue = 'mail' AND copy = 'mirror'",
+        1,
+    )
+    .await;
+    // A team's own pop script, loaded through the first proxy.
+    let script = "local m = redis.call('zrange', KEYS[1], 0, 0)[1] \
+                  if m then redis.call('zrem', KEYS[1], m) end return m";
+    let mut via_first = qbridge::redis::connect::connect_redis(&first.url())
+        .await
+        .unwrap();
+    let sha: String = ::redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(script)
+        .query_async(&mut via_first)
+        .await
+        .unwrap();
+    drop(via_first);
+    first.stop().await;
+    let stored: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM qbridge.proxy_pop_scripts WHERE sha = $1")
+            .bind(&sha)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(stored, 1, "the learned script is shared through Postgres");
+
+    let second = ProxySide::start_on(&pool, toml, &redis.url()).await;
+    second
+        .force_to("mail", &redis.url(), qbridge::model::Phase::PostgresOnly)
+        .await;
+    let mut via_second = qbridge::redis::connect::connect_redis(&second.url())
+        .await
+        .unwrap();
+    let member: String = ::redis::cmd("EVALSHA")
+        .arg(&sha)
+        .arg(1)
+        .arg("schedule")
+        .query_async(&mut via_second)
+        .await
+        .unwrap();
+    assert!(member.contains(&jids[0]));
+    let released: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM qbridge.redis_releases WHERE queue = 'mail' AND key = $1",
+    )
+    .bind(&jids[0])
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        released, 1,
+        "the pop is the evidence Redis let go of the job"
+    );
+    second.stop().await;
+}
+
 /// Waits (10 s at most) until `count_sql` counts `wanted`.
 async fn wait_for(pool: &PgPool, count_sql: &str, wanted: i64) {
     let started = std::time::Instant::now();
