@@ -22,6 +22,7 @@
 //! settling pushes), `session` (the connection state replies depend on),
 //! `auth` (AUTH through the splice and the proxy's own password),
 //! `set_pop` and `pop_scripts` (a framework's pops out of its sets),
+//! `push_scripts` (pushes a framework makes from a known Lua script),
 //! `connection` (one splice), `upstream` (plain TCP or TLS to Redis),
 //! `server` ([`ProxyServer`]).
 //!
@@ -76,6 +77,7 @@ mod connection;
 pub mod frame;
 mod link;
 mod pop_scripts;
+mod push_scripts;
 mod reader;
 mod replies;
 mod server;

@@ -32,6 +32,7 @@ use super::link::{Link, Selected, Shared};
 use crate::metrics as m;
 use crate::model::Phase;
 
+mod scripts;
 mod sets;
 
 /// Routed pushes of one connection whose Postgres write runs ahead of their
@@ -278,6 +279,9 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
     ) -> std::io::Result<Routing> {
         if name == "ZADD" {
             return self.route_set_add(args, batch, read_at).await;
+        }
+        if name == "EVALSHA" || name == "EVAL" {
+            return self.route_script(name, args, batch, read_at).await;
         }
         // `LPUSH key` alone is an arity error: Redis answers it.
         if !is_push(name) || args.len() < 3 {

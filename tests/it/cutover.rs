@@ -13,5 +13,6 @@ mod rig;
 mod rollback;
 mod rq_jobs;
 mod rq_scheduled;
+mod rq_unique;
 mod sidekiq_scheduled;
 mod watch;

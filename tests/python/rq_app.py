@@ -45,6 +45,28 @@ def schedule(n, seconds):
         print(job.id, flush=True)
 
 
+def unique(n, seconds=None):
+    from rq.exceptions import DuplicateJobError
+
+    queue = Queue(os.environ["QBT_QUEUE"], connection=Redis.from_url(os.environ["QBT_BROKER"]))
+    prefix = os.urandom(6).hex()
+    for i in range(n):
+        job_id = f"u{prefix}-{i}"
+        for attempt in range(2):
+            try:
+                if seconds is None:
+                    queue.enqueue("rq_app.add", i, i, job_id=job_id, unique=True)
+                else:
+                    queue.enqueue_in(timedelta(seconds=seconds), "rq_app.add", i, i, job_id=job_id, unique=True)
+            except DuplicateJobError:
+                if attempt == 0:
+                    sys.exit(f"{job_id}: refused as a duplicate on its first enqueue")
+            else:
+                if attempt == 1:
+                    sys.exit(f"{job_id}: enqueued twice although unique")
+        print(job_id, flush=True)
+
+
 def scheduler():
     from rq.scheduler import RQScheduler
 
@@ -70,7 +92,9 @@ if __name__ == "__main__":
         structures()
     elif sys.argv[1:2] == ["schedule"]:
         schedule(int(sys.argv[2]), float(sys.argv[3]))
+    elif sys.argv[1:2] == ["unique"]:
+        unique(int(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else None)
     elif sys.argv[1:2] == ["scheduler"]:
         scheduler()
     else:
-        sys.exit("usage: rq_app.py produce N | structures | schedule N SECONDS | scheduler")
+        sys.exit("usage: rq_app.py produce N | structures | schedule N SECONDS | unique N [SECONDS] | scheduler")
