@@ -2,6 +2,7 @@
 //! rollback with jobs in flight, decommissioning, and the phase watch.
 
 mod celery_priority;
+mod celery_push_forms;
 mod decommission;
 mod decommission_gap;
 mod decommission_idle;
