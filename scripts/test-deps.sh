@@ -32,6 +32,10 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv \
 # Sidekiq 6.4 from Debian for the Sidekiq tests (tests/ruby/*.rb).
 ruby -e 'require "sidekiq"' >/dev/null 2>&1 || apt_install ruby-sidekiq \
   || die "Ruby with Sidekiq is needed for the Sidekiq tests (Debian: apt-get install -y ruby-sidekiq)"
+# gitlab-sidekiq-fetcher, a real reliable fetch (private lists per worker),
+# for the tests of the structures qbridge counts (tests/ruby/sidekiq_reliable_fetch.rb).
+ruby -e 'require "sidekiq-reliable-fetch"' >/dev/null 2>&1 || apt_install ruby-gitlab-sidekiq-fetcher \
+  || die "gitlab-sidekiq-fetcher is needed for the reliable fetch tests (Debian: apt-get install -y ruby-gitlab-sidekiq-fetcher)"
 # The pg gem for the Sidekiq adapter's SQL reporting path (adapters/ruby).
 ruby -e 'require "pg"' >/dev/null 2>&1 || apt_install ruby-pg \
   || die "Ruby's pg gem is needed for the Sidekiq adapter's tests (Debian: apt-get install -y ruby-pg)"

@@ -22,6 +22,11 @@
 //! ETA is away; kombu puts it back on its list after `visibility_timeout`
 //! if the worker is gone. The route owns the entries routed to its queue.
 //!
+//! A reliable fetch (Sidekiq Pro's `super_fetch`, gitlab-sidekiq-fetcher)
+//! moves a job from the list into a private list of the worker process that
+//! runs it: `queue:sq|<identity>|<name>` and `working:queue:<name>:<identity>`
+//! under the same namespace, found by key pattern.
+//!
 //! **RQ** (`rq/registry.py`): `rq:scheduled:<queue>` and `rq:failed:<queue>`,
 //! sets of job ids of the queue's own ([`of_route`]).
 //!
@@ -100,6 +105,10 @@ pub enum Shape {
     /// kombu's hash of taken messages (delivery tag → `[message, exchange,
     /// routing_key]`) with `index`, the sorted set of the tags by time taken.
     UnackedHash { index: String },
+    /// The private lists of a reliable fetch, one per worker process: the
+    /// lists whose keys match the glob `key` (found by `SCAN MATCH`), each
+    /// holding jobs a worker took and has not finished.
+    PrivateLists,
 }
 
 /// Which members of a structure are the route's.
@@ -156,14 +165,16 @@ impl Structure {
 
     /// Whether qbridge carries this structure's jobs into Postgres (import,
     /// a forced decommission), or only counts them and holds the gate.
-    /// Not carried: jobs a live worker holds (Celery's `unacked`: the worker
-    /// runs them; a copy in Postgres would run them twice), and delayed
+    /// Not carried: jobs a live worker holds (Celery's `unacked`, a reliable
+    /// fetch's private lists: the worker runs them, or puts them back on the
+    /// list when it finds their worker gone; a copy in Postgres would run
+    /// them twice), and delayed
     /// jobs without an id (resque-scheduler's: one moved to its queue by the
     /// scheduler while qbridge carries it could not be told from the copy).
     pub fn carried(&self) -> bool {
         !matches!(
             self.shape,
-            Shape::UnackedHash { .. } | Shape::DelayedIndex { .. }
+            Shape::UnackedHash { .. } | Shape::DelayedIndex { .. } | Shape::PrivateLists
         )
     }
 }
@@ -291,12 +302,17 @@ fn rq(redis_key: &[u8]) -> Vec<Structure> {
         .collect()
 }
 
-/// Sidekiq's sets for the list `[<namespace>:]queue:<name>`.
+/// Sidekiq's sets for the list `[<namespace>:]queue:<name>`, and the
+/// private lists of the reliable fetches that move a job out of the list
+/// while a worker runs it: Sidekiq Pro's `super_fetch`
+/// (`queue:sq|<identity>|<name>`, from its public changelog and issues: the
+/// source is closed) and gitlab-sidekiq-fetcher's
+/// (`working:queue:<name>:<identity>`, `Sidekiq::BaseReliableFetch`).
 fn sidekiq(redis_key: &[u8]) -> Vec<Structure> {
     let Some((prefix, queue)) = namespaced_queue(redis_key) else {
         return Vec::new();
     };
-    [
+    let mut sets: Vec<Structure> = [
         (Holding::Scheduled, "schedule"),
         (Holding::Retrying, "retry"),
         (Holding::Dead, "dead"),
@@ -309,7 +325,34 @@ fn sidekiq(redis_key: &[u8]) -> Vec<Structure> {
         owner: Owner::Field("queue"),
         queue: queue.to_string(),
     })
-    .collect()
+    .collect();
+    let glob = glob_escape(queue);
+    for key in [
+        format!("{prefix}queue:sq|*|{glob}"),
+        format!("{prefix}working:queue:{glob}:*"),
+    ] {
+        sets.push(Structure {
+            holding: Holding::Held,
+            key,
+            shape: Shape::PrivateLists,
+            owner: Owner::Whole,
+            queue: queue.to_string(),
+        });
+    }
+    sets
+}
+
+/// `text` with the characters Redis's glob matching gives a meaning to
+/// escaped, so it matches only itself.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -320,7 +363,19 @@ mod tests {
     fn sidekiq_queues_own_their_members_of_the_shared_sets() {
         let sets = of_route(&Format::Sidekiq, b"queue:mailers");
         let keys: Vec<&str> = sets.iter().map(|s| s.key.as_str()).collect();
-        assert_eq!(keys, ["schedule", "retry", "dead"]);
+        assert_eq!(
+            keys,
+            [
+                "schedule",
+                "retry",
+                "dead",
+                "queue:sq|*|mailers",
+                "working:queue:mailers:*"
+            ]
+        );
+        assert!(sets[3].owns(b"anything") && !sets[3].carried());
+        let odd = of_route(&Format::Sidekiq, b"queue:a*b");
+        assert_eq!(odd[4].key, "working:queue:a\\*b:*");
         assert!(sets[0].owns(br#"{"class":"Mail","queue":"mailers","jid":"a"}"#));
         assert!(!sets[0].owns(br#"{"class":"Mail","queue":"default","jid":"b"}"#));
         assert!(!sets[0].owns(b"not json"));

@@ -1,7 +1,7 @@
 //! What a route's framework structures hold now (`model::structures`):
 //! Sidekiq's `schedule`, `retry` and `dead` sets, RQ's registries, Resque's
 //! `failed` list and resque-scheduler's delayed jobs, Celery's `unacked`
-//! hash — counted for the route's queue, with when the first and the last of
+//! hash, the private lists of a Sidekiq reliable fetch — counted for the route's queue, with when the first and the last of
 //! them is due. Shown by `qbridge cutover status` and the diff; the gate into
 //! `decommissioned` refuses while any holds a job of the route (issue 14).
 //!
@@ -70,13 +70,23 @@ pub fn non_empty(held: &[Held]) -> Vec<String> {
         .collect()
 }
 
-/// Reads every structure of `route` (nothing for formats without any).
+/// Reads every structure of `route` (nothing for formats without any). A
+/// reliable fetch's private lists are there only while a worker holds a
+/// job in one: most fleets have none, and an empty pattern says nothing.
 pub async fn read(conn: &mut ConnectionManager, route: &Route) -> Result<Vec<Held>> {
     let mut out = Vec::new();
     for structure in structures::of_route(&route.format, &route.redis_key) {
-        out.push(count(conn, &structure).await?);
+        let held = count(conn, &structure).await?;
+        if held.jobs > 0 || !is_private(&structure) {
+            out.push(held);
+        }
     }
     Ok(out)
+}
+
+/// Whether `structure` is a reliable fetch's private lists.
+pub(crate) fn is_private(structure: &Structure) -> bool {
+    structure.shape == Shape::PrivateLists
 }
 
 /// Reads one structure of a route.
@@ -148,7 +158,7 @@ pub(crate) async fn remove(
                 let _: Vec<i64> = pipe.query_async(conn).await?;
             }
         }
-        Shape::DelayedIndex { .. } | Shape::UnackedHash { .. } => {
+        Shape::DelayedIndex { .. } | Shape::UnackedHash { .. } | Shape::PrivateLists => {
             return Err(crate::error::Error::Refused(format!(
                 "qbridge does not carry {}: {} jobs stay where they are",
                 structure.key, structure.holding
@@ -196,6 +206,17 @@ async fn scan_owned(
             }
             Ok(())
         }
+        Shape::PrivateLists => {
+            for list in matching_keys(conn, &structure.key).await? {
+                list_pages(conn, &list, |member| {
+                    if structure.owns(&member) {
+                        each(member, None);
+                    }
+                })
+                .await?;
+            }
+            Ok(())
+        }
         Shape::UnackedHash { index } => {
             let mut owned = Vec::new();
             hscan(conn, &structure.key, |tag, entry| {
@@ -231,6 +252,28 @@ fn eta_of(entry: &[u8]) -> Option<f64> {
     let eta = entry.get(0)?.get("headers")?.get("eta")?.as_str()?;
     let at = chrono::DateTime::parse_from_rfc3339(eta).ok()?;
     Some(at.timestamp_millis() as f64 / 1000.0)
+}
+
+/// The keys matching the glob `pattern`, walking the keyspace with `SCAN`
+/// (never `KEYS`, which blocks Redis for the whole walk).
+async fn matching_keys(conn: &mut ConnectionManager, pattern: &str) -> Result<Vec<Vec<u8>>> {
+    let mut cursor: u64 = 0;
+    let mut keys = Vec::new();
+    loop {
+        let (next, page): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(PAGE)
+            .query_async(conn)
+            .await?;
+        keys.extend(page);
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
 }
 
 /// A sorted set's members with their scores, page by page (ZSCAN).

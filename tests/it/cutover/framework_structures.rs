@@ -410,3 +410,93 @@ async fn rq_registries_are_counted_imported_and_carried(pool: PgPool) {
         assert_eq!(n, 0, "{set}");
     }
 }
+
+/// A Sidekiq fleet with a reliable fetch (gitlab-sidekiq-fetcher, real)
+/// moves the job a worker runs into the worker's private list: the job is
+/// neither in the route's list nor finished. qbridge counts it there as
+/// held by a worker, and the gate into `decommissioned` refuses while it is.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_job_in_a_reliable_fetchs_private_list_is_counted_and_holds_decommission(pool: PgPool) {
+    let server = ThrowawayRedis::start();
+    let app = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ruby");
+    let produce = std::process::Command::new("ruby")
+        .args(["sidekiq_reliable_fetch.rb", "produce", "2"])
+        .current_dir(&app)
+        .env("REDIS_URL", server.url())
+        .output()
+        .expect("ruby runs (./scripts/test-deps.sh installs ruby-gitlab-sidekiq-fetcher)");
+    assert!(
+        produce.status.success(),
+        "{}",
+        String::from_utf8_lossy(&produce.stderr)
+    );
+    let mut worker = tokio::process::Command::new("sidekiq")
+        .args([
+            "-r",
+            "./sidekiq_reliable_fetch.rb",
+            "-q",
+            "default",
+            "-c",
+            "1",
+        ])
+        .current_dir(&app)
+        .env("REDIS_URL", server.url())
+        .env("QBT_SLEEP", "60")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("sidekiq starts");
+    let toml = "[[routes]]\nname = \"mail\"\nredis_key = \"queue:default\"\nqueue = \"mail\"\n\
+                format = \"sidekiq\"\nphase = \"postgres_only\"\n";
+    let cfg = Config::from_toml(toml, &Overrides::default()).expect("route config");
+    let routes = Routes::from_config(&cfg.routes);
+    let route = Arc::clone(routes.by_name("mail").unwrap());
+    let mut conn = connect_redis(&server.url()).await.unwrap();
+    let started = std::time::Instant::now();
+    let held = loop {
+        let held = structures::read(&mut conn, &route).await.unwrap();
+        let private: u64 = held
+            .iter()
+            .filter(|h| h.key == "working:queue:default:*")
+            .map(|h| h.jobs)
+            .sum();
+        if private == 1 {
+            break held;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the worker took a job into its private list: {held:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        structures::non_empty(&held),
+        ["working:queue:default:*: 1 held by a worker"]
+    );
+    let state = RouteState {
+        route: "mail".into(),
+        phase: Phase::PostgresOnly,
+        percent: 100,
+        since: chrono::Utc::now() - chrono::Duration::hours(1),
+        changed_by: "test".into(),
+        reason: "test".into(),
+    };
+    let gate = gates::evaluate(&pool, Some(&mut conn), &route, &state)
+        .await
+        .unwrap()
+        .expect("a gate into decommissioned");
+    let check = gate
+        .checks
+        .iter()
+        .find(|c| c.name == "jobs in the framework's other structures")
+        .expect("the check is there");
+    assert!(!check.passed, "{check:?}");
+    assert!(
+        check
+            .value
+            .contains("working:queue:default:*: 1 held by a worker"),
+        "{check:?}"
+    );
+    let _ = worker.kill().await;
+}
