@@ -161,7 +161,7 @@ pub async fn evaluate(
     match state.phase {
         Phase::RedisOnly => {}
         Phase::Decommissioned => {
-            decommissioned_checks(db, redis, route, &mut gate.checks).await?;
+            decommissioned_checks(redis, route, &mut gate.checks).await?;
         }
         Phase::DualWrite => {
             gate.diff = dual_write_checks(db, redis, route, state, &mut gate.checks).await?;
@@ -178,13 +178,12 @@ pub async fn evaluate(
 
 /// Nothing landed in Redis since the route was decommissioned.
 async fn decommissioned_checks(
-    db: &PgPool,
     redis: &mut ConnectionManager,
     route: &Route,
     checks: &mut Vec<Check>,
 ) -> Result<()> {
-    let held = redis_view::read(redis, db, route).await?;
-    let left = held.waiting.len() + held.processing.len() + held.parked;
+    let (waiting, processing, parked) = redis_view::count_left(redis, route).await?;
+    let left = waiting + processing + parked;
     checks.push(check(
         "nothing in Redis since",
         left == 0,

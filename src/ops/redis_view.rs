@@ -225,6 +225,26 @@ async fn read_list(
     }
 }
 
+/// How many items wait in the route's lists, its consumers' processing
+/// lists and its gap list: lengths only, and nothing written. A
+/// decommissioned route's status reads this, so that looking leaves no key
+/// behind ([`read`] observes the epoch, which sets the route's marker).
+pub async fn count_left(conn: &mut ConnectionManager, route: &Route) -> Result<(u64, u64, u64)> {
+    let mut waiting = 0u64;
+    for list in route.lists() {
+        let n: u64 = redis::cmd("LLEN").arg(&list[..]).query_async(conn).await?;
+        waiting += n;
+    }
+    let keys = RouteKeys::of(route);
+    let mut processing = 0u64;
+    for list in scan(conn, &keys.any_processing()).await? {
+        let n: u64 = redis::cmd("LLEN").arg(&list).query_async(conn).await?;
+        processing += n;
+    }
+    let parked: u64 = redis::cmd("LLEN").arg(keys.gap()).query_async(conn).await?;
+    Ok((waiting, processing, parked))
+}
+
 /// Reads the route's lists. `db` numbers content-hash keys.
 pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> Result<RedisView> {
     let moves_before = moves(db, route).await?;

@@ -224,3 +224,78 @@ async fn an_owed_outbox_row_whose_key_redis_ran_is_not_run_again_at_decommission
     .await;
     rig.finish().await;
 }
+
+/// Every Redis key of the route, by a `SCAN` for its name.
+async fn route_keys(rig: &Rig) -> Vec<String> {
+    let mut conn = rig.redis().await;
+    let mut cursor: u64 = 0;
+    let mut keys = Vec::new();
+    loop {
+        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("*{}*", rig.name))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        keys.extend(page);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    keys.sort();
+    keys
+}
+
+/// Decommission deletes every key of the route that it says it deletes
+/// (`cutover/4-decommissioned.md`), and reading the decommissioned route's
+/// status afterwards, as an operator does, creates none again. Before, the
+/// epoch marker `qbridge:epoch:<route>` was set again by every status.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn decommission_leaves_no_key_of_the_route_and_status_creates_none(pool: PgPool) {
+    let mut rig = Rig::new(
+        &pool,
+        Options {
+            phase: Phase::PostgresOnly,
+            ..Options::default()
+        },
+    )
+    .await;
+    rig.start().await;
+    rig.push_behind_qbridge(r#"{"id":"drained"}"#).await;
+    support::wait_for_count(
+        &pool,
+        "drained ran on Redis",
+        "SELECT count(*) FROM qbridge.outcomes WHERE side = 'redis' AND key = 'drained'",
+        1,
+    )
+    .await;
+    assert!(
+        !route_keys(&rig).await.is_empty(),
+        "the route has keys before decommission"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let done = rig.advance(false).await.map_err(|_| "advance").unwrap();
+    assert_eq!(done.state.phase, Phase::Decommissioned);
+    rig.stop().await;
+    assert_eq!(route_keys(&rig).await, Vec::<String>::new());
+    let route = rig.route();
+    let mut conn = rig.redis().await;
+    for _ in 0..2 {
+        let state = qbridge::ops::operate::state_of(&pool, &route, "test@ops")
+            .await
+            .unwrap();
+        qbridge::ops::gates::evaluate(&pool, Some(&mut conn), &route, &state)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        route_keys(&rig).await,
+        Vec::<String>::new(),
+        "the status of a decommissioned route writes nothing to Redis"
+    );
+    rig.finish().await;
+}
