@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the integration tests drive besides Postgres and Redis:
-# Sidekiq 6.4 (Debian's ruby-sidekiq), chromium with chromedriver (the
+# Sidekiq 6.4 (Debian's ruby-sidekiq) and what the vendored Sidekiq 7 needs
+# (ruby-rack, ruby-concurrent), chromium with chromedriver (the
 # console's browser tests), pgbouncer and redis-sentinel and the Python framework clients
 # (Celery with kombu's Redis transport, RQ, redis-py) into a virtual
 # environment at .venv, from PyPI, pinned in
@@ -32,6 +33,10 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv \
 # Sidekiq 6.4 from Debian for the Sidekiq tests (tests/ruby/*.rb).
 ruby -e 'require "sidekiq"' >/dev/null 2>&1 || apt_install ruby-sidekiq \
   || die "Ruby with Sidekiq is needed for the Sidekiq tests (Debian: apt-get install -y ruby-sidekiq)"
+# Sidekiq 7.3.10 itself is vendored (vendor/ruby); the two libraries it
+# needs that it does not bring come from Debian.
+ruby -e 'require "rack"; require "concurrent"' >/dev/null 2>&1 || apt_install ruby-rack ruby-concurrent \
+  || die "Ruby's rack and concurrent-ruby are needed for the Sidekiq 7 tests (Debian: apt-get install -y ruby-rack ruby-concurrent)"
 # The pg gem for the Sidekiq adapter's SQL reporting path (adapters/ruby).
 ruby -e 'require "pg"' >/dev/null 2>&1 || apt_install ruby-pg \
   || die "Ruby's pg gem is needed for the Sidekiq adapter's tests (Debian: apt-get install -y ruby-pg)"
