@@ -43,6 +43,7 @@ mod schema_check;
 mod sentinel;
 mod servers;
 mod shutdown;
+mod sidekiq_versions;
 mod support;
 mod tls;
 mod wakeup;
