@@ -313,3 +313,69 @@ async fn the_sidekiq_adapters_own_tests_pass_on_sidekiq_6(pool: PgPool) {
 async fn the_sidekiq_adapters_own_tests_pass_on_sidekiq_7(pool: PgPool) {
     sidekiq_suite(&pool, Sidekiq::V7).await;
 }
+
+/// `adapters/ruby` builds as the `qbridge-sidekiq` gem: its name, the
+/// version in `lib/qbridge/version.rb`, every library file, the runner, the
+/// README and changelog, and Sidekiq >= 6, < 9; and it installs, the runner
+/// on the gem's executables.
+#[test]
+fn the_sidekiq_adapter_builds_and_installs_as_a_gem() {
+    let dir = tempfile::tempdir().unwrap();
+    let gem = dir.path().join("qbridge-sidekiq.gem");
+    let run = |cmd: &mut std::process::Command| -> String {
+        let out = cmd
+            .current_dir(format!("{REPO}/adapters/ruby"))
+            .output()
+            .expect("gem runs (Debian: apt-get install ruby; ./scripts/test-deps.sh)");
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(std::process::Command::new("gem")
+        .args(["build", "qbridge-sidekiq.gemspec", "--output"])
+        .arg(&gem));
+    let spec = run(std::process::Command::new("ruby")
+        .args([
+            "-rrubygems/package",
+            "-e",
+            "s = Gem::Package.new(ARGV[0]).spec; puts s.name, s.version, s.executables.join(' '), \
+             s.runtime_dependencies.map { |d| \"#{d.name} #{d.requirement}\" }.join(';'), s.files.sort",
+        ])
+        .arg(&gem));
+    let lines: Vec<&str> = spec.lines().collect();
+    let version = std::fs::read_to_string(format!("{REPO}/adapters/ruby/lib/qbridge/version.rb"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("SIDEKIQ_ADAPTER_VERSION = "))
+        .map(|v| v.trim_matches('"').to_string())
+        .expect("version.rb names the version");
+    assert_eq!(lines[0], "qbridge-sidekiq");
+    assert_eq!(lines[1], version);
+    assert_eq!(lines[2], "qbridge-sidekiq-runner");
+    assert_eq!(lines[3], "sidekiq >= 6, < 9");
+    let mut wanted: Vec<String> = std::fs::read_dir(format!("{REPO}/adapters/ruby/lib/qbridge"))
+        .unwrap()
+        .map(|e| format!("lib/qbridge/{}", e.unwrap().file_name().to_string_lossy()))
+        .chain(["bin/qbridge-sidekiq-runner", "README.md", "CHANGELOG.md"].map(String::from))
+        .collect();
+    wanted.sort();
+    assert_eq!(
+        lines[4..],
+        wanted.iter().map(String::as_str).collect::<Vec<_>>()[..]
+    );
+    let home = dir.path().join("home");
+    run(std::process::Command::new("gem")
+        .args([
+            "install",
+            "--local",
+            "--ignore-dependencies",
+            "--no-document",
+            "--install-dir",
+        ])
+        .arg(&home)
+        .arg(&gem));
+    assert!(home.join("bin/qbridge-sidekiq-runner").exists());
+}
