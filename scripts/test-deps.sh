@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the integration tests drive besides Postgres and Redis:
-# Sidekiq 6.4 (Debian's ruby-sidekiq), chromium with chromedriver (the
+# Sidekiq 6.4 (Debian's ruby-sidekiq) and what the vendored Sidekiq 7 needs
+# (ruby-rack, ruby-concurrent), chromium with chromedriver (the
 # console's browser tests), pgbouncer and redis-sentinel and the Python framework clients
 # (Celery with kombu's Redis transport, RQ, redis-py) into a virtual
 # environment at .venv, from PyPI, pinned in
@@ -36,6 +37,10 @@ ruby -e 'require "sidekiq"' >/dev/null 2>&1 || apt_install ruby-sidekiq \
 # for the tests of the structures qbridge counts (tests/ruby/sidekiq_reliable_fetch.rb).
 ruby -e 'require "sidekiq-reliable-fetch"' >/dev/null 2>&1 || apt_install ruby-gitlab-sidekiq-fetcher \
   || die "gitlab-sidekiq-fetcher is needed for the reliable fetch tests (Debian: apt-get install -y ruby-gitlab-sidekiq-fetcher)"
+# Sidekiq 7.3.10 itself is vendored (vendor/ruby); the two libraries it
+# needs that it does not bring come from Debian.
+ruby -e 'require "rack"; require "concurrent"' >/dev/null 2>&1 || apt_install ruby-rack ruby-concurrent \
+  || die "Ruby's rack and concurrent-ruby are needed for the Sidekiq 7 tests (Debian: apt-get install -y ruby-rack ruby-concurrent)"
 # The pg gem for the Sidekiq adapter's SQL reporting path (adapters/ruby).
 ruby -e 'require "pg"' >/dev/null 2>&1 || apt_install ruby-pg \
   || die "Ruby's pg gem is needed for the Sidekiq adapter's tests (Debian: apt-get install -y ruby-pg)"

@@ -129,7 +129,8 @@ pub enum Command {
     /// The migration drill: one route through every phase on real Postgres and Redis.
     #[command(after_help = "Examples:\n  qbridge demo\n  qbridge demo --json\n  \
         qbridge demo --database-url postgres://me@db/app --redis-url redis://cache:6379\n  \
-        qbridge demo --framework sidekiq\n  qbridge demo --framework celery --python .venv/bin/python\n\n\
+        qbridge demo --framework sidekiq\n  qbridge demo --framework sidekiq --ruby-lib vendor/ruby\n  \
+        qbridge demo --framework celery --python .venv/bin/python\n\n\
         Without URLs it uses what answers on 127.0.0.1:5432 and :6379, else starts throwaway\n\
         servers from the binaries on PATH. It works in its own new database (dropped at the end)\n\
         and its own Redis keys. Exits non-zero if a job was lost or run live twice.")]
@@ -304,13 +305,20 @@ pub struct DemoArgs {
     #[arg(long, default_value = "5s", value_parser = crate::config::parse_duration)]
     pub step: std::time::Duration,
     /// Run the Redis side with a real framework's own client and workers
-    /// (Ruby with Sidekiq 6, or Python with Celery 5 / RQ) instead of
+    /// (Ruby with Sidekiq 6 or 7, or Python with Celery 5 / RQ) instead of
     /// qbridge's consumer, scheduled jobs included.
     #[arg(long, value_enum)]
     pub framework: Option<crate::demo::Framework>,
     /// The Python that has Celery or RQ (with --framework celery|rq).
     #[arg(long, env = "QBRIDGE_DEMO_PYTHON", default_value = "python3")]
     pub python: String,
+    /// Ruby library directories put on the load path (with --framework
+    /// sidekiq), `:`-separated: a Sidekiq's `lib` and its dependencies',
+    /// or a directory holding them (`vendor/ruby`: Sidekiq 7.3.10). The
+    /// fleet's worker then runs that Sidekiq's `bin/sidekiq`. Without it:
+    /// the system Ruby's Sidekiq and `sidekiq` on PATH.
+    #[arg(long, env = "QBRIDGE_DEMO_RUBY_LIB")]
+    pub ruby_lib: Option<String>,
 }
 
 /// `qbridge import`

@@ -49,6 +49,7 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
             as_json: cli.json,
             framework: args.framework,
             python: args.python.clone(),
+            ruby_lib: args.ruby_lib.clone(),
         })
         .await;
     }

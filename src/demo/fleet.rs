@@ -18,6 +18,7 @@
 
 mod adapters;
 mod framework;
+mod ruby;
 mod summary;
 
 pub use framework::Framework;
@@ -47,6 +48,8 @@ pub struct FleetOptions {
     pub framework: Framework,
     /// The Python for Celery and RQ.
     pub python: String,
+    /// `--ruby-lib`: Ruby library directories for Sidekiq (`ruby::Ruby`).
+    pub ruby_lib: Option<String>,
     pub step: Duration,
     pub as_json: bool,
 }
@@ -177,7 +180,8 @@ async fn push(
 /// the demo).
 pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Result<FleetSummary> {
     let fw = opts.framework;
-    fw.check(&opts.python).await?;
+    let ruby = ruby::Ruby::from_option(opts.ruby_lib.as_deref())?;
+    let version = fw.check(&opts.python, &ruby).await?;
     let started = Instant::now();
     let dir = tempfile::tempdir()
         .map_err(|e| Error::Environment(format!("cannot make a temporary directory: {e}")))?;
@@ -226,6 +230,7 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
         route: name.clone(),
         adapters,
         runner_port,
+        ruby,
     };
     let driven = drive(&mut drill, fw, env, (proxy_port, http_port), opts).await;
     drill.bar.finish_and_clear();
@@ -241,7 +246,7 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
     db.close().await;
     let (produced, scheduled) = driven?;
     Ok(summary::tally(
-        fw,
+        (fw, version),
         drill,
         &ledger,
         (&produced, scheduled),

@@ -41,6 +41,8 @@ pub struct DemoInput {
     /// Python for Celery and RQ.
     pub framework: Option<Framework>,
     pub python: String,
+    /// `--ruby-lib`: the Sidekiq to run (with `--framework sidekiq`).
+    pub ruby_lib: Option<String>,
 }
 
 /// The default URLs, as the README's quickstart and docker-compose use them.
@@ -174,6 +176,7 @@ pub async fn run(input: DemoInput) -> Result<()> {
         let opts = fleet::FleetOptions {
             framework,
             python: input.python.clone(),
+            ruby_lib: input.ruby_lib.clone(),
             step: input.step,
             as_json: input.as_json,
         };

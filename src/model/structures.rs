@@ -180,12 +180,14 @@ impl Structure {
 }
 
 /// A sorted-set score (seconds since the epoch, fractional, as Sidekiq
-/// writes them) as a time; `None` when out of range.
+/// writes them: `Time.now.to_f + interval`) as a time to the microsecond,
+/// what Postgres keeps, so a copy is due when Sidekiq would run it; `None`
+/// when out of range.
 pub fn score_time(score: f64) -> Option<chrono::DateTime<chrono::Utc>> {
-    use chrono::TimeZone;
-    chrono::Utc
-        .timestamp_millis_opt((score * 1000.0) as i64)
-        .single()
+    if !score.is_finite() {
+        return None;
+    }
+    chrono::DateTime::from_timestamp_micros((score * 1e6).round() as i64)
 }
 
 /// The structures a route's jobs may wait in besides its list, given its
@@ -358,6 +360,18 @@ fn glob_escape(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sidekiq's scores carry microseconds (Ruby's Float#to_s of
+    /// `Time.now.to_f + interval`); they were once cut to milliseconds.
+    #[test]
+    fn a_score_is_a_time_to_the_microsecond() {
+        let at = score_time(1_795_893_361.260_772_7).unwrap();
+        assert_eq!(at.timestamp_micros(), 1_795_893_361_260_773);
+        assert_eq!(score_time(1.5).unwrap().timestamp_micros(), 1_500_000);
+        assert_eq!(score_time(f64::NAN), None);
+        assert_eq!(score_time(f64::INFINITY), None);
+        assert_eq!(score_time(1e300), None);
+    }
 
     #[test]
     fn sidekiq_queues_own_their_members_of_the_shared_sets() {

@@ -59,15 +59,18 @@ async fn the_demo_walks_every_phase_and_loses_nothing() {
 }
 
 /// `qbridge demo --framework F --json` through the binary: the framework's
-/// own client and worker (Sidekiq 6.4 from Debian, Celery and RQ from the
-/// test virtualenv) on the Redis side, scheduled jobs included; returns the
-/// summary after checking what holds for every framework.
-async fn fleet_demo(framework: &str) -> serde_json::Value {
+/// own client and worker (Sidekiq 6.4 from Debian or 7.3.10 from
+/// `vendor/ruby` with `extra` = `--ruby-lib vendor/ruby`, Celery and RQ from
+/// the test virtualenv) on the Redis side, scheduled jobs included; returns
+/// the summary after checking what holds for every framework.
+async fn fleet_demo(framework: &str, extra: &[&str]) -> serde_json::Value {
     let python = crate::support::python();
     let out = tokio::time::timeout(
         Duration::from_secs(300),
         tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
             .args(["demo", "--json", "--step", "3s", "--framework", framework])
+            .args(extra)
             .arg("--python")
             .arg(&python)
             .args([
@@ -122,18 +125,71 @@ async fn fleet_demo(framework: &str) -> serde_json::Value {
 }
 
 #[tokio::test]
-async fn the_sidekiq_fleet_demo_walks_every_phase_and_loses_nothing() {
-    fleet_demo("sidekiq").await;
+async fn the_sidekiq_6_fleet_demo_walks_every_phase_and_loses_nothing() {
+    let s = fleet_demo("sidekiq", &[]).await;
+    assert!(
+        s["framework_version"].as_str().unwrap().starts_with("6.4."),
+        "{s}"
+    );
+}
+
+#[tokio::test]
+async fn the_sidekiq_7_fleet_demo_walks_every_phase_and_loses_nothing() {
+    let s = fleet_demo("sidekiq", &["--ruby-lib", "vendor/ruby"]).await;
+    assert_eq!(s["framework_version"], "7.3.10", "{s}");
 }
 
 #[tokio::test]
 async fn the_celery_fleet_demo_walks_every_phase_and_loses_nothing() {
-    fleet_demo("celery").await;
+    fleet_demo("celery", &[]).await;
 }
 
 #[tokio::test]
 async fn the_rq_fleet_demo_walks_every_phase_and_loses_nothing() {
-    fleet_demo("rq").await;
+    fleet_demo("rq", &[]).await;
+}
+
+/// A Sidekiq the drill was not run on (here a library that says it is 8.0)
+/// and a `--ruby-lib` without Sidekiq are refused in one line naming what
+/// to install or give.
+#[tokio::test]
+async fn the_sidekiq_demo_refuses_a_sidekiq_it_was_not_run_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("sidekiq-8.0.8/lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::create_dir_all(dir.path().join("sidekiq-8.0.8/bin")).unwrap();
+    std::fs::write(
+        lib.join("sidekiq.rb"),
+        "module Sidekiq; VERSION = \"8.0.8\"; end\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("sidekiq-8.0.8/bin/sidekiq"), "").unwrap();
+    let cases = [
+        (
+            dir.path().to_string_lossy().into_owned(),
+            "needs Ruby with Sidekiq 6 or 7",
+        ),
+        (
+            format!("{}/adapters/ruby/lib", env!("CARGO_MANIFEST_DIR")),
+            "holds no sidekiq.rb",
+        ),
+    ];
+    for (ruby_lib, says) in cases {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+            .args(["demo", "--framework", "sidekiq", "--ruby-lib", &ruby_lib])
+            .args([
+                "--database-url",
+                "postgres://postgres@127.0.0.1:5432/postgres",
+            ])
+            .args(["--redis-url", "redis://127.0.0.1:6379"])
+            .output()
+            .await
+            .expect("the demo runs");
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{says}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    }
 }
 
 #[tokio::test]

@@ -12,6 +12,7 @@ use qbridge::config::{Config, Overrides};
 use qbridge::model::formats;
 
 use crate::servers::{free_port, ThrowawayRedis};
+use crate::sidekiq_versions::Sidekiq;
 use crate::support;
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
@@ -145,20 +146,31 @@ async fn live_and_shadow_agree(port: u16, jobs: &[(String, serde_json::Value)]) 
     }
 }
 
-#[tokio::test]
-async fn the_sidekiq_example_runs_on_both_sides() {
+/// On Sidekiq 6.4 and 7.3.10 (the adapter's lib on `RUBYLIB`, as the
+/// example's header says).
+async fn the_sidekiq_example_runs_on(sidekiq: Sidekiq) {
     let redis = ThrowawayRedis::start();
-    let mut cmd = tokio::process::Command::new("ruby");
-    cmd.args(["examples/fleets/sidekiq_app.rb", "3"]);
+    let mut cmd = sidekiq.ruby();
+    cmd.args(["examples/fleets/sidekiq_app.rb", "produce", "3"]);
     produce(cmd, &redis.url()).await;
     let jobs = read_as_qbridge(&redis.url(), "queue:emails", "sidekiq").await;
     let port = free_port();
-    let mut cmd = tokio::process::Command::new("ruby");
+    let mut cmd = sidekiq.ruby();
     cmd.arg("adapters/ruby/bin/qbridge-sidekiq-runner")
         .args(["-r", "./examples/fleets/sidekiq_app.rb"])
         .args(["--listen", &format!("127.0.0.1:{port}")]);
     let _runner = runner(cmd, port).await;
     live_and_shadow_agree(port, &jobs).await;
+}
+
+#[tokio::test]
+async fn the_sidekiq_example_runs_on_both_sides_on_sidekiq_6() {
+    the_sidekiq_example_runs_on(Sidekiq::V6).await;
+}
+
+#[tokio::test]
+async fn the_sidekiq_example_runs_on_both_sides_on_sidekiq_7() {
+    the_sidekiq_example_runs_on(Sidekiq::V7).await;
 }
 
 #[tokio::test]

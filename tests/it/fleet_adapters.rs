@@ -20,6 +20,7 @@ use qbridge::redis::connect::connect_redis;
 
 use crate::exactly_once::ProxySide;
 use crate::servers::{free_port, ThrowawayRedis};
+use crate::sidekiq_versions::Sidekiq;
 use crate::support;
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
@@ -27,7 +28,7 @@ const REPO: &str = env!("CARGO_MANIFEST_DIR");
 /// A framework's demo application (the team's code) and how it runs.
 #[derive(Clone, Copy)]
 enum Fleet {
-    Sidekiq,
+    Sidekiq(Sidekiq),
     Celery,
     Rq,
 }
@@ -35,16 +36,24 @@ enum Fleet {
 impl Fleet {
     fn app(self) -> &'static str {
         match self {
-            Fleet::Sidekiq => "sidekiq_fleet.rb",
+            Fleet::Sidekiq(_) => "sidekiq_app.rb",
             Fleet::Celery => "qbd_celery.py",
             Fleet::Rq => "qbd_rq.py",
+        }
+    }
+
+    /// Where the application's source is in the repository.
+    fn source(self) -> String {
+        match self {
+            Fleet::Sidekiq(_) => format!("{REPO}/examples/fleets/{}", self.app()),
+            Fleet::Celery | Fleet::Rq => format!("{REPO}/src/demo/fleet/{}", self.app()),
         }
     }
 
     /// (the route's Redis key, its format) for the framework's queue.
     fn route_key(self, queue: &str) -> (String, &'static str) {
         match self {
-            Fleet::Sidekiq => (format!("queue:{queue}"), "sidekiq"),
+            Fleet::Sidekiq(_) => (format!("queue:{queue}"), "sidekiq"),
             Fleet::Celery => (queue.to_string(), "celery"),
             Fleet::Rq => (format!("rq:queue:{queue}"), "rq"),
         }
@@ -52,7 +61,7 @@ impl Fleet {
 
     fn producer(self, n: usize) -> tokio::process::Command {
         let mut cmd = match self {
-            Fleet::Sidekiq => tokio::process::Command::new("ruby"),
+            Fleet::Sidekiq(sidekiq) => sidekiq.ruby(),
             Fleet::Celery | Fleet::Rq => tokio::process::Command::new(support::python()),
         };
         cmd.arg(self.app()).args(["produce", &n.to_string()]);
@@ -61,9 +70,9 @@ impl Fleet {
 
     fn worker(self, queue: &str) -> tokio::process::Command {
         match self {
-            Fleet::Sidekiq => {
-                let mut cmd = tokio::process::Command::new("sidekiq");
-                cmd.args(["-r", "./sidekiq_fleet.rb", "-q", queue, "-c", "4"]);
+            Fleet::Sidekiq(sidekiq) => {
+                let mut cmd = sidekiq.server();
+                cmd.args(["-r", "./sidekiq_app.rb", "-q", queue, "-c", "4"]);
                 cmd
             }
             Fleet::Celery => {
@@ -95,14 +104,16 @@ impl Fleet {
 }
 
 /// The application's environment: its Redis, queue and ledger, and the
-/// adapters from this repository.
+/// adapters from this repository (Ruby's are on the `RUBYLIB` that
+/// [`Sidekiq::ruby`] gives).
 fn app_env(cmd: &mut tokio::process::Command, dir: &Path, redis: &str, queue: &str, ledger: &str) {
     cmd.current_dir(dir)
+        .env("REDIS_URL", redis)
+        .env("SIDEKIQ_QUEUE", queue)
         .env("QBD_REDIS_URL", redis)
         .env("QBD_QUEUE", queue)
         .env("QBD_LEDGER", ledger)
         .env("QBD_SIDE", "redis")
-        .env("QBD_ADAPTERS", format!("{REPO}/adapters/ruby/lib"))
         .env("PYTHONPATH", format!("{REPO}/adapters/python"))
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .kill_on_drop(true);
@@ -119,8 +130,7 @@ async fn qbridge_down_while_the_fleet_runs(pool: PgPool, fleet: Fleet) {
          diff = {{ settle = \"0s\" }}\n"
     );
     let dir = tempfile::tempdir().unwrap();
-    let source = format!("{REPO}/src/demo/fleet/{}", fleet.app());
-    std::fs::copy(&source, dir.path().join(fleet.app())).unwrap();
+    std::fs::copy(fleet.source(), dir.path().join(fleet.app())).unwrap();
     let ledger = Ledger::default();
     let ledger_url = handler::serve(ledger.clone()).await.unwrap();
 
@@ -228,8 +238,13 @@ async fn qbridge_down_while_the_fleet_runs(pool: PgPool, fleet: Fleet) {
 }
 
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
-async fn sidekiq_jobs_run_while_qbridge_is_down_and_are_never_pushed_back(pool: PgPool) {
-    qbridge_down_while_the_fleet_runs(pool, Fleet::Sidekiq).await;
+async fn sidekiq_6_jobs_run_while_qbridge_is_down_and_are_never_pushed_back(pool: PgPool) {
+    qbridge_down_while_the_fleet_runs(pool, Fleet::Sidekiq(Sidekiq::V6)).await;
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn sidekiq_7_jobs_run_while_qbridge_is_down_and_are_never_pushed_back(pool: PgPool) {
+    qbridge_down_while_the_fleet_runs(pool, Fleet::Sidekiq(Sidekiq::V7)).await;
 }
 
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
@@ -242,10 +257,11 @@ async fn rq_jobs_run_while_qbridge_is_down_and_are_never_pushed_back(pool: PgPoo
     qbridge_down_while_the_fleet_runs(pool, Fleet::Rq).await;
 }
 
-/// Runs one of the adapters' own test suites against this test's migrated
-/// database and the shared Redis; fails on a failure or a skipped test.
-async fn adapter_suite(pool: &PgPool, mut cmd: tokio::process::Command, what: &str) {
-    cmd.current_dir(REPO)
+/// Runs one of the adapters' own test suites in `dir` against this test's
+/// migrated database and the shared Redis; fails on a failure or a skipped
+/// test.
+async fn adapter_suite(pool: &PgPool, mut cmd: tokio::process::Command, dir: &str, what: &str) {
+    cmd.current_dir(dir)
         .env("QBRIDGE_TEST_DATABASE_URL", support::db_url(pool))
         .env("QBRIDGE_TEST_REDIS_URL", crate::exactly_once::REDIS)
         .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -276,16 +292,90 @@ async fn the_python_adapters_own_tests_pass(pool: PgPool) {
             "PYTHONPATH",
             format!("{REPO}/adapters/python:{REPO}/adapters/python/tests"),
         );
-    adapter_suite(&pool, cmd, "Python adapters'").await;
+    adapter_suite(&pool, cmd, REPO, "Python adapters'").await;
+}
+
+/// The Ruby adapter's minitest suite as its README runs it (`ruby -Ilib
+/// -Itest test/all.rb` in `adapters/ruby`), on one Sidekiq.
+async fn sidekiq_suite(pool: &PgPool, sidekiq: Sidekiq) {
+    let mut cmd = sidekiq.ruby();
+    cmd.args(["-Ilib", "-Itest", "test/all.rb"]);
+    let dir = format!("{REPO}/adapters/ruby");
+    adapter_suite(pool, cmd, &dir, &format!("Sidekiq adapter's ({sidekiq:?})")).await;
 }
 
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
-async fn the_sidekiq_adapters_own_tests_pass(pool: PgPool) {
-    let mut cmd = tokio::process::Command::new("ruby");
-    cmd.args([
-        "-Iadapters/ruby/lib",
-        "-e",
-        "Dir['adapters/ruby/test/*_test.rb'].sort.each { |f| require File.expand_path(f) }",
-    ]);
-    adapter_suite(&pool, cmd, "Sidekiq adapter's").await;
+async fn the_sidekiq_adapters_own_tests_pass_on_sidekiq_6(pool: PgPool) {
+    sidekiq_suite(&pool, Sidekiq::V6).await;
+}
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn the_sidekiq_adapters_own_tests_pass_on_sidekiq_7(pool: PgPool) {
+    sidekiq_suite(&pool, Sidekiq::V7).await;
+}
+
+/// `adapters/ruby` builds as the `qbridge-sidekiq` gem: its name, the
+/// version in `lib/qbridge/version.rb`, every library file, the runner, the
+/// README and changelog, and Sidekiq >= 6, < 9; and it installs, the runner
+/// on the gem's executables.
+#[test]
+fn the_sidekiq_adapter_builds_and_installs_as_a_gem() {
+    let dir = tempfile::tempdir().unwrap();
+    let gem = dir.path().join("qbridge-sidekiq.gem");
+    let run = |cmd: &mut std::process::Command| -> String {
+        let out = cmd
+            .current_dir(format!("{REPO}/adapters/ruby"))
+            .output()
+            .expect("gem runs (Debian: apt-get install ruby; ./scripts/test-deps.sh)");
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(std::process::Command::new("gem")
+        .args(["build", "qbridge-sidekiq.gemspec", "--output"])
+        .arg(&gem));
+    let spec = run(std::process::Command::new("ruby")
+        .args([
+            "-rrubygems/package",
+            "-e",
+            "s = Gem::Package.new(ARGV[0]).spec; puts s.name, s.version, s.executables.join(' '), \
+             s.runtime_dependencies.map { |d| \"#{d.name} #{d.requirement}\" }.join(';'), s.files.sort",
+        ])
+        .arg(&gem));
+    let lines: Vec<&str> = spec.lines().collect();
+    let version = std::fs::read_to_string(format!("{REPO}/adapters/ruby/lib/qbridge/version.rb"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("SIDEKIQ_ADAPTER_VERSION = "))
+        .map(|v| v.trim_matches('"').to_string())
+        .expect("version.rb names the version");
+    assert_eq!(lines[0], "qbridge-sidekiq");
+    assert_eq!(lines[1], version);
+    assert_eq!(lines[2], "qbridge-sidekiq-runner");
+    assert_eq!(lines[3], "sidekiq >= 6, < 9");
+    let mut wanted: Vec<String> = std::fs::read_dir(format!("{REPO}/adapters/ruby/lib/qbridge"))
+        .unwrap()
+        .map(|e| format!("lib/qbridge/{}", e.unwrap().file_name().to_string_lossy()))
+        .chain(["bin/qbridge-sidekiq-runner", "README.md", "CHANGELOG.md"].map(String::from))
+        .collect();
+    wanted.sort();
+    assert_eq!(
+        lines[4..],
+        wanted.iter().map(String::as_str).collect::<Vec<_>>()[..]
+    );
+    let home = dir.path().join("home");
+    run(std::process::Command::new("gem")
+        .args([
+            "install",
+            "--local",
+            "--ignore-dependencies",
+            "--no-document",
+            "--install-dir",
+        ])
+        .arg(&home)
+        .arg(&gem));
+    assert!(home.join("bin/qbridge-sidekiq-runner").exists());
 }

@@ -43,6 +43,8 @@ mod schema_check;
 mod sentinel;
 mod servers;
 mod shutdown;
+mod sidekiq8_fixtures;
+mod sidekiq_versions;
 mod support;
 mod tls;
 mod wakeup;

@@ -296,8 +296,9 @@ impl RunningPool {
 /// clients (Celery, RQ, redis-py) in it. Panics with the install command when
 /// it is missing: a missing client is an install step, never a skipped test.
 /// Runs `tests/ruby/<script>` with the system's Ruby and Debian's
-/// `ruby-sidekiq`, with `env`; panics with its stderr when it fails, and
-/// with the install step when Ruby or Sidekiq is missing.
+/// `ruby-sidekiq` (the adapter's lib on `RUBYLIB`: the scripts load the
+/// sample app), with `env`; panics with its stderr when it fails, and with
+/// the install step when Ruby or Sidekiq is missing.
 pub fn ruby(script: &str, env: &[(&str, &str)]) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/ruby")
@@ -312,6 +313,7 @@ pub fn ruby(script: &str, env: &[(&str, &str)]) {
     );
     let out = std::process::Command::new("ruby")
         .arg(&path)
+        .env("RUBYLIB", crate::sidekiq_versions::Sidekiq::V6.rubylib())
         .envs(env.iter().copied())
         .output()
         .expect("ruby runs");

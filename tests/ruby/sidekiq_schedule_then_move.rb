@@ -17,17 +17,14 @@
 require "sidekiq"
 require "sidekiq/scheduled"
 
-Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch("REDIS_URL") } }
-Sidekiq.logger.level = Logger::WARN
-
-class Mail
-  include Sidekiq::Worker
-  def perform(*); end
-end
+# The sample app (examples/fleets/sidekiq_app.rb) on queue "default": its
+# client and its worker class, WelcomeEmail.
+ENV["SIDEKIQ_QUEUE"] = "default"
+require_relative "../../examples/fleets/sidekiq_app"
 
 case ARGV[0]
 when "schedule"
-  ARGV[1].to_i.times { |i| puts Mail.perform_in(ARGV[2].to_f, i) }
+  ARGV[1].to_i.times { |i| puts WelcomeEmail.perform_in(ARGV[2].to_f, i) }
 when "move"
   Sidekiq::Scheduled::Enq.new.enqueue_jobs
   puts "moved"

@@ -10,17 +10,14 @@
 require "sidekiq"
 require "sidekiq/scheduled"
 
-Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch("REDIS_URL") } }
-Sidekiq.logger.level = Logger::WARN
+# The sample app (examples/fleets/sidekiq_app.rb) on queue "default": its
+# client and its worker class, WelcomeEmail.
+ENV["SIDEKIQ_QUEUE"] = "default"
+require_relative "../../examples/fleets/sidekiq_app"
 
-class Mail
-  include Sidekiq::Worker
-  def perform(*); end
-end
-
-3.times { |i| puts "later #{Mail.perform_in(3600, i)}" }
-puts "other #{Mail.set(queue: "other").perform_in(3600, 9)}"
-moved = Mail.perform_in(1, 42)
+3.times { |i| puts "later #{WelcomeEmail.perform_in(3600, i)}" }
+puts "other #{WelcomeEmail.set(queue: "other").perform_in(3600, 9)}"
+moved = WelcomeEmail.perform_in(1, 42)
 sleep 1.5
 Sidekiq::Scheduled::Enq.new.enqueue_jobs
 puts "moved #{moved}"

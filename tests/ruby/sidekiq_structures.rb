@@ -10,21 +10,18 @@ require "sidekiq"
 require "sidekiq/api"
 require "sidekiq/job_retry"
 
-Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch("REDIS_URL") } }
-Sidekiq.logger.level = Logger::WARN
+# The sample app (examples/fleets/sidekiq_app.rb) on queue "default": its
+# client and its worker class, WelcomeEmail.
+ENV["SIDEKIQ_QUEUE"] = "default"
+require_relative "../../examples/fleets/sidekiq_app"
 
-class Mail
-  include Sidekiq::Worker
-  def perform(*); end
-end
-
-3.times { |i| Mail.perform_in(3600, i) }
-Mail.set(queue: "other").perform_in(60, 9)
-2.times { |i| Mail.perform_async(i) }
+3.times { |i| WelcomeEmail.perform_in(3600, i) }
+WelcomeEmail.set(queue: "other").perform_in(60, 9)
+2.times { |i| WelcomeEmail.perform_async(i) }
 
 now = Time.now.to_f
 failed = Sidekiq.dump_json(
-  "class" => "Mail", "args" => [7], "queue" => "default", "jid" => "retry-jid",
+  "class" => "WelcomeEmail", "args" => [7], "queue" => "default", "jid" => "retry-jid",
   "retry" => true, "created_at" => now, "enqueued_at" => now
 )
 begin
@@ -33,5 +30,5 @@ rescue Sidekiq::JobRetry::Handled
   # The job is in the retry set; the handler says so by raising.
 end
 
-dead = Sidekiq.dump_json("class" => "Mail", "args" => [8], "queue" => "default", "jid" => "dead-jid")
+dead = Sidekiq.dump_json("class" => "WelcomeEmail", "args" => [8], "queue" => "default", "jid" => "dead-jid")
 Sidekiq::DeadSet.new.kill(dead, notify_failure: false)

@@ -147,7 +147,7 @@ end
 
 class MiddlewareTest < Minitest::Test
   class Plain
-    include Sidekiq::Worker
+    include Sidekiq::Job
   end
 
   def call(job, &block)
@@ -178,14 +178,91 @@ class MiddlewareTest < Minitest::Test
 end
 
 class FinalFailureTest < Minitest::Test
+  S = Qbridge::Sidekiq
+
+  # Gives up on every failure, the way Sidekiq 6.5.2 and later read it.
+  class Killed
+    include Sidekiq::Job
+    sidekiq_retry_in { |_count, error| error.is_a?(ArgumentError) ? :kill : 5 }
+  end
+
+  # The configured max_retries, set where this Sidekiq keeps it.
+  def with_max_retries(value)
+    config = Sidekiq.respond_to?(:default_configuration) ? Sidekiq.default_configuration : Sidekiq.options
+    before = config[:max_retries]
+    config[:max_retries] = value
+    yield
+  ensure
+    config[:max_retries] = before
+  end
+
   # Sidekiq's JobRetry: failures numbered 0, 1, … retried while below max.
   def test_a_failure_is_final_when_sidekiq_would_not_retry_it
-    refute Qbridge::Sidekiq.final_failure?("retry" => 3)
-    refute Qbridge::Sidekiq.final_failure?("retry" => 3, "retry_count" => 1)
-    assert Qbridge::Sidekiq.final_failure?("retry" => 3, "retry_count" => 2)
-    assert Qbridge::Sidekiq.final_failure?("retry" => false)
-    assert Qbridge::Sidekiq.final_failure?("retry" => 0)
-    refute Qbridge::Sidekiq.final_failure?("retry" => true, "retry_count" => 23)
-    assert Qbridge::Sidekiq.final_failure?("retry" => true, "retry_count" => 24)
+    refute S.final_failure?({ "retry" => 3 })
+    refute S.final_failure?({ "retry" => 3, "retry_count" => 1 })
+    assert S.final_failure?({ "retry" => 3, "retry_count" => 2 })
+    assert S.final_failure?({ "retry" => false })
+    assert S.final_failure?({ "retry" => 0 })
+    refute S.final_failure?({ "retry" => true, "retry_count" => 23 })
+    assert S.final_failure?({ "retry" => true, "retry_count" => 24 })
+  end
+
+  def test_the_default_max_comes_from_this_sidekiqs_configuration
+    assert_equal 25, S.max_retries
+    with_max_retries(2) do
+      refute S.final_failure?({ "retry" => true })
+      assert S.final_failure?({ "retry" => true, "retry_count" => 1 })
+    end
+  end
+
+  # From Sidekiq 6.5.2 (not in 6.4, which takes any answer as a delay).
+  def test_retry_in_answering_kill_is_final
+    refute S.final_failure?({ "retry" => true }, Killed, error: RuntimeError.new)
+    assert_equal S.version >= Gem::Version.new("6.5.2"),
+                 S.final_failure?({ "retry" => true }, Killed, error: ArgumentError.new)
+  end
+
+  # retry_for (Sidekiq 7.2 and later): final once the first failure is
+  # older than it; the first failure itself never is. Sidekiq 6.4 has no
+  # retry_for: there the count alone decides.
+  def test_retry_for_counts_from_the_first_failure
+    now = Time.now
+    job = { "retry" => true, "retry_for" => 60 }
+    refute S.final_failure?(job, now: now)
+    refute S.final_failure?(job.merge("retry_count" => 0, "failed_at" => now.to_f - 30), now: now)
+    assert_equal S.version >= Gem::Version.new("7.2"),
+                 S.final_failure?(job.merge("retry_count" => 0, "failed_at" => now.to_f - 90), now: now)
+  end
+
+  # Sidekiq 8 (which needs Ruby 3.2, so its rules are run here under its
+  # version number, written after lib/sidekiq/job_retry.rb at v8.0.8 and
+  # v8.1.7): failed_at in integer milliseconds or, from a job first failed
+  # before the upgrade, float seconds; from 8.1 retry_for alone decides.
+  def test_sidekiq_8s_rules
+    real = S.version
+    now = Time.now
+    ms = (now.to_f * 1000).to_i
+    S.instance_variable_set(:@version, Gem::Version.new("8.0.8"))
+    job = { "retry" => 2, "retry_for" => 60, "retry_count" => 0 }
+    assert S.final_failure?(job.merge("failed_at" => ms - 90_000), now: now)
+    refute S.final_failure?(job.merge("failed_at" => ms - 30_000), now: now)
+    assert S.final_failure?(job.merge("failed_at" => now.to_f - 90), now: now)
+    assert S.final_failure?(job.merge("failed_at" => ms - 30_000, "retry_count" => 1), now: now), "8.0: the count too"
+    S.instance_variable_set(:@version, Gem::Version.new("8.1.7"))
+    refute S.final_failure?(job.merge("failed_at" => ms - 30_000, "retry_count" => 1), now: now), "8.1: retry_for alone"
+    assert S.final_failure?(job.merge("failed_at" => ms - 90_000, "retry_count" => 1), now: now)
+  ensure
+    S.instance_variable_set(:@version, real)
+  end
+
+  # Sidekiq 8 writes job times in integer milliseconds and still reads a
+  # Float as seconds (one job may hold both across an upgrade); 6 and 7
+  # read every number as seconds.
+  def test_job_times_in_either_unit
+    assert_in_delta 1_764_000_000.123, S.job_time(1_764_000_000_123, integer_ms: true), 1e-6
+    assert_in_delta 1_764_000_000.5, S.job_time(1_764_000_000.5, integer_ms: true), 1e-6
+    assert_in_delta 1_764_000_000_123.0, S.job_time(1_764_000_000_123, integer_ms: false), 1e-6
+    assert_nil S.job_time(nil)
+    assert_nil S.job_time("2026-11-28")
   end
 end

@@ -45,6 +45,15 @@ class RunnerTest < Minitest::Test
     assert_equal 400, run_job(job("RbtAdd", [1, 1]), "replay").first
   end
 
+  # A wrapper job (ActiveJob's, in a Rails app) takes its shadow declaration
+  # from the class it wraps, as Sidekiq's client merges their options.
+  def test_a_wrapper_job_follows_the_wrapped_class_in_shadow
+    body = JSON.generate({ "class" => "RbtFailing", "wrapped" => "RbtSkip", "args" => [], "jid" => "j-2" })
+    assert_equal [204, ""], run_job(body, "shadow")
+    body = JSON.generate({ "class" => "RbtFailing", "wrapped" => "NoSuchJob", "args" => [], "jid" => "j-3" })
+    assert_equal 422, run_job(body, "shadow").first
+  end
+
   def test_bad_jobs_fail_for_good
     assert_equal 422, run_job(job("NoSuchWorker")).first
     assert_equal 422, run_job("not json").first

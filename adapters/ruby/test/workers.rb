@@ -1,13 +1,16 @@
 # frozen_string_literal: true
 
-# The team's workers, as the runner tests see them (loaded by the tests and
-# by the runner they start with -r): every shadow declaration and retry rule.
+# Workers for the runner's tests (loaded by the tests and by the runner they
+# start with -r): one class per shadow declaration and retry rule. Not the
+# sample app (examples/fleets/sidekiq_app.rb, which the other tests run):
+# these exist to cover every declaration, including the refusals an app
+# would not ship.
 require "sidekiq"
 
 class RbtFlaky < StandardError; end
 
 class RbtAdd
-  include Sidekiq::Worker
+  include Sidekiq::Job
   sidekiq_options retry: 2, qbridge_shadow: "dry_run"
   CALLS = [] # rubocop:disable Style/MutableConstant
 
@@ -22,7 +25,7 @@ class RbtAdd
 end
 
 class RbtFailing
-  include Sidekiq::Worker
+  include Sidekiq::Job
   sidekiq_options retry: 2
 
   def perform
@@ -31,14 +34,14 @@ class RbtFailing
 end
 
 class RbtSkip
-  include Sidekiq::Worker
+  include Sidekiq::Job
   sidekiq_options qbridge_shadow: "skip"
 
   def perform; end
 end
 
 class RbtNoDryRun
-  include Sidekiq::Worker
+  include Sidekiq::Job
   sidekiq_options qbridge_shadow: "dry_run"
 
   def perform; end

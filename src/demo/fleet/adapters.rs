@@ -50,6 +50,14 @@ const FILES: &[(&str, &str)] = &[
         include_str!("../../../adapters/ruby/lib/qbridge/sidekiq.rb"),
     ),
     (
+        "ruby/lib/qbridge/sidekiq_retry.rb",
+        include_str!("../../../adapters/ruby/lib/qbridge/sidekiq_retry.rb"),
+    ),
+    (
+        "ruby/lib/qbridge/version.rb",
+        include_str!("../../../adapters/ruby/lib/qbridge/version.rb"),
+    ),
+    (
         "ruby/lib/qbridge/sidekiq_runner.rb",
         include_str!("../../../adapters/ruby/lib/qbridge/sidekiq_runner.rb"),
     ),

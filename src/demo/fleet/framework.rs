@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Framework {
-    /// Sidekiq 6 (Ruby; Debian's `ruby-sidekiq`).
+    /// Sidekiq 6 or 7 (Ruby; Debian's `ruby-sidekiq`, or `--ruby-lib`).
     Sidekiq,
     /// Celery 5 with kombu's Redis transport (Python).
     Celery,
@@ -42,6 +42,8 @@ pub(super) struct FleetEnv {
     pub adapters: super::adapters::Written,
     /// Where the Postgres side's runner listens.
     pub runner_port: u16,
+    /// The Sidekiq to run (`--ruby-lib`).
+    pub ruby: super::ruby::Ruby,
 }
 
 impl Framework {
@@ -56,7 +58,11 @@ impl Framework {
     /// The application's file name and source.
     fn script(self) -> (&'static str, &'static str) {
         match self {
-            Framework::Sidekiq => ("sidekiq_fleet.rb", include_str!("sidekiq_fleet.rb")),
+            // The repository's one sample Sidekiq app, as the examples run it.
+            Framework::Sidekiq => (
+                "sidekiq_app.rb",
+                include_str!("../../../examples/fleets/sidekiq_app.rb"),
+            ),
             Framework::Celery => ("qbd_celery.py", include_str!("qbd_celery.py")),
             Framework::Rq => ("qbd_rq.py", include_str!("qbd_rq.py")),
         }
@@ -71,40 +77,46 @@ impl Framework {
         }
     }
 
-    /// Fails with what to install when the framework's client cannot be
-    /// loaded here.
-    pub(super) async fn check(self, python: &str) -> Result<()> {
+    /// The framework's version, or an error with what to install when its
+    /// client cannot be loaded here (for Sidekiq: also a version the drill
+    /// was not run on).
+    pub(super) async fn check(self, python: &str, ruby: &super::ruby::Ruby) -> Result<String> {
         let (program, args, hint): (&str, Vec<&str>, String) = match self {
             Framework::Sidekiq => (
                 "ruby",
-                vec!["-e", "require 'sidekiq'; exit(Sidekiq::VERSION.start_with?('6') ? 0 : 3)"],
-                "Ruby with Sidekiq 6: apt-get install ruby-sidekiq".into(),
+                vec![
+                    "-e",
+                    "require 'sidekiq'; print Sidekiq::VERSION; exit(Sidekiq::VERSION.start_with?('6.', '7.') ? 0 : 3)",
+                ],
+                ruby.install_hint().into(),
             ),
             Framework::Celery => (
                 python,
-                vec!["-c", "import celery, redis"],
+                vec!["-c", "import celery, redis, importlib.metadata as m; print(m.version('celery'), end='')"],
                 format!("{python} with Celery 5 and redis-py: {python} -m pip install celery redis (or --python PATH)"),
             ),
             Framework::Rq => (
                 python,
-                vec!["-c", "import rq, redis"],
+                vec!["-c", "import rq, redis, importlib.metadata as m; print(m.version('rq'), end='')"],
                 format!("{python} with RQ: {python} -m pip install rq (or --python PATH)"),
             ),
         };
-        let ok = Command::new(program)
+        let out = Command::new(program)
             .args(&args)
-            .stdout(Stdio::null())
+            .env("RUBYLIB", ruby.rubylib(None))
+            .stdin(Stdio::null())
             .stderr(Stdio::null())
-            .status()
-            .await
-            .is_ok_and(|s| s.success());
-        if !ok {
-            return Err(Error::Environment(format!(
+            .output()
+            .await;
+        match out {
+            Ok(out) if out.status.success() => {
+                Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+            }
+            _ => Err(Error::Environment(format!(
                 "qbridge demo --framework {} needs {hint}",
                 self.name()
-            )));
+            ))),
         }
-        Ok(())
     }
 
     /// Writes the application into `dir`.
@@ -172,7 +184,7 @@ impl Framework {
         let (file, _) = self.script();
         let mut cmd = match self {
             Framework::Sidekiq => {
-                let mut cmd = Command::new("sidekiq");
+                let mut cmd = env.ruby.sidekiq_server();
                 cmd.args(["-r", &format!("./{file}"), "-q", &env.queue, "-c", "4"]);
                 cmd
             }
@@ -215,7 +227,10 @@ impl Framework {
             .env("QBD_QUEUE", &env.queue)
             .env("QBD_ROUTE_QUEUE", &env.route_queue)
             .env("QBD_LEDGER", &env.ledger_url)
-            .env("QBD_ADAPTERS", &env.adapters.ruby_lib)
+            // The Sidekiq app's names for its Redis and queue.
+            .env("REDIS_URL", &env.proxy_url)
+            .env("SIDEKIQ_QUEUE", &env.queue)
+            .env("RUBYLIB", env.ruby.rubylib(Some(&env.adapters.ruby_lib)))
             .env("PYTHONPATH", python_path(&env.adapters.python))
             .kill_on_drop(true);
     }

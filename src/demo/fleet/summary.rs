@@ -15,6 +15,8 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Serialize)]
 pub struct FleetSummary {
     pub framework: Framework,
+    /// The framework's version the drill ran (its own client's answer).
+    pub framework_version: String,
     /// Jobs the framework's client pushed through the proxy.
     pub produced: u64,
     /// Of them, scheduled for later.
@@ -41,7 +43,7 @@ pub struct FleetSummary {
 
 /// What ran live once, twice or never, of what the fleet produced.
 pub(super) fn tally(
-    framework: Framework,
+    (framework, framework_version): (Framework, String),
     drill: Drill,
     ledger: &Ledger,
     (produced, scheduled): (&BTreeSet<String>, u64),
@@ -60,6 +62,7 @@ pub(super) fn tally(
     let ran_on_redis = ledger.ran_on_redis();
     FleetSummary {
         framework,
+        framework_version,
         produced: produced.len() as u64,
         scheduled,
         run_live: runs.iter().filter(|(_, n)| *n > 0).count() as u64,
@@ -98,8 +101,8 @@ pub fn report(s: &FleetSummary, servers: String, as_json: bool) -> Result<()> {
         let fw = s.framework.name();
         println!();
         println!(
-            "produced {} jobs with {fw}'s own client through the proxy ({} scheduled for later)",
-            s.produced, s.scheduled
+            "produced {} jobs with {fw} {}'s own client through the proxy ({} scheduled for later)",
+            s.produced, s.framework_version, s.scheduled
         );
         println!(
             "run live: {} jobs ({} by {fw}'s workers from Redis, {} by qbridge from Postgres through the runner); shadow calls compared: {}; first attempts failed and retried: {}",

@@ -8,7 +8,8 @@ use super::{non_empty_str, Flag, KeySource, Parts};
 
 /// Classes Sidekiq runs on behalf of ActiveJob. Their `class` is the same for
 /// every job, so the real job class (in `wrapped`) is the useful kind. The
-/// second name is the adapter of Sidekiq 7.3+; the first is Rails' own.
+/// first name is what Rails' adapter and Sidekiq's own up to 7.3 push; from
+/// Sidekiq 8.0 jobs name the second (the first stays an alias of it).
 const ACTIVE_JOB_WRAPPERS: [&str; 2] = [
     "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper",
     "Sidekiq::ActiveJob::Wrapper",
@@ -74,6 +75,19 @@ mod tests {
             d.payload["class"],
             json!("ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper")
         );
+    }
+
+    /// A Rails mailer delivery as Sidekiq 8.0's ActiveJob adapter pushes it:
+    /// the wrapper's new name and integer-millisecond times.
+    #[test]
+    fn sidekiq_8_active_job_kind_is_the_wrapped_class() {
+        let item = br#"{"retry":true,"queue":"mailers","class":"Sidekiq::ActiveJob::Wrapper","wrapped":"ActionMailer::MailDeliveryJob","args":[{"job_class":"ActionMailer::MailDeliveryJob","job_id":"7c1e","arguments":["UserMailer","welcome","deliver_now"],"executions":0}],"jid":"9a8b7c6d5e4f3a2b1c0d9e8f","created_at":1764355200123,"enqueued_at":1764355200125}"#;
+        let d = decode(&Format::Sidekiq, item);
+        assert_eq!(d.flagged, None);
+        assert_eq!(d.key, KeySource::Id("9a8b7c6d5e4f3a2b1c0d9e8f".into()));
+        assert_eq!(d.kind.as_deref(), Some("ActionMailer::MailDeliveryJob"));
+        assert_eq!(d.payload["created_at"], json!(1764355200123_i64));
+        assert_eq!(&d.original[..], &item[..]);
     }
 
     #[test]

@@ -22,7 +22,8 @@ async fn ruby(script: &str, args: &[&str], redis_url: &str) -> Vec<String> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/ruby")
         .join(script);
-    let run = tokio::process::Command::new("ruby")
+    let run = crate::sidekiq_versions::Sidekiq::V6
+        .ruby()
         .arg(&path)
         .args(args)
         .env("REDIS_URL", redis_url)

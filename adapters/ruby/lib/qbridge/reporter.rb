@@ -223,7 +223,9 @@ module Qbridge
     def record_unknown(keys)
       now = (Time.now.to_f * 1000).to_i
       @redis.call do |conn|
-        conn.zadd(@settings.ran_key, keys.map { |k| [now, k] })
+        # Flat score, member, … pairs: what redis-rb (Sidekiq 6) and
+        # redis-client (Sidekiq 7 and 8, which refuses nested arrays) both take.
+        conn.zadd(@settings.ran_key, keys.flat_map { |k| [now, k] })
         conn.zremrangebyscore(@settings.ran_key, "-inf", now - RAN_RETENTION_MS)
       end
       @recorded_unknown += keys.size

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Sidekiq (6.x): the fleet's outcome reporter and the Postgres side's job
+# Sidekiq (6, 7 and 8): the fleet's outcome reporter and the Postgres side's job
 # runner (Qbridge::Sidekiq::Runner, in qbridge/sidekiq_runner).
 #
 # Fleet side, in the file the workers load (sidekiq -r):
@@ -18,35 +18,20 @@
 # not have side effects; its return value is compared with the fleet's).
 require "sidekiq"
 require_relative "reporter"
+require_relative "sidekiq_retry"
+require_relative "version"
 
 module Qbridge
   module Sidekiq
-    # The retries Sidekiq gives a job with retry: true.
-    DEFAULT_MAX_RETRIES = 25
-
     def self.report_outcomes!(settings = Settings.from_env)
       reporter = Reporter.new(settings, redis: ::Sidekiq.method(:redis), logger: ::Sidekiq.logger)
+      # Sidekiq 7 and 8: each capsule copies this chain when it first runs a
+      # job (after boot), so one reporter added here covers every capsule.
       ::Sidekiq.configure_server do |config|
         config.server_middleware { |chain| chain.add(ReportOutcome, reporter) }
         config.on(:shutdown) { reporter.flush(5) }
       end
       reporter
-    end
-
-    # Whether this failure is the job's last, by Sidekiq's JobRetry: the
-    # job's retry option (its worker class's when the job has none; true
-    # when neither says), an Integer its max, true the configured
-    # max_retries (25 by default); failures are numbered 0, 1, …
-    # (retry_count) and retried while that number is below the max.
-    def self.final_failure?(job, klass = nil)
-      retry_opt = job["retry"]
-      retry_opt = klass.get_sidekiq_options["retry"] if retry_opt.nil? && klass.respond_to?(:get_sidekiq_options)
-      retry_opt = true if retry_opt.nil?
-      return true if retry_opt == false
-
-      max = retry_opt.is_a?(Integer) ? retry_opt : ::Sidekiq.options.fetch(:max_retries, DEFAULT_MAX_RETRIES)
-      count = job["retry_count"].nil? ? 0 : job["retry_count"].to_i + 1
-      count >= max
     end
 
     # Whether Sidekiq is shutting the job down (it goes back to the queue:
@@ -83,7 +68,8 @@ module Qbridge
       private
 
       def failed(worker, job, error)
-        report(job["jid"], Sidekiq.final_failure?(job, worker.class) ? "dead" : "failed", error.class.name)
+        final = Sidekiq.final_failure?(job, worker.class, error: error)
+        report(job["jid"], final ? "dead" : "failed", error.class.name)
       rescue StandardError
         nil
       end

@@ -32,7 +32,7 @@ module Qbridge
         worker = klass.new
         worker.jid = job["jid"] if worker.respond_to?(:jid=)
         args = job["args"] || []
-        return shadow(klass, worker, args) if mode == "shadow"
+        return shadow(klass, worker, job, args) if mode == "shadow"
         return [400, "Qbridge-Mode must be live or shadow"] unless mode == "live"
 
         perform(klass, worker, job, args, attempt)
@@ -42,8 +42,18 @@ module Qbridge
         [503, e.class.name]
       end
 
-      def self.shadow(klass, worker, args)
-        behaviour = (klass.get_sidekiq_options["qbridge_shadow"] || "refuse").to_s
+      # The job's Sidekiq options as Sidekiq's client merged them: the
+      # class's, then those of the class a wrapper job names (`wrapped`: an
+      # ActiveJob class with sidekiq_options), then the job's own.
+      def self.options(klass, job)
+        options = klass.respond_to?(:get_sidekiq_options) ? klass.get_sidekiq_options.dup : {}
+        wrapped = job["wrapped"] && (Object.const_get(job["wrapped"]) rescue nil) # rubocop:disable Style/RescueModifier
+        options.merge!(wrapped.get_sidekiq_options) if wrapped.respond_to?(:get_sidekiq_options)
+        options
+      end
+
+      def self.shadow(klass, worker, job, args)
+        behaviour = (options(klass, job)["qbridge_shadow"] || "refuse").to_s
         case behaviour
         when "skip" then [204, ""]
         when "dry_run"
@@ -59,7 +69,10 @@ module Qbridge
       rescue StandardError, ScriptError => e
         # Failures before this attempt, as Sidekiq's retry_count would say.
         seen = job.merge("retry_count" => attempt > 1 ? attempt - 2 : nil)
-        [Sidekiq.final_failure?(seen, klass) ? 422 : 503, e.class.name]
+        # qbridge does not say when the first attempt failed: retry_for counts
+        # from the job's failed_at when the fleet had failed it already, else
+        # it never ends a job here and the route's max_attempts bounds it.
+        [Sidekiq.final_failure?(seen, klass, error: e) ? 422 : 503, e.class.name]
       end
 
       # A finished job's answer: its canonical result, or 204 when it cannot
