@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the integration tests drive besides Postgres and Redis:
-# Sidekiq 6.4 (Debian's ruby-sidekiq), chromium with chromedriver (the
+# Sidekiq 6.4 (Debian's ruby-sidekiq, with ruby-gitlab-sidekiq-fetcher and
+# ruby-redis-namespace), chromium with chromedriver (the
 # console's browser tests), pgbouncer and redis-sentinel and the Python framework clients
 # (Celery with kombu's Redis transport, RQ, redis-py) into a virtual
 # environment at .venv, from PyPI, pinned in
@@ -32,6 +33,13 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv \
 # Sidekiq 6.4 from Debian for the Sidekiq tests (tests/ruby/*.rb).
 ruby -e 'require "sidekiq"' >/dev/null 2>&1 || apt_install ruby-sidekiq \
   || die "Ruby with Sidekiq is needed for the Sidekiq tests (Debian: apt-get install -y ruby-sidekiq)"
+# gitlab-sidekiq-fetcher's reliable fetch and redis-namespace for the
+# survey's Sidekiq tests (tests/it/survey.rs: working lists, a namespaced
+# Sidekiq).
+ruby -e 'require "sidekiq-reliable-fetch"' >/dev/null 2>&1 || apt_install ruby-gitlab-sidekiq-fetcher \
+  || die "gitlab-sidekiq-fetcher is needed for the survey tests (Debian: apt-get install -y ruby-gitlab-sidekiq-fetcher)"
+ruby -e 'require "redis-namespace"' >/dev/null 2>&1 || apt_install ruby-redis-namespace \
+  || die "redis-namespace is needed for the survey tests (Debian: apt-get install -y ruby-redis-namespace)"
 # The pg gem for the Sidekiq adapter's SQL reporting path (adapters/ruby).
 ruby -e 'require "pg"' >/dev/null 2>&1 || apt_install ruby-pg \
   || die "Ruby's pg gem is needed for the Sidekiq adapter's tests (Debian: apt-get install -y ruby-pg)"

@@ -44,6 +44,7 @@ mod sentinel;
 mod servers;
 mod shutdown;
 mod support;
+mod survey;
 mod tls;
 mod wakeup;
 mod worker;
