@@ -144,6 +144,32 @@ async fn resque_and_plain_lists_without_a_write() {
 }
 
 #[tokio::test]
+async fn past_two_hundred_plain_lists_the_longest_get_a_row() {
+    let redis = ThrowawayRedis::start();
+    let mut conn = admin(&redis).await;
+    let mut pipe = redis::pipe();
+    for n in 0..205u32 {
+        // list:000 holds one item, list:204 holds 205.
+        let items: Vec<String> = (0..=n).map(|i| format!("{MARK} {i}")).collect();
+        pipe.cmd("RPUSH").arg(format!("list:{n:03}")).arg(items);
+    }
+    let _: () = pipe.query_async(&mut conn).await.unwrap();
+
+    let s = harness::survey_read_only(&redis, "0s", true).await;
+    let rows = s.json["queues"].as_array().unwrap();
+    assert_eq!(rows.len(), 200);
+    assert_eq!(rows[0]["queue"], "list:005");
+    assert_eq!(s.draft.routes.len(), 200);
+    let found = s.found("list", "");
+    assert!(
+        found["options"]
+            .to_string()
+            .contains("5 more plain lists not shown"),
+        "{found}"
+    );
+}
+
+#[tokio::test]
 async fn push_rates_count_what_arrived_in_the_window() {
     let redis = ThrowawayRedis::start();
     let conn = admin(&redis).await;

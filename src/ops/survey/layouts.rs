@@ -14,6 +14,7 @@
 
 use redis::aio::ConnectionManager;
 
+use super::read;
 use super::scan::Keyspace;
 use crate::error::Result;
 
@@ -99,17 +100,20 @@ async fn is_resque(conn: &mut ConnectionManager, space: &Keyspace, ns: &str) -> 
     let has = |keys: &std::collections::BTreeSet<Vec<u8>>, name: &str| {
         keys.contains(format!("{ns}{name}").as_bytes())
     };
-    if has(&space.zsets, "schedule")
-        || has(&space.zsets, "retry")
-        || has(&space.zsets, "dead")
-        || has(&space.sets, "processes")
-    {
+    let zsets: Vec<Vec<u8>> = ["schedule", "retry", "dead", "delayed_queue_schedule"]
+        .iter()
+        .map(|name| format!("{ns}{name}").into_bytes())
+        .collect();
+    let keys: Vec<&[u8]> = zsets.iter().map(Vec::as_slice).collect();
+    let is_zset: Vec<bool> = read::types(conn, &keys)
+        .await?
+        .iter()
+        .map(|t| t == "zset")
+        .collect();
+    if is_zset[..3].contains(&true) || has(&space.sets, "processes") {
         return Ok(false);
     }
-    if has(&space.lists, "failed")
-        || has(&space.sets, "workers")
-        || has(&space.zsets, "delayed_queue_schedule")
-    {
+    if has(&space.lists, "failed") || has(&space.sets, "workers") || is_zset[3] {
         return Ok(true);
     }
     Ok(ns == "resque:")

@@ -5,7 +5,7 @@
 //! `raw` — and a human decides.
 //!
 //! qbridge's own lists (`qbridge:…`) are left out: they are not a team's
-//! queues.
+//! queues. Past [`MAX_ROWS`] plain lists only the longest get a row.
 
 use std::collections::HashSet;
 
@@ -16,6 +16,10 @@ use super::report::{Found, Framework, QueueRow, Sizes};
 use super::scan::Keyspace;
 use super::Recognised;
 use crate::error::Result;
+
+/// Plain lists given a row (the longest): a keyspace of per-user lists
+/// would otherwise print a million rows and sample each.
+const MAX_ROWS: usize = 200;
 
 /// Every list not in `taken` (the frameworks' lists, their private and
 /// bookkeeping lists), one row each.
@@ -34,8 +38,13 @@ pub async fn recognise(
         return Ok(None);
     }
     let lengths = read::lengths(conn, &plain).await?;
+    let mut by_length: Vec<(&[u8], u64)> = plain.into_iter().zip(lengths).collect();
+    by_length.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let left_out = by_length.len().saturating_sub(MAX_ROWS);
+    by_length.truncate(MAX_ROWS);
+    by_length.sort();
     let mut rows = Vec::new();
-    for (key, len) in plain.into_iter().zip(lengths) {
+    for (key, len) in by_length {
         let name = super::report::printable(key);
         let mut row = QueueRow::new(Framework::List, "", &name, key.to_vec());
         row.waiting = len;
@@ -46,8 +55,14 @@ pub async fn recognise(
             .push("a plain list: check that it is a queue, and which end producers push to".into());
         rows.push(row);
     }
+    let mut found = Found::new(Framework::List, "");
+    if left_out > 0 {
+        found.options.push(format!(
+            "{left_out} more plain lists not shown: the {MAX_ROWS} longest are"
+        ));
+    }
     Ok(Some(Recognised {
-        found: Found::new(Framework::List, ""),
+        found,
         rows,
         claimed: Vec::new(),
     }))

@@ -123,7 +123,7 @@ pub async fn survey(
         scan_seconds,
         frameworks: frameworks
             .into_iter()
-            .filter(|f| f.framework != Framework::List)
+            .filter(|f| f.framework != Framework::List || !f.options.is_empty())
             .collect(),
         queues,
         sample_seconds: options.sample.as_secs_f64(),

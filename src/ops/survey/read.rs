@@ -145,25 +145,55 @@ pub fn queue_field(member: &[u8]) -> Option<String> {
     value.get("queue")?.as_str().map(str::to_owned)
 }
 
-/// The lengths of `keys` (LLEN each, one pipeline), in order.
+/// The lengths of `keys` (LLEN each, pipelined), in order.
 pub async fn lengths(conn: &mut ConnectionManager, keys: &[&[u8]]) -> Result<Vec<u64>> {
     pipelined(conn, "LLEN", keys).await
 }
 
-/// The cardinalities of sorted sets `keys` (ZCARD each, one pipeline).
-pub async fn zcards(conn: &mut ConnectionManager, keys: &[&[u8]]) -> Result<Vec<u64>> {
-    pipelined(conn, "ZCARD", keys).await
+/// The types of `keys` (TYPE each, pipelined; `"none"` for a missing key).
+pub async fn types(conn: &mut ConnectionManager, keys: &[&[u8]]) -> Result<Vec<String>> {
+    pipelined(conn, "TYPE", keys).await
 }
 
-async fn pipelined(conn: &mut ConnectionManager, cmd: &str, keys: &[&[u8]]) -> Result<Vec<u64>> {
-    if keys.is_empty() {
-        return Ok(Vec::new());
+/// The cardinality of each of `keys` that is a sorted set; 0 for a key
+/// that is missing or of another type.
+pub async fn zcards(conn: &mut ConnectionManager, keys: &[&[u8]]) -> Result<Vec<u64>> {
+    let kinds = types(conn, keys).await?;
+    let zsets: Vec<&[u8]> = keys
+        .iter()
+        .zip(&kinds)
+        .filter(|(_, t)| *t == "zset")
+        .map(|(k, _)| *k)
+        .collect();
+    let mut cards = pipelined::<u64>(conn, "ZCARD", &zsets).await?.into_iter();
+    Ok(kinds
+        .iter()
+        .map(|t| {
+            if t == "zset" {
+                cards.next().unwrap_or(0)
+            } else {
+                0
+            }
+        })
+        .collect())
+}
+
+/// `cmd key` for every key, [`PAGE`] to a pipeline (a keyspace of a
+/// million lists is a thousand round trips, not one reply of a million).
+async fn pipelined<T: redis::FromRedisValue>(
+    conn: &mut ConnectionManager,
+    cmd: &str,
+    keys: &[&[u8]],
+) -> Result<Vec<T>> {
+    let mut out = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(PAGE as usize) {
+        let mut pipe = redis::pipe();
+        for key in chunk {
+            pipe.cmd(cmd).arg(*key);
+        }
+        out.extend(pipe.query_async::<Vec<T>>(conn).await?);
     }
-    let mut pipe = redis::pipe();
-    for key in keys {
-        pipe.cmd(cmd).arg(*key);
-    }
-    Ok(pipe.query_async(conn).await?)
+    Ok(out)
 }
 
 /// Up to [`SAMPLE_EACH_END`] items from each end of the list `key` (fewer

@@ -4,7 +4,7 @@
 //! `~` a count scaled from part of a shared structure, `>=` a push rate
 //! that may miss pushes consumed within the window.
 
-use super::report::{QueueRow, Survey};
+use super::report::{Framework, QueueRow, Survey};
 use crate::output;
 
 const HEADER: [&str; 10] = [
@@ -44,7 +44,10 @@ pub fn text(s: &Survey) -> String {
         out.push('\n');
     }
     for f in &s.frameworks {
-        let mut parts = vec![format!("{} worker process(es) registered", f.workers)];
+        let mut parts = Vec::new();
+        if f.framework != Framework::List {
+            parts.push(format!("{} worker process(es) registered", f.workers));
+        }
         parts.extend(f.version_hints.iter().cloned());
         parts.extend(f.options.iter().cloned());
         out.push_str(&format!(

@@ -114,7 +114,7 @@ async fn delayed(
         .lists_under(prefix.as_bytes())
         .filter(|k| k[prefix.len()..].iter().all(u8::is_ascii_digit))
         .collect();
-    if !space.zsets.contains(&index) && lists.is_empty() {
+    if read::types(conn, &[&index]).await?[0] != "zset" && lists.is_empty() {
         return Ok(None);
     }
     found

@@ -71,7 +71,7 @@ pub async fn recognise(
     workers(conn, space, prefix, &mut found).await?;
     let mut rows = Vec::new();
     for queue in &queues {
-        rows.push(queue_row(conn, space, prefix, queue).await?);
+        rows.push(queue_row(conn, prefix, queue).await?);
     }
     Ok(Recognised {
         found,
@@ -80,12 +80,7 @@ pub async fn recognise(
     })
 }
 
-async fn queue_row(
-    conn: &mut ConnectionManager,
-    space: &Keyspace,
-    prefix: &str,
-    queue: &str,
-) -> Result<QueueRow> {
+async fn queue_row(conn: &mut ConnectionManager, prefix: &str, queue: &str) -> Result<QueueRow> {
     let key = format!("{prefix}queue:{queue}").into_bytes();
     let intermediate = format!("{prefix}queue:{queue}:intermediate").into_bytes();
     let mut row = QueueRow::new(Framework::Rq, label(prefix), queue, key);
@@ -95,18 +90,9 @@ async fn queue_row(
         .iter()
         .map(|r| format!("{prefix}{r}:{queue}").into_bytes())
         .collect();
-    let present: Vec<&[u8]> = registry_keys
-        .iter()
-        .filter(|k| space.zsets.contains(*k))
-        .map(Vec::as_slice)
-        .collect();
-    let cards = read::zcards(conn, &present).await?;
-    let count = |registry: usize| {
-        present
-            .iter()
-            .position(|k| *k == registry_keys[registry].as_slice())
-            .map_or(0, |i| cards[i])
-    };
+    let keys: Vec<&[u8]> = registry_keys.iter().map(Vec::as_slice).collect();
+    let cards = read::zcards(conn, &keys).await?;
+    let count = |registry: usize| cards[registry];
     row.scheduled = Some(count(0));
     row.in_flight = Some(count(1) + lengths[1]);
     row.dead = Some(count(2));

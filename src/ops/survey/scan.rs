@@ -1,12 +1,15 @@
-//! The keyspace walk: every list, set and sorted set of the database, by
-//! name, from `SCAN` (never `KEYS`: the server keeps serving while it runs).
+//! The keyspace walk: every list and set of the database, by name, from
+//! `SCAN` (never `KEYS`: the server keeps serving while it runs).
 //!
 //! One `SCAN … TYPE <type>` pass per type (Redis 6.0 and later) lets the
 //! server skip everything else, so a keyspace of a million RQ job hashes
-//! costs three walks of the dictionary and almost no traffic; hashes and
-//! strings are never listed (the recognisers look the few they need up by
-//! name). An older server refuses the `TYPE` option: then one plain pass
-//! asks `TYPE` of every key in a pipeline per page.
+//! costs two walks of the dictionary and almost no traffic. Lists are all
+//! needed (any may be a hand-rolled queue) and sets name the frameworks'
+//! queues (`queues`, kombu's bindings, under any prefix); every other key
+//! a recogniser reads — sorted sets, hashes, strings — it finds by a name
+//! those give it, so they are never listed. An older server refuses the
+//! `TYPE` option: then one plain pass asks `TYPE` of every key in a
+//! pipeline per page.
 //!
 //! Keys are bytes: kombu's priority lists hold `\x06\x16`, and nothing says
 //! a key is UTF-8.
@@ -20,14 +23,13 @@ use crate::error::Result;
 /// Keys asked for per SCAN step (a hint to the server).
 const COUNT: u64 = 1000;
 
-/// The names of the keys a recogniser may need, by type.
+/// The names of the lists and sets of the database.
 #[derive(Debug, Default)]
 pub struct Keyspace {
     /// DBSIZE when the walk began.
     pub keys: u64,
     pub lists: BTreeSet<Vec<u8>>,
     pub sets: BTreeSet<Vec<u8>>,
-    pub zsets: BTreeSet<Vec<u8>>,
 }
 
 impl Keyspace {
@@ -55,7 +57,7 @@ pub async fn scan(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Keyspace> {
     let keys: u64 = redis::cmd("DBSIZE").query_async(conn).await?;
-    let total = keys.div_ceil(COUNT).max(1) * 3;
+    let total = keys.div_ceil(COUNT).max(1) * 2;
     let mut done = 0u64;
     let mut step = |_: ()| {
         done += 1;
@@ -67,15 +69,7 @@ pub async fn scan(
     let sets = typed_pass(conn, "set", &mut step)
         .await?
         .unwrap_or_default();
-    let zsets = typed_pass(conn, "zset", &mut step)
-        .await?
-        .unwrap_or_default();
-    Ok(Keyspace {
-        keys,
-        lists,
-        sets,
-        zsets,
-    })
+    Ok(Keyspace { keys, lists, sets })
 }
 
 /// The names of every key of type `kind`; `None` when the server has no
@@ -145,7 +139,6 @@ async fn untyped(
             match kind.as_str() {
                 "list" => space.lists.insert(name),
                 "set" => space.sets.insert(name),
-                "zset" => space.zsets.insert(name),
                 _ => false,
             };
         }

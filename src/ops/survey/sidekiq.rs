@@ -131,7 +131,7 @@ pub async fn recognise(
         );
     }
     let busy = processes(conn, space, ns, &mut found, &mut claimed).await?;
-    let sets = sets(conn, space, ns).await?;
+    let sets = sets(conn, ns).await?;
     let mut rows = Vec::new();
     for queue in &queues {
         let key = format!("{ns}queue:{queue}").into_bytes();
@@ -163,10 +163,10 @@ struct Sets {
     dead: Option<Tally>,
 }
 
-async fn sets(conn: &mut ConnectionManager, space: &Keyspace, ns: &str) -> Result<Sets> {
+async fn sets(conn: &mut ConnectionManager, ns: &str) -> Result<Sets> {
     let tally_of = async |conn: &mut ConnectionManager, name: &str| -> Result<Option<Tally>> {
         let key = format!("{ns}{name}").into_bytes();
-        if !space.zsets.contains(&key) {
+        if read::key_type(conn, &key).await? != "zset" {
             return Ok(None);
         }
         Ok(Some(
