@@ -215,13 +215,29 @@ fn unique_name(row: &QueueRow, taken: &mut HashSet<String>) -> String {
     chosen
 }
 
-/// `url` without its password; `None` when it does not parse.
+/// `url` without its password; `None` when it is no URL. A Sentinel URL
+/// naming several hosts (`redis+sentinel://h1:26379,h2:26379/master`) is
+/// no URL to the `url` crate: its password is cut out of the text.
 fn without_password(url: &str) -> Option<String> {
-    let mut parsed = url::Url::parse(url).ok()?;
-    if parsed.password().is_some() {
-        parsed.set_password(None).ok()?;
+    if let Ok(mut parsed) = url::Url::parse(url) {
+        if parsed.password().is_some() {
+            parsed.set_password(None).ok()?;
+        }
+        return Some(parsed.to_string());
     }
-    Some(parsed.to_string())
+    let start = url.find("://")? + 3;
+    let rest = &url[start..];
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    let Some(at) = authority.rfind('@') else {
+        return Some(url.to_string());
+    };
+    let user = authority[..at].split(':').next().unwrap_or("");
+    let user = if user.is_empty() {
+        String::new()
+    } else {
+        format!("{user}@")
+    };
+    Some(format!("{}{user}{}", &url[..start], &rest[at + 1..]))
 }
 
 /// A TOML basic string (control bytes escaped).
@@ -307,5 +323,13 @@ mod tests {
             Some("redis://app@cache:6380/2")
         );
         assert_eq!(without_password("not a url"), None);
+        assert_eq!(
+            without_password("redis+sentinel://:pw@127.0.0.1:1,127.0.0.1:2/mymaster").as_deref(),
+            Some("redis+sentinel://127.0.0.1:1,127.0.0.1:2/mymaster")
+        );
+        assert_eq!(
+            without_password("redis+sentinel://app:pw@h1:1,h2:2/m").as_deref(),
+            Some("redis+sentinel://app@h1:1,h2:2/m")
+        );
     }
 }
