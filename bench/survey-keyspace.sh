@@ -53,8 +53,9 @@ return 0'
 cli eval "$queues" 0 >/dev/null
 echo "keys: $(cli dbsize), used_memory: $(cli info memory | grep '^used_memory_human' | cut -d: -f2 | tr -d '\r')"
 
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 for ((r = 1; r <= rounds; r++)); do
-  /usr/bin/time -f "round $r: %e s wall, %M KB peak RSS" \
+  /usr/bin/time -o "$dir/time.txt" -f "%e s wall, %M KB peak RSS" \
     "$qbridge" survey --redis-url "redis://127.0.0.1:$port/0" --sample 0s >"$dir/out.txt"
+  echo "round $r: $(cat "$dir/time.txt"); the survey says: $(grep -m1 'keys scanned' "$dir/out.txt")"
 done
-grep -m1 'keys scanned' "$dir/out.txt"
