@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the integration tests drive besides Postgres and Redis:
-# Sidekiq 6.4 (Debian's ruby-sidekiq) and what the vendored Sidekiq 7 needs
-# (ruby-rack, ruby-concurrent), chromium with chromedriver (the
+# Sidekiq 6.4 (Debian's ruby-sidekiq, with ruby-gitlab-sidekiq-fetcher and
+# ruby-redis-namespace) and what the vendored Sidekiq 7 needs (ruby-rack,
+# ruby-concurrent), chromium with chromedriver (the
 # console's browser tests), pgbouncer and redis-sentinel and the Python framework clients
 # (Celery with kombu's Redis transport, RQ, redis-py) into a virtual
 # environment at .venv, from PyPI, pinned in
@@ -34,9 +35,13 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv \
 ruby -e 'require "sidekiq"' >/dev/null 2>&1 || apt_install ruby-sidekiq \
   || die "Ruby with Sidekiq is needed for the Sidekiq tests (Debian: apt-get install -y ruby-sidekiq)"
 # gitlab-sidekiq-fetcher, a real reliable fetch (private lists per worker),
-# for the tests of the structures qbridge counts (tests/ruby/sidekiq_reliable_fetch.rb).
+# for the structures qbridge counts (tests/ruby/sidekiq_reliable_fetch.rb)
+# and the survey (tests/it/survey.rs), and redis-namespace for the survey's
+# namespaced Sidekiq.
 ruby -e 'require "sidekiq-reliable-fetch"' >/dev/null 2>&1 || apt_install ruby-gitlab-sidekiq-fetcher \
   || die "gitlab-sidekiq-fetcher is needed for the reliable fetch tests (Debian: apt-get install -y ruby-gitlab-sidekiq-fetcher)"
+ruby -e 'require "redis-namespace"' >/dev/null 2>&1 || apt_install ruby-redis-namespace \
+  || die "redis-namespace is needed for the survey tests (Debian: apt-get install -y ruby-redis-namespace)"
 # Sidekiq 7.3.10 itself is vendored (vendor/ruby); the two libraries it
 # needs that it does not bring come from Debian.
 ruby -e 'require "rack"; require "concurrent"' >/dev/null 2>&1 || apt_install ruby-rack ruby-concurrent \

@@ -126,6 +126,20 @@ pub enum Command {
     )]
     Import(ImportArgs),
 
+    /// What a Redis holds: frameworks, queues, counts, sizes, push rates; read-only.
+    #[command(
+        after_help = "Examples:\n  qbridge survey --redis-url redis://cache:6379/0\n  \
+        qbridge survey --redis-url rediss://app@cache:6380/0 --sample 10s --write-config qbridge.toml\n  \
+        qbridge survey --json --sample 0s\n\n\
+        The first command to run: it recognises Sidekiq (namespaces, super_fetch and\n\
+        gitlab-sidekiq-fetcher lists), Celery (priority lists, unacked, global_keyprefix), RQ,\n\
+        Resque and plain lists, and prints a row per queue. It only reads (SCAN, TYPE, lengths,\n\
+        INFO, a few sampled items to measure them), never prints a payload, and works with an\n\
+        ACL user that may only read. --write-config writes a draft with one route per queue\n\
+        (never over an existing file)."
+    )]
+    Survey(SurveyArgs),
+
     /// The migration drill: one route through every phase on real Postgres and Redis.
     #[command(after_help = "Examples:\n  qbridge demo\n  qbridge demo --json\n  \
         qbridge demo --database-url postgres://me@db/app --redis-url redis://cache:6379\n  \
@@ -330,6 +344,18 @@ pub struct ImportArgs {
     /// Count what would be copied; store nothing.
     #[arg(long)]
     pub dry_run: bool,
+}
+
+/// `qbridge survey`
+#[derive(Debug, Args)]
+pub struct SurveyArgs {
+    /// How long to watch the queues for push rates (e.g. 5s; 0s: not sampled).
+    #[arg(long, default_value = "5s")]
+    pub sample: String,
+    /// Write a draft config with one route per queue to this file (refuses
+    /// an existing file).
+    #[arg(long)]
+    pub write_config: Option<PathBuf>,
 }
 
 /// `qbridge diff`

@@ -10,6 +10,7 @@ mod import;
 mod proxy;
 mod routes;
 mod stats;
+mod survey;
 
 use crate::cli::{Cli, Command};
 use crate::config::{Config, Overrides};
@@ -54,6 +55,9 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
         .await;
     }
     let mut config = Config::load(cli.config.as_deref(), &overrides)?;
+    // The URL as the user named it (a Sentinel URL before it is resolved to
+    // a relay): what a survey's draft config should say.
+    let named_redis_url = config.redis_url.clone();
     if !matches!(cli.command, Command::Migrate) {
         follow_sentinels(&mut config).await?;
     }
@@ -75,6 +79,7 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
         Command::Cutover(cmd) => cutover::run(&config, cmd, cli.json).await,
         Command::Diff(args) => diff::run(&config, &args, cli.json).await,
         Command::Import(args) => import::run(&config, &args, cli.json).await,
+        Command::Survey(args) => survey::run(&config, &named_redis_url, &args, cli.json).await,
         Command::Bench(args) => crate::bench::run(&config, args, cli.json).await,
         Command::Demo(_) => unreachable!("handled above"),
         Command::Chaos(args) => chaos::run(&args, cli.json).await,

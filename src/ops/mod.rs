@@ -12,6 +12,8 @@
 //! - [`operate`]: advance, rollback and the percent ramp;
 //!   [`decommission`] archives and deletes a route's Redis keys.
 //! - [`window`]: where a diff's window starts.
+//! - [`survey`]: what a team's Redis holds before any route exists
+//!   (`qbridge survey`), and a draft config from it.
 
 pub mod decommission;
 pub mod diff;
@@ -23,4 +25,5 @@ pub mod operate;
 pub mod redis_view;
 pub mod repair;
 pub mod structures;
+pub mod survey;
 pub mod window;

@@ -46,6 +46,7 @@ mod shutdown;
 mod sidekiq8_fixtures;
 mod sidekiq_versions;
 mod support;
+mod survey;
 mod tls;
 mod wakeup;
 mod worker;

@@ -2,7 +2,7 @@
 //! replica and three sentinels (`qbridge::demo::sentinel`), qbridge's proxy
 //! and `qbridge run` (the route's Redis consumer) as processes of the built
 //! binary, a forced failover while producers push through the proxy in
-//! `dual_write`.
+//! `dual_write`; a survey that follows the sentinels to the master.
 
 use std::collections::BTreeSet;
 use std::process::Stdio;
@@ -290,4 +290,52 @@ async fn a_forced_failover_under_load_loses_no_acknowledged_push(pool: PgPool) {
     );
     let proxy_log = log("proxy.log");
     assert!(!proxy_log.contains("s3cret"));
+}
+
+#[tokio::test]
+async fn a_survey_follows_the_sentinels_and_its_draft_names_them() {
+    let set = ThrowawaySentinels::start();
+    let master = set.master_port().expect("the sentinels name a master");
+    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{master}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::pipe()
+        .cmd("SADD")
+        .arg("queues")
+        .arg("default")
+        .cmd("LPUSH")
+        .arg("queue:default")
+        .arg(r#"{"class":"Mail","args":[1],"jid":"0123456789abcdef01234567","queue":"default"}"#)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let draft = dir.path().join("draft.toml");
+    let out = crate::support::qbridge(&[
+        "survey",
+        "--redis-url",
+        &set.url(),
+        "--sample",
+        "0s",
+        "--write-config",
+        draft.to_str().unwrap(),
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        crate::support::last_stderr_line(&out)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("queue:default"));
+    let text = std::fs::read_to_string(&draft).unwrap();
+    assert!(
+        text.contains(&format!("redis_url = \"{}\"", set.url())),
+        "{text}"
+    );
+    let loaded =
+        qbridge::config::Config::load(Some(&draft), &qbridge::config::Overrides::default())
+            .unwrap();
+    assert_eq!(loaded.routes[0].redis_key, "queue:default");
 }

@@ -3,7 +3,7 @@
 //! runs through the redis crate's rustls, the proxy splices clients to a TLS
 //! upstream and still mirrors their pushes, and a CA that did not sign the
 //! server's certificate is a one-line error naming the URL without its
-//! password.
+//! password. A survey reads over TLS and its draft config keeps the CA.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -195,4 +195,54 @@ async fn a_wrong_ca_is_a_one_line_error_naming_the_url_without_its_password(pool
         panic!("the system's store trusted a private CA");
     };
     check(err.to_string(), "redis_ca_file");
+}
+
+#[tokio::test]
+async fn a_survey_reads_over_rediss_with_the_private_ca_and_its_draft_keeps_it() {
+    let certs = Certs::generate();
+    let redis = ThrowawayRedis::start_tls(&certs.server);
+    let tls = RedisTls::from_ca_file(&certs.server.ca).unwrap();
+    let mut conn = connect_redis_with(&redis.url(), &tls).await.unwrap();
+    let _: () = ::redis::pipe()
+        .cmd("SADD")
+        .arg("queues")
+        .arg("default")
+        .cmd("LPUSH")
+        .arg("queue:default")
+        .arg(r#"{"class":"Mail","args":[1],"jid":"0123456789abcdef01234567","queue":"default"}"#)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tls.toml");
+    std::fs::write(&config, format!("redis_ca_file = {:?}\n", certs.ca())).unwrap();
+    let draft = dir.path().join("draft.toml");
+    let url = format!("rediss://:s3cret-pw@127.0.0.1:{}/0", redis.port);
+    let _: () = ::redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("s3cret-pw")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let out = support::qbridge(&[
+        "survey",
+        "--config",
+        config.to_str().unwrap(),
+        "--redis-url",
+        &url,
+        "--sample",
+        "0s",
+        "--write-config",
+        draft.to_str().unwrap(),
+    ])
+    .await;
+    assert!(out.status.success(), "{}", support::last_stderr_line(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("queue:default"), "{stdout}");
+    let text = std::fs::read_to_string(&draft).unwrap();
+    assert!(!text.contains("s3cret-pw"), "{text}");
+    let loaded = Config::load(Some(&draft), &Overrides::default()).unwrap();
+    assert_eq!(loaded.redis_tls.ca_file(), Some(certs.server.ca.as_path()));
+    assert_eq!(loaded.routes[0].redis_key, "queue:default");
 }
