@@ -73,7 +73,7 @@ pub fn non_empty(held: &[Held]) -> Vec<String> {
 /// Reads every structure of `route` (nothing for formats without any).
 pub async fn read(conn: &mut ConnectionManager, route: &Route) -> Result<Vec<Held>> {
     let mut out = Vec::new();
-    for structure in structures::of_route(&route.format, &route.redis_key) {
+    for structure in route.structures() {
         out.push(count(conn, &structure).await?);
     }
     Ok(out)
