@@ -49,6 +49,10 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
             as_json: cli.json,
             framework: args.framework,
             python: args.python.clone(),
+            keys: crate::demo::FleetKeys {
+                key_prefix: args.key_prefix.clone(),
+                priority_steps: args.priority_steps.clone(),
+            },
         })
         .await;
     }

@@ -12,15 +12,18 @@
 //! each produced job ran live exactly once: 0 lost, 0 run twice, or the
 //! command fails.
 //!
-//! The applications are embedded in the binary (`fleet/*.rb`, `fleet/*.py`)
+//! The applications are embedded in the binary (`fleet/sidekiq_fleet.rb`,
+//! and the examples' `examples/fleets/celery_app.py` and `rq_app.py`)
 //! and written to a temporary directory; the interpreter and the framework
 //! come from the machine ([`Framework::check`] names what to install).
 
 mod adapters;
 mod framework;
+mod keys;
 mod summary;
 
 pub use framework::Framework;
+pub use keys::FleetKeys;
 pub use summary::{report, FleetSummary};
 
 use std::collections::BTreeSet;
@@ -47,6 +50,8 @@ pub struct FleetOptions {
     pub framework: Framework,
     /// The Python for Celery and RQ.
     pub python: String,
+    /// The fleet's key options (`--key-prefix`, `--priority-steps`).
+    pub keys: FleetKeys,
     pub step: Duration,
     pub as_json: bool,
 }
@@ -189,7 +194,13 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
     let (proxy_port, http_port, runner_port) = (free_port(), free_port(), free_port());
     let adapters = adapters::write(dir.path())?;
     let runner_url = format!("http://127.0.0.1:{runner_port}/");
-    let toml = fleet_config(fw, &name, &runner_url, (proxy_port, http_port), opts.step)?;
+    let toml = fleet_config(
+        (fw, &opts.keys),
+        &name,
+        &runner_url,
+        (proxy_port, http_port),
+        opts.step,
+    )?;
     let config = with_servers(toml, database_url, redis_url)?;
     let db = crate::db::connect(database_url, 6).await?;
     crate::db::migrate(&db).await?;
@@ -226,6 +237,7 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
         route: name.clone(),
         adapters,
         runner_port,
+        keys: opts.keys.clone(),
     };
     let driven = drive(&mut drill, fw, env, (proxy_port, http_port), opts).await;
     drill.bar.finish_and_clear();
@@ -404,13 +416,15 @@ async fn walk(drill: &mut Drill, fleet: &Fleet, opts: &FleetOptions) -> Result<(
 /// HTTP listener (the fleet reports outcomes to it), the demo's handler,
 /// and gates sized so each can pass within a few steps.
 fn fleet_config(
-    fw: Framework,
+    (fw, keys): (Framework, &FleetKeys),
     name: &str,
     handler_url: &str,
     (proxy_port, http_port): (u16, u16),
     step: Duration,
 ) -> Result<String> {
-    let (redis_key, format) = fw.route_key(name);
+    let (_, format) = fw.route_key(name);
+    let redis_key = keys.redis_key(fw, name);
+    let key_lines = keys.route_lines();
     let step = step.as_secs_f64();
     Ok(format!(
         r#"max_connections = 12
@@ -425,7 +439,7 @@ name = "{name}"
 redis_key = "{redis_key}"
 queue = "{name}"
 format = "{format}"
-phase = "redis_only"
+{key_lines}phase = "redis_only"
 redis_side = "fleet"
 handler = {{ type = "http", url = "{handler_url}" }}
 pool = {{ poll_interval = "100ms", concurrency = 8 }}

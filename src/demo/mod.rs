@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::redact::redact_url;
 
 pub use drill::Summary;
-pub use fleet::{FleetSummary, Framework};
+pub use fleet::{FleetKeys, FleetSummary, Framework};
 
 /// What the command line gave.
 pub struct DemoInput {
@@ -41,6 +41,8 @@ pub struct DemoInput {
     /// Python for Celery and RQ.
     pub framework: Option<Framework>,
     pub python: String,
+    /// The fleet's key options (`--key-prefix`, `--priority-steps`).
+    pub keys: FleetKeys,
 }
 
 /// The default URLs, as the README's quickstart and docker-compose use them.
@@ -151,6 +153,7 @@ struct Report<'a> {
 /// Runs the demo; an error, lost or duplicated jobs, or a planted loss the
 /// diff or repair missed exits non-zero.
 pub async fn run(input: DemoInput) -> Result<()> {
+    input.keys.check(input.framework)?;
     let servers = tokio::task::block_in_place(|| choose_servers(&input))?;
     let where_ = if servers.started.is_empty() {
         format!(
@@ -174,6 +177,7 @@ pub async fn run(input: DemoInput) -> Result<()> {
         let opts = fleet::FleetOptions {
             framework,
             python: input.python.clone(),
+            keys: input.keys.clone(),
             step: input.step,
             as_json: input.as_json,
         };

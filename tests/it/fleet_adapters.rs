@@ -36,8 +36,8 @@ impl Fleet {
     fn app(self) -> &'static str {
         match self {
             Fleet::Sidekiq => "sidekiq_fleet.rb",
-            Fleet::Celery => "qbd_celery.py",
-            Fleet::Rq => "qbd_rq.py",
+            Fleet::Celery => "celery_app.py",
+            Fleet::Rq => "rq_app.py",
         }
     }
 
@@ -72,7 +72,7 @@ impl Fleet {
                     "-m",
                     "celery",
                     "-A",
-                    "qbd_celery",
+                    "celery_app",
                     "worker",
                     "-P",
                     "threads",
@@ -87,7 +87,7 @@ impl Fleet {
             }
             Fleet::Rq => {
                 let mut cmd = tokio::process::Command::new(support::python());
-                cmd.args(["qbd_rq.py", "worker"]);
+                cmd.args(["rq_app.py", "worker"]);
                 cmd
             }
         }
@@ -102,6 +102,9 @@ fn app_env(cmd: &mut tokio::process::Command, dir: &Path, redis: &str, queue: &s
         .env("QBD_QUEUE", queue)
         .env("QBD_LEDGER", ledger)
         .env("QBD_SIDE", "redis")
+        .env("REDIS_URL", redis)
+        .env("QUEUE_NAME", queue)
+        .env("LEDGER_URL", ledger)
         .env("QBD_ADAPTERS", format!("{REPO}/adapters/ruby/lib"))
         .env("PYTHONPATH", format!("{REPO}/adapters/python"))
         .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -119,7 +122,10 @@ async fn qbridge_down_while_the_fleet_runs(pool: PgPool, fleet: Fleet) {
          diff = {{ settle = \"0s\" }}\n"
     );
     let dir = tempfile::tempdir().unwrap();
-    let source = format!("{REPO}/src/demo/fleet/{}", fleet.app());
+    let source = match fleet {
+        Fleet::Sidekiq => format!("{REPO}/src/demo/fleet/{}", fleet.app()),
+        Fleet::Celery | Fleet::Rq => format!("{REPO}/examples/fleets/{}", fleet.app()),
+    };
     std::fs::copy(&source, dir.path().join(fleet.app())).unwrap();
     let ledger = Ledger::default();
     let ledger_url = handler::serve(ledger.clone()).await.unwrap();
