@@ -85,9 +85,12 @@ impl Fleet {
         .await
     }
 
-    /// Pushes ready jobs in the background, a batch about every second,
+    /// Pushes ready jobs in the background, a batch per producer run,
     /// until the returned token is cancelled: the traffic of a live queue,
-    /// so each gate's window (one step) has jobs to measure.
+    /// so each gate's window (one step) has jobs to measure. A batch is the
+    /// gates' `min_jobs` (20): the producer's interpreter start sets the
+    /// pace (Celery's import took 2 s on a busy 2-core machine, and 8 jobs
+    /// a run left the shadow gate 8 to 16 jobs a window, forcing it).
     fn traffic(&self) -> (CancellationToken, tokio::task::JoinHandle<()>) {
         let stop = CancellationToken::new();
         let (fw, env, produced, counter) = (
@@ -99,7 +102,7 @@ impl Fleet {
         let token = stop.clone();
         let task = tokio::spawn(async move {
             while !token.is_cancelled() {
-                if let Err(e) = push(fw, &env, &produced, &counter, 8, None).await {
+                if let Err(e) = push(fw, &env, &produced, &counter, 20, None).await {
                     tracing::warn!(error = %e, "demo: the producer failed; trying again");
                 }
                 tokio::select! {
