@@ -63,11 +63,17 @@ async fn the_demo_walks_every_phase_and_loses_nothing() {
 /// test virtualenv) on the Redis side, scheduled jobs included; returns the
 /// summary after checking what holds for every framework.
 async fn fleet_demo(framework: &str) -> serde_json::Value {
+    fleet_demo_with(framework, &[]).await
+}
+
+/// [`fleet_demo`] with more of the demo's flags (`--key-prefix`, ...).
+async fn fleet_demo_with(framework: &str, flags: &[&str]) -> serde_json::Value {
     let python = crate::support::python();
     let out = tokio::time::timeout(
         Duration::from_secs(300),
         tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
             .args(["demo", "--json", "--step", "3s", "--framework", framework])
+            .args(flags)
             .arg("--python")
             .arg(&python)
             .args([
@@ -134,6 +140,27 @@ async fn the_celery_fleet_demo_walks_every_phase_and_loses_nothing() {
 #[tokio::test]
 async fn the_rq_fleet_demo_walks_every_phase_and_loses_nothing() {
     fleet_demo("rq").await;
+}
+
+/// kombu's `global_keyprefix` and `priority_steps` changed on the fleet,
+/// and stated on the route (`key_prefix`, `priority_steps`): the route finds
+/// the prefixed lists and `unacked` hash (the decommission gate waits for
+/// the countdown tasks a worker holds there), nothing lost or run twice.
+#[tokio::test]
+async fn the_celery_fleet_demo_with_a_key_prefix_and_priority_steps_loses_nothing() {
+    fleet_demo_with(
+        "celery",
+        &["--key-prefix", "app1:", "--priority-steps", "0,5,9"],
+    )
+    .await;
+}
+
+/// RQ 3's `RQ_KEY_PREFIX` on the fleet and the route's `key_prefix`: the
+/// mirror reads the prefixed job hashes (the runner runs them), the gate the
+/// prefixed scheduled registry.
+#[tokio::test]
+async fn the_rq_fleet_demo_with_a_key_prefix_loses_nothing() {
+    fleet_demo_with("rq", &["--key-prefix", "app1"]).await;
 }
 
 #[tokio::test]
