@@ -73,18 +73,6 @@ if [ ! -f "$stamp" ] || ! cmp -s "$req" "$stamp"; then
 fi
 
 # Cells of the framework version matrix the suite runs besides .venv's
-# newest lines (tests/python/matrix/<cell>.txt, one virtualenv each under
-# .matrix/; tests/it/support.rs: `matrix_python`).
-for cell in rq-2.12; do
-  req=tests/python/matrix/$cell.txt
-  venv=.matrix/$cell
-  if [ ! -x "$venv/bin/python" ]; then
-    say "creating $venv"
-    python3 -m venv "$venv" || die "python3 -m venv failed (Debian: apt-get install -y python3-venv)"
-  fi
-  if [ ! -f "$venv/.installed" ] || ! cmp -s "$req" "$venv/.installed"; then
-    say "installing $cell into $venv"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req"
-    cp "$req" "$venv/.installed"
-  fi
-done
+# newest lines (tests/it/support.rs: `matrix_python`): RQ 2.12, whose
+# scheduling differs from 3.0's. scripts/matrix-deps.sh installs them.
+./scripts/matrix-deps.sh rq-2.12

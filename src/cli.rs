@@ -333,6 +333,15 @@ pub struct DemoArgs {
     /// the system Ruby's Sidekiq and `sidekiq` on PATH.
     #[arg(long, env = "QBRIDGE_DEMO_RUBY_LIB")]
     pub ruby_lib: Option<String>,
+    /// Run the fleet with a key prefix (with --framework celery: kombu's
+    /// global_keyprefix, e.g. `app1:`; with --framework rq: RQ 3's
+    /// RQ_KEY_PREFIX, e.g. `app1`), and the route's key_prefix to match.
+    #[arg(long)]
+    pub key_prefix: Option<String>,
+    /// Run the Celery fleet with these kombu priority_steps (e.g. 0,5,9) and
+    /// tasks sent with priorities, and the route's priority_steps to match.
+    #[arg(long, value_delimiter = ',')]
+    pub priority_steps: Option<Vec<u8>>,
 }
 
 /// `qbridge import`

@@ -7,6 +7,7 @@
 mod assemble;
 mod cutover;
 mod database;
+mod key_names;
 mod pools;
 mod proxy;
 mod routes;

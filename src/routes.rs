@@ -38,20 +38,24 @@ pub struct Route {
 
 impl Route {
     /// Every list the route's ready jobs wait in: `redis_key`, then the
-    /// framework's priority lists (Celery's `<queue>\x06\x16<step>`,
-    /// `model::structures::priority_lists`).
+    /// framework's priority lists (Celery's `<queue><sep><step>`,
+    /// `model::structures::priority_lists`, named as the route's kombu
+    /// options say).
     pub fn lists(&self) -> Vec<Bytes> {
         let mut lists = vec![self.redis_key.clone()];
         lists.extend(
-            crate::model::structures::priority_lists(
-                &self.format,
-                &self.redis_key,
-                self.config.priority_steps.as_deref(),
-            )
-            .into_iter()
-            .map(Bytes::from),
+            structures::priority_lists(&self.format, &self.redis_key, &self.config.keys)
+                .into_iter()
+                .map(Bytes::from),
         );
         lists
+    }
+
+    /// The framework's structures the route's jobs may wait in besides its
+    /// lists (`model::structures::of_route`), named as the route's key
+    /// options say.
+    pub fn structures(&self) -> Vec<Structure> {
+        structures::of_route(&self.format, &self.redis_key, &self.config.keys)
     }
 }
 
@@ -99,7 +103,9 @@ impl Routes {
         }
         let mut by_set: HashMap<Bytes, Vec<SetOwner>> = HashMap::new();
         for route in &list {
-            for set in structures::mirrored_sets(&route.format, &route.redis_key) {
+            for set in
+                structures::mirrored_sets(&route.format, &route.redis_key, &route.config.keys)
+            {
                 let key = Bytes::copy_from_slice(set.key.as_bytes());
                 by_set
                     .entry(key)

@@ -51,6 +51,10 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
             framework: args.framework,
             python: args.python.clone(),
             ruby_lib: args.ruby_lib.clone(),
+            keys: crate::demo::FleetKeys {
+                key_prefix: args.key_prefix.clone(),
+                priority_steps: args.priority_steps.clone(),
+            },
         })
         .await;
     }

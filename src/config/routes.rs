@@ -13,6 +13,7 @@ use serde::Deserialize;
 use super::{validate_pool, Dur, HandlerConfig, PoolConfig, PoolFile};
 use crate::error::{Error, Result};
 use crate::model::formats::Format;
+use crate::model::structures::KeyNames;
 use crate::model::Phase;
 use crate::queue::validate;
 
@@ -123,6 +124,14 @@ pub(super) struct RouteFile {
     #[serde(default)]
     priority_steps: Option<Vec<i64>>,
     #[serde(default)]
+    key_prefix: Option<String>,
+    #[serde(default)]
+    priority_sep: Option<String>,
+    #[serde(default)]
+    unacked_key: Option<String>,
+    #[serde(default)]
+    unacked_index_key: Option<String>,
+    #[serde(default)]
     shadow: Option<super::cutover::ShadowFile>,
     #[serde(default)]
     diff: Option<super::cutover::DiffFile>,
@@ -159,9 +168,10 @@ pub struct RouteConfig {
     pub redis_consumer: Option<RedisConsumerConfig>,
     /// Who runs the Redis side's jobs: what an absent outcome may mean.
     pub redis_side: RedisSideKind,
-    /// A Celery route's kombu `priority_steps` above 0 (each has a list of
-    /// its own, `<queue>\x06\x16<step>`); `None`: kombu's default, 3, 6, 9.
-    pub priority_steps: Option<Vec<u8>>,
+    /// How the framework names the route's keys where the team changed
+    /// its defaults (kombu's `global_keyprefix`, `priority_steps`, `sep`,
+    /// `unacked_key`, `unacked_index_key`; RQ's `RQ_KEY_PREFIX`).
+    pub keys: KeyNames,
     /// Shadow calls, the diff and the gates.
     pub cutover: super::CutoverConfig,
 }
@@ -267,10 +277,18 @@ pub(super) fn validate_routes(
                 "[routes.pool] and [routes.redis_consumer] need the route's handler".into(),
             ));
         }
-        let priority_steps = file
-            .priority_steps
-            .map(|steps| priority_steps(&format, &steps).map_err(|m| ctx(m.into())))
-            .transpose()?;
+        let keys = super::key_names::validate(
+            &format,
+            &file.redis_key,
+            super::key_names::KeyNamesFile {
+                key_prefix: file.key_prefix,
+                priority_steps: file.priority_steps,
+                priority_sep: file.priority_sep,
+                unacked_key: file.unacked_key,
+                unacked_index_key: file.unacked_index_key,
+            },
+        )
+        .map_err(ctx)?;
         let cutover = super::cutover::validate(file.shadow, file.diff, file.gates).map_err(ctx)?;
         let redis_consumer = file
             .redis_consumer
@@ -301,27 +319,11 @@ pub(super) fn validate_routes(
                 RedisSideKind::Fleet
             }),
             redis_consumer,
-            priority_steps,
+            keys,
             cutover,
         });
     }
     Ok((routes, pools))
-}
-
-/// kombu's `priority_steps` as the route states them (the transport
-/// option, `[0, 3, 6, 9]` by default): ascending, each 0 to 255. Returns the
-/// steps above 0, whose lists are the route's besides its own.
-fn priority_steps(format: &Format, steps: &[i64]) -> std::result::Result<Vec<u8>, &'static str> {
-    if *format != Format::Celery {
-        return Err("priority_steps is kombu's transport option: it needs format = \"celery\"");
-    }
-    if steps.iter().any(|s| !(0..=255).contains(s)) {
-        return Err("priority_steps must be between 0 and 255 (kombu's priorities)");
-    }
-    if steps.windows(2).any(|w| w[0] >= w[1]) {
-        return Err("priority_steps must be in ascending order without repeats, as kombu's");
-    }
-    Ok(steps.iter().filter(|s| **s > 0).map(|s| *s as u8).collect())
 }
 
 fn validate_consumer(

@@ -1,6 +1,7 @@
 //! Unit tests of config parsing and validation.
 use super::*;
 
+mod key_names;
 mod tables;
 
 fn load(text: &str) -> Result<Config> {
@@ -503,12 +504,15 @@ fn a_celery_route_takes_kombus_priority_steps() {
         ROUTE.replace("sidekiq", "celery")
     );
     let cfg = load(&text).unwrap();
-    assert_eq!(cfg.routes[0].priority_steps.as_deref(), Some(&[4u8, 8][..]));
+    assert_eq!(
+        cfg.routes[0].keys.priority_steps.as_deref(),
+        Some(&[4u8, 8][..])
+    );
     let route = &cfg.routes[0];
     let lists = crate::model::structures::priority_lists(
         &route.format,
         route.redis_key.as_bytes(),
-        route.priority_steps.as_deref(),
+        &route.keys,
     );
     let expected: Vec<&[u8]> = vec![b"queue:mail\x06\x164", b"queue:mail\x06\x168"];
     assert_eq!(lists, expected);

@@ -12,16 +12,19 @@
 //! each produced job ran live exactly once: 0 lost, 0 run twice, or the
 //! command fails.
 //!
-//! The applications are embedded in the binary (`fleet/*.rb`, `fleet/*.py`)
+//! The applications are embedded in the binary (`fleet/sidekiq_fleet.rb`,
+//! and the examples' `examples/fleets/celery_app.py` and `rq_app.py`)
 //! and written to a temporary directory; the interpreter and the framework
 //! come from the machine ([`Framework::check`] names what to install).
 
 mod adapters;
 mod framework;
+mod keys;
 mod ruby;
 mod summary;
 
 pub use framework::Framework;
+pub use keys::FleetKeys;
 pub use summary::{report, FleetSummary};
 
 use std::collections::BTreeSet;
@@ -50,6 +53,8 @@ pub struct FleetOptions {
     pub python: String,
     /// `--ruby-lib`: Ruby library directories for Sidekiq (`ruby::Ruby`).
     pub ruby_lib: Option<String>,
+    /// The fleet's key options (`--key-prefix`, `--priority-steps`).
+    pub keys: FleetKeys,
     pub step: Duration,
     pub as_json: bool,
 }
@@ -83,9 +88,12 @@ impl Fleet {
         .await
     }
 
-    /// Pushes ready jobs in the background, a batch about every second,
+    /// Pushes ready jobs in the background, a batch per producer run,
     /// until the returned token is cancelled: the traffic of a live queue,
-    /// so each gate's window (one step) has jobs to measure.
+    /// so each gate's window (one step) has jobs to measure. A batch is the
+    /// gates' `min_jobs` (20): the producer's interpreter start sets the
+    /// pace (Celery's import took 2 s on a busy 2-core machine, and 8 jobs
+    /// a run left the shadow gate 8 to 16 jobs a window, forcing it).
     fn traffic(&self) -> (CancellationToken, tokio::task::JoinHandle<()>) {
         let stop = CancellationToken::new();
         let (fw, env, produced, counter) = (
@@ -97,7 +105,7 @@ impl Fleet {
         let token = stop.clone();
         let task = tokio::spawn(async move {
             while !token.is_cancelled() {
-                if let Err(e) = push(fw, &env, &produced, &counter, 8, None).await {
+                if let Err(e) = push(fw, &env, &produced, &counter, 20, None).await {
                     tracing::warn!(error = %e, "demo: the producer failed; trying again");
                 }
                 tokio::select! {
@@ -193,7 +201,13 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
     let (proxy_port, http_port, runner_port) = (free_port(), free_port(), free_port());
     let adapters = adapters::write(dir.path())?;
     let runner_url = format!("http://127.0.0.1:{runner_port}/");
-    let toml = fleet_config(fw, &name, &runner_url, (proxy_port, http_port), opts.step)?;
+    let toml = fleet_config(
+        (fw, &opts.keys),
+        &name,
+        &runner_url,
+        (proxy_port, http_port),
+        opts.step,
+    )?;
     let config = with_servers(toml, database_url, redis_url)?;
     let db = crate::db::connect(database_url, 6).await?;
     crate::db::migrate(&db).await?;
@@ -231,6 +245,7 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
         adapters,
         runner_port,
         ruby,
+        keys: opts.keys.clone(),
     };
     let driven = drive(&mut drill, fw, env, (proxy_port, http_port), opts).await;
     drill.bar.finish_and_clear();
@@ -409,13 +424,15 @@ async fn walk(drill: &mut Drill, fleet: &Fleet, opts: &FleetOptions) -> Result<(
 /// HTTP listener (the fleet reports outcomes to it), the demo's handler,
 /// and gates sized so each can pass within a few steps.
 fn fleet_config(
-    fw: Framework,
+    (fw, keys): (Framework, &FleetKeys),
     name: &str,
     handler_url: &str,
     (proxy_port, http_port): (u16, u16),
     step: Duration,
 ) -> Result<String> {
-    let (redis_key, format) = fw.route_key(name);
+    let (_, format) = fw.route_key(name);
+    let redis_key = keys.redis_key(fw, name);
+    let key_lines = keys.route_lines();
     let step = step.as_secs_f64();
     Ok(format!(
         r#"max_connections = 12
@@ -430,7 +447,7 @@ name = "{name}"
 redis_key = "{redis_key}"
 queue = "{name}"
 format = "{format}"
-phase = "redis_only"
+{key_lines}phase = "redis_only"
 redis_side = "fleet"
 handler = {{ type = "http", url = "{handler_url}" }}
 pool = {{ poll_interval = "100ms", concurrency = 8 }}

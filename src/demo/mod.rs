@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::redact::redact_url;
 
 pub use drill::Summary;
-pub use fleet::{FleetSummary, Framework};
+pub use fleet::{FleetKeys, FleetSummary, Framework};
 
 /// What the command line gave.
 pub struct DemoInput {
@@ -43,6 +43,8 @@ pub struct DemoInput {
     pub python: String,
     /// `--ruby-lib`: the Sidekiq to run (with `--framework sidekiq`).
     pub ruby_lib: Option<String>,
+    /// The fleet's key options (`--key-prefix`, `--priority-steps`).
+    pub keys: FleetKeys,
 }
 
 /// The default URLs, as the README's quickstart and docker-compose use them.
@@ -153,6 +155,7 @@ struct Report<'a> {
 /// Runs the demo; an error, lost or duplicated jobs, or a planted loss the
 /// diff or repair missed exits non-zero.
 pub async fn run(input: DemoInput) -> Result<()> {
+    input.keys.check(input.framework)?;
     let servers = tokio::task::block_in_place(|| choose_servers(&input))?;
     let where_ = if servers.started.is_empty() {
         format!(
@@ -177,6 +180,7 @@ pub async fn run(input: DemoInput) -> Result<()> {
             framework,
             python: input.python.clone(),
             ruby_lib: input.ruby_lib.clone(),
+            keys: input.keys.clone(),
             step: input.step,
             as_json: input.as_json,
         };

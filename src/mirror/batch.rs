@@ -64,10 +64,13 @@ pub(super) async fn rq_jobs_of(
     conn: &mut Option<ConnectionManager>,
     parts: &[Part<'_>],
 ) -> HashMap<String, JobHash> {
-    let ids: Vec<&str> = parts
+    let ids: Vec<rq_jobs::JobKey<'_>> = parts
         .iter()
         .filter(|p| p.route.format == Format::Rq)
-        .filter_map(|p| std::str::from_utf8(p.bytes).ok())
+        .filter_map(|p| {
+            let id = std::str::from_utf8(p.bytes).ok()?;
+            Some((id, p.route.config.keys.rq_job(id)))
+        })
         .collect();
     rq_jobs::read_or_none(conn.as_mut(), &ids).await
 }

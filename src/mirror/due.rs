@@ -102,10 +102,11 @@ async fn with_rq_jobs(
     if route.format != Format::Rq {
         return (decoded, 0);
     }
-    let ids: Vec<&str> = decoded
+    let names = &route.config.keys;
+    let ids: Vec<rq_jobs::JobKey<'_>> = decoded
         .iter()
         .filter_map(|(d, _)| match &d.key {
-            KeySource::Id(id) => Some(id.as_str()),
+            KeySource::Id(id) => Some((id.as_str(), names.rq_job(id))),
             KeySource::ContentHash(_) => None,
         })
         .collect();

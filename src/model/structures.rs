@@ -45,24 +45,78 @@ use std::fmt;
 
 use super::formats::Format;
 
-/// kombu's separator between a queue's name and its priority step.
+/// kombu's default separator between a queue's name and its priority step
+/// (its transport option `sep`).
 pub const CELERY_PRIORITY_SEP: &[u8] = b"\x06\x16";
 
 /// kombu's default `priority_steps` above 0 (0 is the queue's own list).
 pub const CELERY_PRIORITY_STEPS: [u8; 3] = [3, 6, 9];
 
+/// How a route's framework names its keys where the team changed the
+/// framework's defaults: the route's `key_prefix`, `priority_steps`,
+/// `priority_sep`, `unacked_key` and `unacked_index_key`. Each `None` is
+/// the framework's default.
+///
+/// kombu (5.4 to 5.7, `kombu/transport/redis.py`) takes them as transport
+/// options: `global_keyprefix` goes before every key it sends (the queue's
+/// lists, `unacked`, `unacked_index`, `_kombu.binding.*`), so `redis_key`
+/// is the prefixed list; `sep` joins a queue and its priority step;
+/// `unacked_key` and `unacked_index_key` name the hash and its index, both
+/// prefixed too. RQ 3.0 reads `RQ_KEY_PREFIX` from the environment in place
+/// of `rq` in every key (`<prefix>:queue:<name>`, `<prefix>:job:<id>`, its
+/// registries); earlier RQ releases have no such option.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyNames {
+    /// kombu's `global_keyprefix` (default none) or RQ's `RQ_KEY_PREFIX`
+    /// (default `rq`).
+    pub prefix: Option<String>,
+    /// kombu's `priority_steps` above 0 (each has a list of its own);
+    /// default 3, 6, 9.
+    pub priority_steps: Option<Vec<u8>>,
+    /// kombu's `sep`; default `\x06\x16`.
+    pub priority_sep: Option<String>,
+    /// kombu's `unacked_key`; default `unacked`.
+    pub unacked_key: Option<String>,
+    /// kombu's `unacked_index_key`; default `unacked_index`.
+    pub unacked_index_key: Option<String>,
+}
+
+impl KeyNames {
+    /// kombu's `global_keyprefix`: empty by default.
+    fn kombu_prefix(&self) -> &str {
+        self.prefix.as_deref().unwrap_or("")
+    }
+
+    /// RQ's key prefix, `rq` unless `RQ_KEY_PREFIX` changed it.
+    pub fn rq_prefix(&self) -> &str {
+        self.prefix.as_deref().unwrap_or("rq")
+    }
+
+    /// RQ's job hash of `id`: `<prefix>:job:<id>`.
+    pub fn rq_job(&self, id: &str) -> String {
+        format!("{}:job:{id}", self.rq_prefix())
+    }
+}
+
 /// The other lists a route's ready jobs wait in besides `redis_key`: for
-/// Celery the priority lists (`<queue>\x06\x16<step>`, one per step of
-/// kombu's `priority_steps` above 0: `steps`, or kombu's default), none
-/// otherwise.
-pub fn priority_lists(format: &Format, redis_key: &[u8], steps: Option<&[u8]>) -> Vec<Vec<u8>> {
+/// Celery the priority lists (`<redis_key><sep><step>`, one per step of
+/// kombu's `priority_steps` above 0), none otherwise. kombu prefixes the
+/// whole name, so with a `global_keyprefix` they follow the prefixed
+/// `redis_key`.
+pub fn priority_lists(format: &Format, redis_key: &[u8], names: &KeyNames) -> Vec<Vec<u8>> {
     if *format != Format::Celery {
         return Vec::new();
     }
-    steps
+    let sep = names
+        .priority_sep
+        .as_deref()
+        .map_or(CELERY_PRIORITY_SEP, str::as_bytes);
+    names
+        .priority_steps
+        .as_deref()
         .unwrap_or(&CELERY_PRIORITY_STEPS)
         .iter()
-        .map(|step| [redis_key, CELERY_PRIORITY_SEP, step.to_string().as_bytes()].concat())
+        .map(|step| [redis_key, sep, step.to_string().as_bytes()].concat())
         .collect()
 }
 
@@ -191,14 +245,14 @@ pub fn score_time(score: f64) -> Option<chrono::DateTime<chrono::Utc>> {
 }
 
 /// The structures a route's jobs may wait in besides its list, given its
-/// format and list key. Empty for a list key that is not the framework's
-/// own naming (the route is then a plain list).
-pub fn of_route(format: &Format, redis_key: &[u8]) -> Vec<Structure> {
+/// format, list key and the framework's key names. Empty for a list key
+/// that is not the framework's own naming (the route is then a plain list).
+pub fn of_route(format: &Format, redis_key: &[u8], names: &KeyNames) -> Vec<Structure> {
     match format {
         Format::Sidekiq => sidekiq(redis_key),
-        Format::Rq => rq(redis_key),
+        Format::Rq => rq(redis_key, names),
         Format::Resque => resque(redis_key),
-        Format::Celery => celery(redis_key),
+        Format::Celery => celery(redis_key, names),
         _ => Vec::new(),
     }
 }
@@ -209,29 +263,40 @@ pub fn of_route(format: &Format, redis_key: &[u8]) -> Vec<Structure> {
 /// they run; the mirror reads each job's hash before it writes). Not the
 /// dead sets (a dead job is carried into `jobs_dead` by the importer or
 /// decommission).
-pub fn mirrored_sets(format: &Format, redis_key: &[u8]) -> Vec<Structure> {
+pub fn mirrored_sets(format: &Format, redis_key: &[u8], names: &KeyNames) -> Vec<Structure> {
     let due_later = |s: &Structure| matches!(s.holding, Holding::Scheduled | Holding::Retrying);
     match format {
-        Format::Sidekiq => sidekiq(redis_key).into_iter().filter(due_later).collect(),
-        Format::Rq => rq(redis_key).into_iter().filter(due_later).collect(),
+        Format::Sidekiq | Format::Rq => of_route(format, redis_key, names)
+            .into_iter()
+            .filter(due_later)
+            .collect(),
         _ => Vec::new(),
     }
 }
 
 /// kombu's `unacked` hash, for the queue whose list is `redis_key` (the
-/// queue's name: kombu names a queue's list after it).
-fn celery(redis_key: &[u8]) -> Vec<Structure> {
+/// queue's name after kombu's `global_keyprefix`: kombu names a queue's
+/// list after it). Its entries name the queue by routing key, which kombu
+/// never prefixes.
+fn celery(redis_key: &[u8], names: &KeyNames) -> Vec<Structure> {
+    let prefix = names.kombu_prefix();
     let Some(queue) = std::str::from_utf8(redis_key)
         .ok()
+        .and_then(|key| key.strip_prefix(prefix))
         .filter(|q| !q.is_empty())
     else {
         return Vec::new();
     };
+    let unacked = names.unacked_key.as_deref().unwrap_or("unacked");
+    let index = names
+        .unacked_index_key
+        .as_deref()
+        .unwrap_or("unacked_index");
     vec![Structure {
         holding: Holding::Held,
-        key: "unacked".into(),
+        key: format!("{prefix}{unacked}"),
         shape: Shape::UnackedHash {
-            index: "unacked_index".into(),
+            index: format!("{prefix}{index}"),
         },
         owner: Owner::RoutingKey,
         queue: queue.to_string(),
@@ -277,17 +342,20 @@ fn namespaced_queue(redis_key: &[u8]) -> Option<(&str, &str)> {
     }
 }
 
-/// RQ's registries of the queue `rq:queue:<name>` that hold jobs not in
-/// the list (`rq/registry.py`): `rq:scheduled:<name>` (`enqueue_in`/
-/// `enqueue_at`, score: when) and `rq:failed:<name>` (jobs that failed;
-/// score: when RQ forgets them). Members are job ids; the jobs are the
-/// hashes `rq:job:<id>`. The started, finished, deferred and canceled
-/// registries hold nothing to carry: running, done, waiting on another job,
-/// or cancelled.
-fn rq(redis_key: &[u8]) -> Vec<Structure> {
+/// RQ's registries of the queue `<prefix>:queue:<name>` (the prefix is
+/// `rq` unless RQ 3's `RQ_KEY_PREFIX` changed it) that hold jobs not in the
+/// list (`rq/registry.py`): `<prefix>:scheduled:<name>` (`enqueue_in`/
+/// `enqueue_at`, score: when) and `<prefix>:failed:<name>` (jobs that
+/// failed; score: when RQ forgets them). Members are job ids; the jobs are
+/// the hashes `<prefix>:job:<id>`. The started, finished, deferred,
+/// canceled and (RQ 3) ready registries hold nothing to carry: running,
+/// done, waiting on another job, cancelled, or also in the list.
+fn rq(redis_key: &[u8], names: &KeyNames) -> Vec<Structure> {
+    let prefix = names.rq_prefix();
     let Some(queue) = std::str::from_utf8(redis_key)
         .ok()
-        .and_then(|key| key.strip_prefix("rq:queue:"))
+        .and_then(|key| key.strip_prefix(prefix))
+        .and_then(|key| key.strip_prefix(":queue:"))
         .filter(|queue| !queue.is_empty())
     else {
         return Vec::new();
@@ -296,7 +364,7 @@ fn rq(redis_key: &[u8]) -> Vec<Structure> {
         .into_iter()
         .map(|(holding, registry)| Structure {
             holding,
-            key: format!("rq:{registry}:{queue}"),
+            key: format!("{prefix}:{registry}:{queue}"),
             shape: Shape::SortedSet,
             owner: Owner::Whole,
             queue: queue.to_string(),
@@ -375,7 +443,7 @@ mod tests {
 
     #[test]
     fn sidekiq_queues_own_their_members_of_the_shared_sets() {
-        let sets = of_route(&Format::Sidekiq, b"queue:mailers");
+        let sets = of_route(&Format::Sidekiq, b"queue:mailers", &KeyNames::default());
         let keys: Vec<&str> = sets.iter().map(|s| s.key.as_str()).collect();
         assert_eq!(
             keys,
@@ -388,7 +456,7 @@ mod tests {
             ]
         );
         assert!(sets[3].owns(b"anything") && !sets[3].carried());
-        let odd = of_route(&Format::Sidekiq, b"queue:a*b");
+        let odd = of_route(&Format::Sidekiq, b"queue:a*b", &KeyNames::default());
         assert_eq!(odd[4].key, "working:queue:a\\*b:*");
         assert!(sets[0].owns(br#"{"class":"Mail","queue":"mailers","jid":"a"}"#));
         assert!(!sets[0].owns(br#"{"class":"Mail","queue":"default","jid":"b"}"#));
@@ -397,26 +465,26 @@ mod tests {
 
     #[test]
     fn a_namespace_prefixes_the_sets_and_other_keys_have_none() {
-        let sets = of_route(&Format::Sidekiq, b"app:queue:default");
+        let sets = of_route(&Format::Sidekiq, b"app:queue:default", &KeyNames::default());
         assert_eq!(sets[1].key, "app:retry");
         assert_eq!(sets[1].queue, "default");
-        assert!(of_route(&Format::Sidekiq, b"jobs").is_empty());
-        assert!(of_route(&Format::Sidekiq, b"myqueue:x").is_empty());
-        assert!(of_route(&Format::Raw, b"queue:default").is_empty());
+        assert!(of_route(&Format::Sidekiq, b"jobs", &KeyNames::default()).is_empty());
+        assert!(of_route(&Format::Sidekiq, b"myqueue:x", &KeyNames::default()).is_empty());
+        assert!(of_route(&Format::Raw, b"queue:default", &KeyNames::default()).is_empty());
     }
 
     #[test]
     fn rq_queues_have_their_own_scheduled_and_failed_registries() {
-        let sets = of_route(&Format::Rq, b"rq:queue:reports");
+        let sets = of_route(&Format::Rq, b"rq:queue:reports", &KeyNames::default());
         let keys: Vec<&str> = sets.iter().map(|s| s.key.as_str()).collect();
         assert_eq!(keys, ["rq:scheduled:reports", "rq:failed:reports"]);
         assert!(sets[0].owns(b"any-job-id"));
-        assert!(of_route(&Format::Rq, b"reports").is_empty());
+        assert!(of_route(&Format::Rq, b"reports", &KeyNames::default()).is_empty());
     }
 
     #[test]
     fn resque_failed_entries_are_the_queues_until_requeued() {
-        let sets = of_route(&Format::Resque, b"resque:queue:mail");
+        let sets = of_route(&Format::Resque, b"resque:queue:mail", &KeyNames::default());
         let keys: Vec<&str> = sets.iter().map(|s| s.key.as_str()).collect();
         assert_eq!(keys, ["resque:delayed_queue_schedule", "resque:failed"]);
         let failed = &sets[1];
@@ -440,7 +508,7 @@ mod tests {
 
     #[test]
     fn celery_entries_taken_by_a_worker_are_owned_by_routing_key() {
-        let sets = of_route(&Format::Celery, b"reports");
+        let sets = of_route(&Format::Celery, b"reports", &KeyNames::default());
         assert_eq!(sets.len(), 1);
         let unacked = &sets[0];
         assert_eq!(unacked.holding, Holding::Held);

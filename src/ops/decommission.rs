@@ -213,7 +213,7 @@ async fn archive_live(
     ran_already(redis, route, &mut batch).await?;
     rq_jobs::attach(
         redis,
-        &route.format,
+        (&route.format, &route.config.keys),
         batch.iter_mut().map(|i| &mut i.decoded),
     )
     .await;

@@ -28,7 +28,7 @@ use sqlx::PgPool;
 use crate::error::{Error, Result};
 use crate::ingest::{self, Item, Via};
 use crate::model::formats::decode_bytes;
-use crate::model::structures::{self, Holding};
+use crate::model::structures::Holding;
 use crate::model::Phase;
 use crate::ops::decommission::structures::{store_due, to_dead};
 use crate::queue::JobCopy;
@@ -108,7 +108,7 @@ pub async fn import(
         );
         report.structures.push(found.await?);
     }
-    for structure in structures::of_route(&route.format, &route.redis_key) {
+    for structure in route.structures() {
         if !structure.carried() {
             // Counted, never copied (`Structure::carried`): the gate holds
             // decommission until they are gone from Redis.
@@ -217,7 +217,7 @@ async fn import_list(
         } else {
             rq_jobs::attach(
                 redis,
-                &route.format,
+                (&route.format, &route.config.keys),
                 items.iter_mut().map(|i| &mut i.decoded),
             )
             .await;

@@ -489,7 +489,7 @@ async fn mirror_waiting(
         .collect();
     rq_jobs::attach(
         redis,
-        &route.format,
+        (&route.format, &route.config.keys),
         items.iter_mut().map(|i| &mut i.decoded),
     )
     .await;

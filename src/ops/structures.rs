@@ -75,7 +75,7 @@ pub fn non_empty(held: &[Held]) -> Vec<String> {
 /// job in one: most fleets have none, and an empty pattern says nothing.
 pub async fn read(conn: &mut ConnectionManager, route: &Route) -> Result<Vec<Held>> {
     let mut out = Vec::new();
-    for structure in structures::of_route(&route.format, &route.redis_key) {
+    for structure in route.structures() {
         let held = count(conn, &structure).await?;
         if held.jobs > 0 || !is_private(&structure) {
             out.push(held);

@@ -1,5 +1,7 @@
 //! RQ keeps a job in the hash `rq:job:<id>` and pushes only the id onto
-//! `rq:queue:<name>` (issue 14): a mirror copy of the push alone could never
+//! `rq:queue:<name>` (with RQ 3's `RQ_KEY_PREFIX`, `<prefix>:job:<id>` and
+//! `<prefix>:queue:<name>`: the route's `key_prefix`,
+//! `model::structures::KeyNames::rq_job`): a mirror copy of the push alone could never
 //! run without Redis. The mirror reads the hashes of a batch's RQ ids in one
 //! pipeline before it stores them, and each copy's payload carries its job
 //! ([`crate::model::formats::rq::with_job`]).
@@ -17,29 +19,34 @@ use redis::aio::ConnectionManager;
 
 use crate::error::Result;
 use crate::model::formats::{self, Decoded, Format, KeySource};
-
-/// RQ's job key prefix (`Job.redis_job_namespace_prefix`).
-pub const JOB_PREFIX: &str = "rq:job:";
+use crate::model::structures::KeyNames;
 
 /// A job hash's fields and values, as stored.
 pub type JobHash = Vec<(String, Vec<u8>)>;
 
+/// A job id and the key of its hash (`KeyNames::rq_job`: RQ's
+/// `Job.redis_job_namespace_prefix` and the id).
+pub type JobKey<'a> = (&'a str, String);
+
 /// The job hashes of `ids`, one pipelined `HGETALL` each; ids whose hash
 /// is missing or empty are left out.
-pub async fn read(conn: &mut ConnectionManager, ids: &[&str]) -> Result<HashMap<String, JobHash>> {
+pub async fn read(
+    conn: &mut ConnectionManager,
+    ids: &[JobKey<'_>],
+) -> Result<HashMap<String, JobHash>> {
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
     let mut pipe = redis::pipe();
-    for id in ids {
-        pipe.cmd("HGETALL").arg(format!("{JOB_PREFIX}{id}"));
+    for (_, key) in ids {
+        pipe.cmd("HGETALL").arg(key);
     }
     let hashes: Vec<Vec<(String, Vec<u8>)>> = pipe.query_async(conn).await?;
     Ok(ids
         .iter()
         .zip(hashes)
         .filter(|(_, h)| !h.is_empty())
-        .map(|(id, h)| (id.to_string(), h))
+        .map(|((id, _), h)| (id.to_string(), h))
         .collect())
 }
 
@@ -52,17 +59,17 @@ pub async fn read(conn: &mut ConnectionManager, ids: &[&str]) -> Result<HashMap<
 /// `wait` is left out: the caller decides what an id without its job is.
 pub async fn read_appearing(
     conn: &mut ConnectionManager,
-    ids: &[&str],
+    ids: &[JobKey<'_>],
     wait: std::time::Duration,
 ) -> Result<HashMap<String, JobHash>> {
     let deadline = tokio::time::Instant::now() + wait;
     let mut found = read(conn, ids).await?;
     let mut pause = std::time::Duration::from_millis(5);
     loop {
-        let missing: Vec<&str> = ids
+        let missing: Vec<JobKey<'_>> = ids
             .iter()
-            .copied()
-            .filter(|id| !found.contains_key(*id))
+            .filter(|(id, _)| !found.contains_key(*id))
+            .cloned()
             .collect();
         if missing.is_empty() || tokio::time::Instant::now() + pause > deadline {
             return Ok(found);
@@ -78,7 +85,7 @@ pub async fn read_appearing(
 /// Postgres without Redis.
 pub async fn read_or_none(
     conn: Option<&mut ConnectionManager>,
-    ids: &[&str],
+    ids: &[JobKey<'_>],
 ) -> HashMap<String, JobHash> {
     if ids.is_empty() {
         return HashMap::new();
@@ -105,17 +112,17 @@ pub async fn read_or_none(
 /// id alone.
 pub async fn attach<'a>(
     conn: &mut ConnectionManager,
-    format: &Format,
+    (format, names): (&Format, &KeyNames),
     items: impl IntoIterator<Item = &'a mut Decoded>,
 ) {
     if *format != Format::Rq {
         return;
     }
     let mut items: Vec<&mut Decoded> = items.into_iter().collect();
-    let ids: Vec<&str> = items
+    let ids: Vec<JobKey<'_>> = items
         .iter()
         .filter_map(|d| match &d.key {
-            KeySource::Id(id) => Some(id.as_str()),
+            KeySource::Id(id) => Some((id.as_str(), names.rq_job(id))),
             KeySource::ContentHash(_) => None,
         })
         .collect();

@@ -67,7 +67,7 @@ static ONE_DRILL_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_n
 /// `qbridge demo --framework F --json` through the binary: the framework's
 /// own client and worker (Sidekiq 6.4 from Debian or 7.3.10 from
 /// `vendor/ruby` with `extra` = `--ruby-lib vendor/ruby`, Celery and RQ from
-/// the test virtualenv) on the Redis side, scheduled jobs included; returns
+/// the test virtualenv; `extra` also takes `--key-prefix`, ...) on the Redis side, scheduled jobs included; returns
 /// the summary after checking what holds for every framework.
 async fn fleet_demo(framework: &str, extra: &[&str]) -> serde_json::Value {
     let _turn = ONE_DRILL_AT_A_TIME.lock().await;
@@ -197,6 +197,27 @@ async fn the_sidekiq_demo_refuses_a_sidekiq_it_was_not_run_on() {
         assert!(stderr.contains(says), "{says}: {stderr}");
         assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
     }
+}
+
+/// kombu's `global_keyprefix` and `priority_steps` changed on the fleet,
+/// and stated on the route (`key_prefix`, `priority_steps`): the route finds
+/// the prefixed lists and `unacked` hash (the decommission gate waits for
+/// the countdown tasks a worker holds there), nothing lost or run twice.
+#[tokio::test]
+async fn the_celery_fleet_demo_with_a_key_prefix_and_priority_steps_loses_nothing() {
+    fleet_demo(
+        "celery",
+        &["--key-prefix", "app1:", "--priority-steps", "0,5,9"],
+    )
+    .await;
+}
+
+/// RQ 3's `RQ_KEY_PREFIX` on the fleet and the route's `key_prefix`: the
+/// mirror reads the prefixed job hashes (the runner runs them), the gate the
+/// prefixed scheduled registry.
+#[tokio::test]
+async fn the_rq_fleet_demo_with_a_key_prefix_loses_nothing() {
+    fleet_demo("rq", &["--key-prefix", "app1"]).await;
 }
 
 #[tokio::test]

@@ -37,17 +37,15 @@ impl Fleet {
     fn app(self) -> &'static str {
         match self {
             Fleet::Sidekiq(_) => "sidekiq_app.rb",
-            Fleet::Celery => "qbd_celery.py",
-            Fleet::Rq => "qbd_rq.py",
+            Fleet::Celery => "celery_app.py",
+            Fleet::Rq => "rq_app.py",
         }
     }
 
-    /// Where the application's source is in the repository.
+    /// Where the application's source is in the repository: the one
+    /// sample app per framework.
     fn source(self) -> String {
-        match self {
-            Fleet::Sidekiq(_) => format!("{REPO}/examples/fleets/{}", self.app()),
-            Fleet::Celery | Fleet::Rq => format!("{REPO}/src/demo/fleet/{}", self.app()),
-        }
+        format!("{REPO}/examples/fleets/{}", self.app())
     }
 
     /// (the route's Redis key, its format) for the framework's queue.
@@ -81,7 +79,7 @@ impl Fleet {
                     "-m",
                     "celery",
                     "-A",
-                    "qbd_celery",
+                    "celery_app",
                     "worker",
                     "-P",
                     "threads",
@@ -96,7 +94,7 @@ impl Fleet {
             }
             Fleet::Rq => {
                 let mut cmd = tokio::process::Command::new(support::python());
-                cmd.args(["qbd_rq.py", "worker"]);
+                cmd.args(["rq_app.py", "worker"]);
                 cmd
             }
         }
@@ -110,6 +108,8 @@ fn app_env(cmd: &mut tokio::process::Command, dir: &Path, redis: &str, queue: &s
     cmd.current_dir(dir)
         .env("REDIS_URL", redis)
         .env("SIDEKIQ_QUEUE", queue)
+        .env("QUEUE_NAME", queue)
+        .env("LEDGER_URL", ledger)
         .env("QBD_REDIS_URL", redis)
         .env("QBD_QUEUE", queue)
         .env("QBD_LEDGER", ledger)
@@ -287,12 +287,10 @@ async fn adapter_suite(pool: &PgPool, mut cmd: tokio::process::Command, dir: &st
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn the_python_adapters_own_tests_pass(pool: PgPool) {
     let mut cmd = tokio::process::Command::new(support::python());
-    cmd.args(["-m", "unittest", "-v", "test_reporter", "test_runner"])
-        .env(
-            "PYTHONPATH",
-            format!("{REPO}/adapters/python:{REPO}/adapters/python/tests"),
-        );
-    adapter_suite(&pool, cmd, REPO, "Python adapters'").await;
+    // As the package's README runs it: discovery from adapters/python.
+    cmd.args(["-m", "unittest", "-v"]);
+    let dir = format!("{REPO}/adapters/python");
+    adapter_suite(&pool, cmd, &dir, "Python adapters'").await;
 }
 
 /// The Ruby adapter's minitest suite as its README runs it (`ruby -Ilib

@@ -77,7 +77,7 @@ impl Fixture {
                 consumer_name: consumer.clone(),
             }),
             redis_side: qbridge::config::RedisSideKind::Qbridge,
-            priority_steps: None,
+            keys: Default::default(),
             cutover: Default::default(),
         };
         let routes = Routes::from_config(&[cfg]);

@@ -8,6 +8,12 @@ Every task run appends "<task id> <args>" to the Redis list named by
 QBT_LEDGER on the real Redis (QBT_LEDGER_URL): the ledger the tests count
 runs in, written by the task code itself.
 
+A copy of its own, not examples/fleets/celery_app.py (the application the
+examples, the drill and the fault test share): the tests count runs in a
+Redis list they read themselves, send tasks with priorities and re-send a
+task as Celery's own retry does (`produce_retry`) — what they assert is
+about those messages, which no application sends on purpose.
+
 Environment: QBT_BROKER (the broker URL: the proxy for producers, Redis for
 the worker), QBT_QUEUE (the Celery queue, i.e. the Redis list), QBT_LEDGER,
 QBT_LEDGER_URL.

@@ -1,5 +1,8 @@
-"""An RQ application for the integration tests, with real RQ against
-QBT_BROKER (qbridge's proxy, or Redis itself) on the RQ queue QBT_QUEUE:
+"""An RQ application for the integration tests (a copy of its own, not
+examples/fleets/rq_app.py, the application the examples, the drill and
+the fault test share: `structures` fails a job and schedules others with
+RQ's own worker to fill RQ's registries, which that application never
+does), with real RQ against QBT_BROKER (qbridge's proxy, or Redis itself) on the RQ queue QBT_QUEUE:
 
 - `python rq_app.py produce N` enqueues N jobs of `rq_app.add` and prints
   each job's id, one per line. RQ writes the job hash `rq:job:<id>` and

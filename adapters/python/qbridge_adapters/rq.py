@@ -72,7 +72,9 @@ class _Reporting:
         return done
 
     def handle_job_failure(self, job, *args, **kwargs):
-        final = not job.should_retry
+        # RQ retries while retries are left (``Job.should_retry`` says the
+        # same from RQ 2.1 on; RQ 1.x and 2.0 have only ``retries_left``).
+        final = not (job.retries_left and job.retries_left > 0)
         done = super().handle_job_failure(job, *args, **kwargs)
         self._reporter().report(job.id, "dead" if final else "failed", _class_of(kwargs.get("exc_string", "")))
         return done

@@ -44,6 +44,8 @@ pub(super) struct FleetEnv {
     pub runner_port: u16,
     /// The Sidekiq to run (`--ruby-lib`).
     pub ruby: super::ruby::Ruby,
+    /// The fleet's key options.
+    pub keys: super::FleetKeys,
 }
 
 impl Framework {
@@ -55,16 +57,24 @@ impl Framework {
         }
     }
 
-    /// The application's file name and source.
+    /// The application's file name and source. Celery's and RQ's are the
+    /// examples' applications (`examples/fleets/`), which the tests drive
+    /// too: one application per framework.
     fn script(self) -> (&'static str, &'static str) {
         match self {
-            // The repository's one sample Sidekiq app, as the examples run it.
+            // The repository's one sample app per framework, as the examples run it.
             Framework::Sidekiq => (
                 "sidekiq_app.rb",
                 include_str!("../../../examples/fleets/sidekiq_app.rb"),
             ),
-            Framework::Celery => ("qbd_celery.py", include_str!("qbd_celery.py")),
-            Framework::Rq => ("qbd_rq.py", include_str!("qbd_rq.py")),
+            Framework::Celery => (
+                "celery_app.py",
+                include_str!("../../../examples/fleets/celery_app.py"),
+            ),
+            Framework::Rq => (
+                "rq_app.py",
+                include_str!("../../../examples/fleets/rq_app.py"),
+            ),
         }
     }
 
@@ -159,7 +169,7 @@ impl Framework {
                 let mut cmd = Command::new(&env.python);
                 cmd.args(["-m", "qbridge_adapters.runner", "celery"]).args([
                     "--app",
-                    "qbd_celery:app",
+                    "celery_app:app",
                     "--listen",
                     &listen,
                 ]);
@@ -168,13 +178,14 @@ impl Framework {
             Framework::Rq => {
                 let mut cmd = Command::new(&env.python);
                 cmd.args(["-m", "qbridge_adapters.runner", "rq"])
-                    .args(["--import", "qbd_rq", "--redis-url", &env.proxy_url])
+                    .args(["--import", "rq_app", "--redis-url", &env.proxy_url])
                     .args(["--listen", &listen]);
                 cmd
             }
         };
         self.environment(&mut cmd, env);
-        cmd.env("QBD_SIDE", "postgres");
+        cmd.env("QBD_SIDE", "postgres")
+            .env("LEDGER_SIDE", "postgres");
         cmd
     }
 
@@ -194,7 +205,7 @@ impl Framework {
                     "-m",
                     "celery",
                     "-A",
-                    "qbd_celery",
+                    "celery_app",
                     "worker",
                     "-P",
                     "threads",
@@ -215,14 +226,21 @@ impl Framework {
         };
         self.environment(&mut cmd, env);
         cmd.env("QBD_SIDE", "redis")
+            .env("LEDGER_SIDE", "redis")
             .env("QBRIDGE_OUTCOMES", &env.outcomes_url)
             .env("QBRIDGE_ROUTE", &env.route)
             .env("QBRIDGE_QUEUE", &env.route_queue);
         cmd
     }
 
+    /// The application's environment: `QBD_*` for the Sidekiq fleet, the
+    /// Python applications' own names (`examples/fleets/*.py`) for Celery
+    /// and RQ.
     fn environment(self, cmd: &mut Command, env: &FleetEnv) {
         cmd.current_dir(&env.dir)
+            .env("REDIS_URL", &env.proxy_url)
+            .env("QUEUE_NAME", &env.queue)
+            .env("LEDGER_URL", &env.ledger_url)
             .env("QBD_REDIS_URL", &env.proxy_url)
             .env("QBD_QUEUE", &env.queue)
             .env("QBD_ROUTE_QUEUE", &env.route_queue)
@@ -233,6 +251,7 @@ impl Framework {
             .env("RUBYLIB", env.ruby.rubylib(Some(&env.adapters.ruby_lib)))
             .env("PYTHONPATH", python_path(&env.adapters.python))
             .kill_on_drop(true);
+        env.keys.environment(self, cmd);
     }
 }
 

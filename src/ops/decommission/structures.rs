@@ -51,7 +51,7 @@ pub async fn carry(
     payload_limit: usize,
 ) -> Result<Carried> {
     let mut carried = Carried::default();
-    for structure in structures::of_route(&route.format, &route.redis_key) {
+    for structure in route.structures() {
         if !structure.carried() {
             let held = crate::ops::structures::read_one(redis, &structure).await?;
             if held.jobs > 0 {
@@ -117,7 +117,7 @@ pub(crate) async fn store_due(
         .collect();
     rq_jobs::attach(
         redis,
-        &route.format,
+        (&route.format, &route.config.keys),
         items.iter_mut().map(|i| &mut i.decoded),
     )
     .await;
@@ -163,7 +163,12 @@ pub(crate) async fn to_dead(
         .iter()
         .map(|(member, _)| dead_job(&route.format, member))
         .collect();
-    rq_jobs::attach(redis, &route.format, decoded.iter_mut()).await;
+    rq_jobs::attach(
+        redis,
+        (&route.format, &route.config.keys),
+        decoded.iter_mut(),
+    )
+    .await;
     let mut tx = db.begin().await?;
     let mut added = 0;
     for ((member, _), decoded) in members.iter().zip(decoded) {

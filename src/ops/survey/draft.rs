@@ -96,7 +96,7 @@ fn route(row: &QueueRow, names: &mut HashSet<String>) -> String {
     }
     if row.framework == Framework::Celery && !row.namespace.is_empty() {
         lines.push(format!(
-            "# key_prefix = {} (needs qbridge with Celery prefix support)",
+            "key_prefix = {}   # kombu's global_keyprefix",
             quoted(&row.namespace)
         ));
     }
@@ -309,11 +309,11 @@ mod tests {
             ]
         );
         assert_eq!(
-            config.routes[1].priority_steps.as_deref(),
+            config.routes[1].keys.priority_steps.as_deref(),
             Some(&[3u8, 5][..])
         );
         assert_eq!(config.routes[0].max_attempts, Some(26));
-        assert!(text.contains("# key_prefix = \"acme:\""), "{text}");
+        assert!(text.contains("key_prefix = \"acme:\""), "{text}");
     }
 
     #[test]

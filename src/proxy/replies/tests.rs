@@ -53,7 +53,7 @@ async fn rig() -> Rig {
         handler: None,
         redis_consumer: None,
         redis_side: crate::config::RedisSideKind::Fleet,
-        priority_steps: None,
+        keys: Default::default(),
         cutover: Default::default(),
     };
     let routes = Routes::from_config(&[config]);

@@ -48,7 +48,7 @@ pub fn route(name: &str, key: &str, phase: Phase) -> RouteConfig {
         handler: None,
         redis_consumer: None,
         redis_side: qbridge::config::RedisSideKind::Fleet,
-        priority_steps: None,
+        keys: Default::default(),
         cutover: Default::default(),
     }
 }

@@ -117,7 +117,7 @@ async fn celery_queues_with_priorities_unacked_and_a_key_prefix() {
             (
                 r.name.as_str(),
                 r.redis_key.as_str(),
-                r.priority_steps.as_deref(),
+                r.keys.priority_steps.as_deref(),
             )
         })
         .collect();
@@ -131,9 +131,20 @@ async fn celery_queues_with_priorities_unacked_and_a_key_prefix() {
     );
     assert!(
         s.draft_text
-            .contains("# key_prefix = \"acme:\" (needs qbridge with Celery prefix support)"),
+            .contains("key_prefix = \"acme:\"   # kombu's global_keyprefix"),
         "{}",
         s.draft_text
+    );
+    let prefixes: Vec<Option<&str>> = s
+        .draft
+        .routes
+        .iter()
+        .map(|r| r.keys.prefix.as_deref())
+        .collect();
+    assert_eq!(
+        prefixes,
+        [None, Some("acme:")],
+        "the draft's route states the prefix"
     );
     assert!(s.text.contains("4 incl. prio [3, 9]"), "{}", s.text);
 }

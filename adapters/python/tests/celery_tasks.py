@@ -1,11 +1,19 @@
-"""The team's code, as the runner tests see it: a Celery app and RQ job
-functions with every shadow declaration."""
+"""The team's Celery code as the adapters' tests see it: an app whose tasks
+cover every retry rule and shadow declaration the runner and the reporter
+must honour (a copy of its own, not examples/fleets/celery_app.py: that
+application shows one ordinary task, this one each corner case).
+
+The broker is QBRIDGE_TEST_REDIS_URL's Redis (the reporter tests run a real
+worker on it); the runner tests call tasks directly and never touch it.
+"""
+
+import os
 
 from celery import Celery
 
-from qbridge_adapters import shadow
+app = Celery("celery_tasks", broker=os.environ.get("QBRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379"))
+app.conf.broker_connection_retry_on_startup = True
 
-app = Celery("tasks", broker="memory://")
 CALLS = []
 
 
@@ -58,15 +66,3 @@ def skipped():
 @app.task(name="t.plain")
 def plain():
     CALLS.append(("plain",))
-
-
-@shadow(lambda n: {"n": n})
-def rq_job(n):
-    from rq import get_current_job
-
-    CALLS.append(("rq", get_current_job().id))
-    return {"n": n}
-
-
-def rq_failing():
-    raise Flaky()

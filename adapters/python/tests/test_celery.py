@@ -1,9 +1,8 @@
-"""The runner's answers for Celery tasks and RQ jobs, as qbridge's http
-(and command) handler: done, retry, failed for good, and each shadow
-declaration. RQ jobs are real: enqueued with RQ into a real Redis and read
-back as qbridge mirrors them (the rq:job hash in the payload)."""
+"""The Celery adapter: the runner's answers for Celery tasks, as qbridge's
+http (and command) handler — done, retry, failed for good, each shadow
+declaration — and the reporter on a real Celery worker consuming a real
+Redis, with the signals of the Celery release installed."""
 
-import base64
 import json
 import os
 import subprocess
@@ -11,16 +10,12 @@ import sys
 import unittest
 import uuid
 
-import redis
-from rq import Queue, Retry
-
-import tasks
+import celery_tasks as tasks
 from qbridge_adapters import celery as celery_adapter
 from qbridge_adapters import runner
-from qbridge_adapters import rq as rq_adapter
 from qbridge_adapters.answer import Outcome
+from support import Listener, sent, settings, wait_until
 
-REDIS_URL = os.environ.get("QBRIDGE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -80,7 +75,7 @@ class CeleryRunnerTest(unittest.TestCase):
         def command(payload, mode="live", attempt=1):
             env.update(QBRIDGE_MODE=mode, QBRIDGE_ATTEMPT=str(attempt), QBRIDGE_JOB_KEY="t-1")
             done = subprocess.run(
-                [sys.executable, "-m", "qbridge_adapters.runner", "celery", "--app", "tasks:app", "--command"],
+                [sys.executable, "-m", "qbridge_adapters.runner", "celery", "--app", "celery_tasks:app", "--command"],
                 input=json.dumps(payload).encode(), capture_output=True, env=env, cwd=HERE, timeout=60,
             )
             return done.returncode, done.stdout.decode()
@@ -90,46 +85,34 @@ class CeleryRunnerTest(unittest.TestCase):
         self.assertEqual(command(celery_payload("t.broken"))[0], runner.EXIT_DEAD)
 
 
-class RqRunnerTest(unittest.TestCase):
-    def setUp(self):
-        self.redis = redis.Redis.from_url(REDIS_URL)
-        self.queue = Queue("qbt_" + uuid.uuid4().hex[:10], connection=self.redis)
+class CeleryReporterTest(unittest.TestCase):
+    """``report_outcomes`` on a real worker (Celery's own test worker, solo
+    pool) consuming a real Redis: each outcome as the signals of this
+    Celery release deliver it."""
 
-    def mirrored(self, job):
-        """The payload qbridge stores for an RQ item: the id and its hash."""
-        fields = {}
-        for field, value in self.redis.hgetall(f"rq:job:{job.id}").items():
-            try:
-                fields[field.decode()] = value.decode()
-            except UnicodeDecodeError:
-                fields[field.decode()] = {"base64": base64.b64encode(value).decode()}
-        return {"rq_job_id": job.id, "rq_job": fields}
+    def test_a_worker_reports_ok_retried_and_dead_by_task_id(self):
+        from celery.contrib.testing.worker import start_worker
 
-    def run_job(self, payload, mode="live", attempt=1):
-        return answer(rq_adapter.run_job, self.redis, payload, mode, attempt, payload["rq_job_id"])
+        from qbridge_adapters import Reporter
 
-    def test_a_job_runs_its_function_with_its_args(self):
-        job = self.queue.enqueue(tasks.rq_job, 7)
-        tasks.CALLS.clear()
-        self.assertEqual(self.run_job(self.mirrored(job)), (200, '{"n":7}'))
-        self.assertEqual(tasks.CALLS, [("rq", job.id)], "get_current_job() is the job")
-        self.assertEqual(self.run_job(self.mirrored(job), "shadow"), (200, '{"n":7}'))
-        self.assertEqual(len(tasks.CALLS), 1, "the dry run ran instead")
-
-    def test_retries_follow_the_jobs_retry_then_fail_for_good(self):
-        job = self.queue.enqueue(tasks.rq_failing, retry=Retry(max=2))
-        payload = self.mirrored(job)
-        self.assertEqual(self.run_job(payload, attempt=1), (503, "Flaky"))
-        self.assertEqual(self.run_job(payload, attempt=2), (503, "Flaky"))
-        self.assertEqual(self.run_job(payload, attempt=3), (422, "Flaky"))
-        plain = self.mirrored(self.queue.enqueue(tasks.rq_failing))
-        self.assertEqual(self.run_job(plain), (422, "Flaky"))
-        status, body = self.run_job(plain, "shadow")
-        self.assertEqual(status, 422)
-        self.assertIn("refuses shadow", body)
-
-    def test_an_item_without_its_hash_fails_for_good(self):
-        self.assertEqual(self.run_job({"rq_job_id": "x"})[0], 422)
+        listener = Listener()
+        reporter = Reporter(settings(listener.url), interval=0.02)
+        celery_adapter.report_outcomes(tasks.app, reporter=reporter)
+        queue = "qbt_" + uuid.uuid4().hex[:10]
+        with start_worker(tasks.app, pool="solo", perform_ping_check=False, queues=[queue], logfile=os.devnull):
+            ok = tasks.add.apply_async((2, 3), queue=queue)
+            retried = tasks.retrying.apply_async(queue=queue)
+            broken = tasks.broken.apply_async(queue=queue)
+            ids = {ok.id, retried.id, broken.id}
+            final = lambda: {e["key"] for e in sent(listener) if e["outcome"] != "failed"}  # noqa: E731
+            wait_until("three final outcomes", lambda: reporter.flush(1) and final() == ids, timeout=60)
+        listener.close()
+        by_key = {}
+        for entry in sent(listener):
+            by_key.setdefault(entry["key"], []).append((entry["outcome"], entry.get("detail")))
+        self.assertEqual(by_key[ok.id], [("ok", "5")])
+        self.assertEqual(by_key[retried.id], [("failed", "Retry"), ("failed", "Retry"), ("dead", "Flaky")])
+        self.assertEqual(by_key[broken.id], [("dead", "ValueError")])
 
 
 if __name__ == "__main__":
