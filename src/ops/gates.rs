@@ -6,8 +6,9 @@
 //! - `redis_only → dual_write`: none (nothing is measured before mirroring).
 //! - `dual_write → shadow`: mirror completeness over the window, with at
 //!   least `min_jobs` Redis-side jobs.
-//! - `shadow → postgres_only`: a whole window in `shadow`; ack counts equal
-//!   within tolerance; outcome mismatch rate (above the noise baseline) under
+//! - `shadow → postgres_only`: a whole window in `shadow`; ack counts of the
+//!   jobs both sides could run within tolerance at 95% confidence (`acks`);
+//!   outcome mismatch rate (above the noise baseline) under
 //!   its threshold over at least `min_jobs` compared jobs; Postgres
 //!   push-to-outcome p99 under its target.
 //! - `postgres_only → decommissioned`: the route's Redis lists empty (list,
@@ -26,6 +27,8 @@ use crate::model::Phase;
 use crate::ops::diff::{self, Diff, DiffInput};
 use crate::ops::redis_view;
 use crate::routes::Route;
+
+mod acks;
 
 /// One measured condition.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -236,14 +239,25 @@ async fn shadow_checks(
         format!("{}s", in_phase.as_secs()),
         format!(">= {}s (gates.window)", g.window.as_secs()),
     ));
-    let (d, _) = diff_since(db, redis, route, state.phase, since).await?;
-    let (r, p) = (d.redis.acks, d.postgres.acks);
-    let ack_gap = (r - p).abs() as f64 / r.max(1) as f64;
+    let (d, held) = diff_since(db, redis, route, state.phase, since).await?;
+    let settled = Utc::now()
+        - chrono::Duration::from_std(route.config.cutover.diff.settle).unwrap_or_default();
+    let a = acks::count(db, route, since, settled, &held.ran).await?;
+    let allowed = acks::allowed_gap(a.jobs.max(0) as u64, g.ack_tolerance);
     checks.push(check(
         "ack counts",
-        r > 0 && ack_gap <= g.ack_tolerance,
-        format!("redis {r}, postgres {p} ({:.3}% apart)", ack_gap * 100.0),
-        format!("<= {:.3}% apart", g.ack_tolerance * 100.0),
+        a.redis > 0 && a.gap() <= allowed,
+        format!(
+            "redis {}, postgres {} of {} jobs due before the settle time (gap {})",
+            a.redis,
+            a.postgres,
+            a.jobs,
+            a.gap()
+        ),
+        format!(
+            "a gap of at most {allowed} (within {:.3}% at 95% confidence)",
+            g.ack_tolerance * 100.0
+        ),
     ));
     checks.push(check(
         "jobs compared",

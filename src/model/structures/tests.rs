@@ -62,9 +62,7 @@ fn resque_failed_entries_are_the_queues_until_requeued() {
     assert_eq!(keys, ["resque:delayed_queue_schedule", "resque:failed"]);
     let failed = &sets[1];
     assert_eq!(failed.shape, Shape::List);
-    assert!(
-        failed.owns(br#"{"payload":{"class":"M","args":[]},"queue":"mail","failed_at":"x"}"#)
-    );
+    assert!(failed.owns(br#"{"payload":{"class":"M","args":[]},"queue":"mail","failed_at":"x"}"#));
     assert!(!failed.owns(
         br#"{"payload":{"class":"M","args":[]},"queue":"mail","retried_at":"2026/11/26 01:00:00"}"#
     ));

@@ -110,6 +110,8 @@ pub struct Options {
     pub decommission_wait: &'static str,
     /// The route's `format` (`json:/id` keys by id; `raw` by content hash).
     pub format: &'static str,
+    /// `diff.settle`.
+    pub settle: &'static str,
 }
 
 impl Default for Options {
@@ -122,6 +124,7 @@ impl Default for Options {
             quiet_period: "1s",
             decommission_wait: "60s",
             format: "json:/id",
+            settle: "1s",
         }
     }
 }
@@ -160,7 +163,7 @@ handler = {{ type = "http", url = "{url}" }}
 pool = {{ poll_interval = "50ms", concurrency = 4, backoff_base = "50ms", backoff_cap = "100ms" }}
 redis_consumer = {{ concurrency = 2, consumer_name = "c{id}", retry_delay = "20ms" }}
 shadow = {{ noise_sample = 0.0 }}
-diff = {{ settle = "1s", ignore_fields = ["/at"], sample_keys = 50 }}
+diff = {{ settle = "{settle}", ignore_fields = ["/at"], sample_keys = 50 }}
 gates = {{ window = "{window}", min_jobs = {min_jobs}, quiet_period = "{quiet}", max_postgres_lag = "30s", decommission_wait = "{wait}" }}
 "#,
             phase = opts.phase,
@@ -169,6 +172,7 @@ gates = {{ window = "{window}", min_jobs = {min_jobs}, quiet_period = "{quiet}",
             quiet = opts.quiet_period,
             wait = opts.decommission_wait,
             format = opts.format,
+            settle = opts.settle,
         );
         let overrides = Overrides {
             database_url: Some(support::db_url(pool)),
