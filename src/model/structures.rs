@@ -231,6 +231,33 @@ impl Structure {
             Shape::UnackedHash { .. } | Shape::DelayedIndex { .. } | Shape::PrivateLists
         )
     }
+
+    /// Whether `qbridge import` stores this structure's jobs as mirror
+    /// copies: the carried ones, and the jobs a worker holds too. A mirror
+    /// copy never runs in Postgres unless the Redis side lets go of the job
+    /// (`ingest::promote`), so copying a held task runs nothing twice; it
+    /// lets the diff and the gates account for the job when the worker runs
+    /// it (a countdown task taken before `dual_write` and run after it
+    /// otherwise counts as a push that bypassed qbridge). resque-scheduler's
+    /// delayed jobs are left out: without an id, a copy could not be told
+    /// from the job the scheduler moves to the queue.
+    pub fn imported(&self) -> bool {
+        !matches!(self.shape, Shape::DelayedIndex { .. })
+    }
+
+    /// The job a member holds: kombu's `unacked` entries wrap the message
+    /// (`[message, exchange, routing_key]`), every other member is the job.
+    /// `None` for an entry that does not read as kombu's.
+    pub fn job_of(&self, member: &[u8]) -> Option<Vec<u8>> {
+        match self.shape {
+            Shape::UnackedHash { .. } => {
+                let entry: serde_json::Value = serde_json::from_slice(member).ok()?;
+                let message = entry.get(0).filter(|m| m.is_object())?;
+                serde_json::to_vec(message).ok()
+            }
+            _ => Some(member.to_vec()),
+        }
+    }
 }
 
 /// A sorted-set score (seconds since the epoch, fractional, as Sidekiq

@@ -1,12 +1,17 @@
 //! `qbridge import --route R [--dry-run]`: copies into Postgres what already
 //! waited in Redis before the route was mirrored — the backlog in its list
 //! and, for frameworks that keep jobs elsewhere (`model::structures`:
-//! Sidekiq's `schedule`, `retry` and `dead` sets), those too (issue 14).
+//! Sidekiq's `schedule`, `retry` and `dead` sets, RQ's registries, the
+//! tasks a Celery worker holds in kombu's `unacked`, a reliable fetch's
+//! private lists), those too.
 //!
 //! The jobs stay in Redis and the Redis side still runs them: the list's
-//! items and the scheduled and retrying jobs become **mirror copies** (the
-//! latter due at their scores), exactly what the proxy would have stored had
-//! they been pushed through it; dead jobs go to `qbridge.jobs_dead`, which a
+//! items, the scheduled and retrying jobs and the ones a worker holds
+//! become **mirror copies** (due at their scores or ETAs), exactly what the
+//! proxy would have stored had they been pushed through it. A mirror copy
+//! never runs in Postgres without evidence that the Redis side let go of it,
+//! so a copy of a held task runs nothing twice, and the diff can match the
+//! worker's run when it comes. Dead jobs go to `qbridge.jobs_dead`, which a
 //! later decommission finds already there. So the diff compares them, a
 //! percent flip or the flip to `postgres_only` finds them, and
 //! decommission carries nothing twice.
@@ -69,9 +74,9 @@ pub struct ImportReport {
 /// Why content-hash items are not copied, for the summary.
 pub const NOT_COPIED_REASON: &str =
     "items without an id are numbered by the Redis side as it pops \
-     them; they are not imported (see cutover/README.md, \"Identical items\"); \
-     tasks a Celery worker holds (unacked) and resque-scheduler's delayed jobs \
-     are counted, not copied (see cutover/frameworks.md)";
+     them, so they are not imported (see cutover/README.md, \"Identical items\"); \
+     resque-scheduler's delayed jobs have no id either and are counted, not \
+     copied (see cutover/frameworks.md). The Redis side still runs them all";
 
 /// Imports what `route` holds in Redis. `progress` is told each page:
 /// (structure key, items read so far).
@@ -109,14 +114,10 @@ pub async fn import(
         report.structures.push(found.await?);
     }
     for structure in route.structures() {
-        if !structure.carried() {
-            // Counted, never copied (`Structure::carried`): the gate holds
+        if !structure.imported() {
+            // Counted, never copied (`Structure::imported`): the gate holds
             // decommission until they are gone from Redis.
             let held = crate::ops::structures::read_one(redis, &structure).await?;
-            if held.jobs == 0 && crate::ops::structures::is_private(&structure) {
-                // No reliable fetch holds a job: nothing to say.
-                continue;
-            }
             report.structures.push(StructureImport {
                 key: structure.key.clone(),
                 holding: structure.holding.to_string(),
@@ -127,11 +128,21 @@ pub async fn import(
             continue;
         }
         let mut members = crate::ops::structures::members(redis, &structure).await?;
+        if members.is_empty() && crate::ops::structures::is_private(&structure) {
+            // No reliable fetch holds a job: nothing to say.
+            continue;
+        }
+        let entries = members.len();
+        members = members
+            .into_iter()
+            .filter_map(|(m, score)| structure.job_of(&m).map(|job| (job, score)))
+            .collect();
         progress(&structure.key, members.len());
         let mut line = StructureImport {
             key: structure.key.clone(),
             holding: structure.holding.to_string(),
-            found: members.len(),
+            found: entries,
+            not_copied: entries - members.len(),
             ..StructureImport::default()
         };
         if structure.holding != Holding::Dead {
@@ -143,7 +154,7 @@ pub async fn import(
                     .key
                     .is_content_hash()
             });
-            line.not_copied = before - members.len();
+            line.not_copied += before - members.len();
         }
         let new = if dry_run {
             let keys: Vec<String> = members
@@ -179,7 +190,8 @@ async fn import_list(
     payload_limit: usize,
     progress: &mut impl FnMut(&str, usize),
 ) -> Result<StructureImport> {
-    let list = String::from_utf8_lossy(key).escape_debug().to_string();
+    // As redis-cli shows it: kombu's priority lists end in \x06\x16<step>.
+    let list = key.escape_ascii().to_string();
     let mut line = StructureImport {
         key: list.clone(),
         holding: "waiting".into(),

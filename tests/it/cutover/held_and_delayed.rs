@@ -1,7 +1,8 @@
-//! Issue 14: jobs a framework keeps where qbridge counts them but does not
-//! carry them — tasks a real Celery worker took and holds until their ETA
-//! (kombu's `unacked` hash), and resque-scheduler's delayed jobs — and
-//! Resque's `failed` list, which it carries into `qbridge.jobs_dead`.
+//! Jobs a framework keeps where qbridge does not carry them at decommission
+//! — tasks a real Celery worker took and holds until their ETA (kombu's
+//! `unacked` hash: imported as mirror copies that never run here), and
+//! resque-scheduler's delayed jobs (counted only) — and Resque's `failed`
+//! list, which it carries into `qbridge.jobs_dead`.
 //!
 //! Celery is real (5.7 with kombu's Redis transport, a worker holding
 //! countdown tasks). Resque has no client here: its structures are written
@@ -86,7 +87,9 @@ async fn force_decommission(
 }
 
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
-async fn countdown_tasks_a_celery_worker_holds_are_counted_gated_and_left_to_it(pool: PgPool) {
+async fn countdown_tasks_a_celery_worker_holds_are_counted_gated_imported_as_mirror_copies_and_left_to_it(
+    pool: PgPool,
+) {
     let server = ThrowawayRedis::start();
     let id = uuid::Uuid::new_v4().simple().to_string();
     let queue = format!("qbt_eta_{}", &id[..12]);
@@ -157,9 +160,44 @@ async fn countdown_tasks_a_celery_worker_holds_are_counted_gated_and_left_to_it(
         .unwrap();
     assert_eq!(
         (line.found, line.new, line.not_copied),
-        (3, 0, 3),
+        (3, 3, 0),
         "{report:?}"
     );
+    // Mirror copies, due at the ETA, as if the push had come through the
+    // proxy: the diff can match the worker's run when it comes.
+    let due: Vec<(String, String, Option<chrono::DateTime<chrono::Utc>>)> = sqlx::query_as(
+        "SELECT key, copy::text, due_at FROM qbridge.job_keys WHERE queue = 'eta' ORDER BY key",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut keys: Vec<String> = due.iter().map(|(k, _, _)| k.clone()).collect();
+    let mut sent = ids.clone();
+    keys.sort();
+    sent.sort();
+    assert_eq!(keys, sent, "the held tasks' ids");
+    for (key, copy, due_at) in &due {
+        assert_eq!(copy, "mirror", "{key}");
+        let ahead = due_at.expect("due at the ETA") - chrono::Utc::now();
+        assert!(ahead > chrono::Duration::minutes(59), "{key}: {due_at:?}");
+    }
+    let again = import::import(
+        &pool,
+        &mut conn,
+        &route,
+        Phase::PostgresOnly,
+        false,
+        1 << 20,
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    let line = again
+        .structures
+        .iter()
+        .find(|s| s.key == "unacked")
+        .unwrap();
+    assert_eq!((line.new, line.known), (0, 3), "{again:?}");
 
     // A forced decommission leaves them to the worker that holds them.
     let carried = force_decommission(&pool, &mut conn, &route).await;
@@ -174,12 +212,14 @@ async fn countdown_tasks_a_celery_worker_holds_are_counted_gated_and_left_to_it(
         .await
         .unwrap();
     assert_eq!(still, 3, "the worker's tasks were taken from it");
-    let copies: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM qbridge.job_keys WHERE queue = 'eta'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(copies, 0, "a held task copied to Postgres would run twice");
+    let live: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM qbridge.job_keys WHERE queue = 'eta' AND copy <> 'mirror') \
+              + (SELECT count(*) FROM qbridge.jobs WHERE queue = 'eta' AND copy = 'live')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(live, 0, "a held task run by Postgres too would run twice");
     let _ = worker.kill().await;
 }
 
