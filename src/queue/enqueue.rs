@@ -66,7 +66,7 @@ const KEYED_INSERT_SQL: &str =
 /// have a key. Without ON CONFLICT, Postgres inserts each row plainly instead
 /// of speculatively (a speculative-insertion lock and a confirmation record
 /// per row): the enqueue statement alone ran 7-16% faster under pgbench (stop
-/// 36, `bench/enqueue-statement.sh`, bench/results/queue-2026-11-27-stop36.txt).
+/// 36, `bench/enqueue-statement/run.sh`, bench/results/queue-2026-11-27-stop36.txt).
 const UNKEYED_INSERT_SQL: &str = insert_sql!("");
 
 const EXISTING_SQL: &str = r#"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # qbridge behind PgBouncer in transaction mode vs straight to Postgres, in
-# one run on one database (issue 18's numbers):
+# one run on one database:
 #   1. burn-down (enqueue N, drain with W workers): direct vs through PgBouncer
 #      (pool_mode = transaction, default_pool_size = POOL), RUNS times
 #      alternating, medians;
@@ -12,7 +12,7 @@
 #      RUNS (3), POOL (20), POLL (250ms), SAMPLES (200), PGHOST/PGPORT/PGUSER.
 # Needs pgbouncer on PATH (scripts/test-deps.sh installs it).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 DB=${DB:-qbridge_pooler}; N=${N:-50000}; W=${W:-2}; B=${B:-500}; RUNS=${RUNS:-3}
 POOL=${POOL:-20}; POLL=${POLL:-250ms}; SAMPLES=${SAMPLES:-200}

@@ -4,7 +4,7 @@
 # one noop pool (batch 500, concurrency 1000), samples VmRSS every 20 ms until
 # the queue is empty, prints the peak. Env: DB (qbridge_rss), N (200000).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 DB=${DB:-qbridge_rss}; N=${N:-200000}
 export QBRIDGE_DATABASE_URL="postgres://$PGUSER${PGPASSWORD:+:$PGPASSWORD}@$PGHOST:$PGPORT/$DB"

@@ -4,9 +4,9 @@
 # whose numbers depend on vacuum: start it, run the benchmark against the
 # URL it prints, stop it.
 #
-#   bench/cluster.sh start [DIR=/tmp/qbridge-bench-pg] [PORT=5499]
+#   bench/cluster/run.sh start [DIR=/tmp/qbridge-bench-pg] [PORT=5499]
 #       prints the database URL (database "bench", created empty)
-#   bench/cluster.sh stop  [DIR=/tmp/qbridge-bench-pg]
+#   bench/cluster/run.sh stop  [DIR=/tmp/qbridge-bench-pg]
 #
 # env: PROFILE=1 also loads pg_stat_statements (for finding where the time
 # goes; leave it off for the numbers: it costs a little per statement).
@@ -47,7 +47,7 @@ stop)
     rm -rf "$dir"
     ;;
 *)
-    echo "usage: bench/cluster.sh start|stop [DIR] [PORT]" >&2
+    echo "usage: bench/cluster/run.sh start|stop [DIR] [PORT]" >&2
     exit 2
     ;;
 esac

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Counts stalled runs of two builds, alternated: each round runs, for A then
 # B, a full-speed steady run (10 s) and a paced one (RATE jobs/s, 15 s), each
-# on a database created fresh for it (the state in which the issue 17 stalls
+# on a database created fresh for it (the state in which the steady-state stalls
 # appeared: a table whose statistics were taken while it was empty). A run
 # is stalled when its enqueue-to-start p99 is over a second.
 #
-#   PGPORT=5499 BIN_A=/tmp/qb-before BIN_B=target/release/qbridge ROUNDS=10 bench/stall-ab.sh
+#   PGPORT=5499 BIN_A=/tmp/qb-before BIN_B=target/release/qbridge ROUNDS=10 bench/stall-ab/run.sh
 #
 # Env: ROUNDS (10), RATE (15000), PGHOST/PGPORT/PGUSER. Prints one line per
 # run (variant, mode, completed/s, enqueued/s, p50, p99, max in ms), then
 # each variant's count of stalled runs.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 ROUNDS=${ROUNDS:-10} RATE=${RATE:-15000}
 BIN_A=${BIN_A:?the build to compare against} BIN_B=${BIN_B:-target/release/qbridge}

@@ -4,12 +4,12 @@
 # enqueued, the processes start, and the clock stops when the queue is
 # empty (process start-up included). Also counts the transactions Postgres
 # committed per job (pg_stat_database.xact_commit). RUNS rounds, round-robin
-# over the process counts; medians. Issue 18: no drop from 1 to 4 processes.
+# over the process counts; medians. The target: no drop from 1 to 4 processes.
 # Env: DB (qbridge_processes, dropped and recreated), N (300000), C (64),
 #      B (500: claim batch), W (50ms: prefetch_window, 0s turns prefetch off),
 #      RUNS (3), PGHOST/PGPORT/PGUSER.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 DB=${DB:-qbridge_processes}; N=${N:-300000}; C=${C:-64}; B=${B:-500}; W=${W:-50ms}; RUNS=${RUNS:-3}
 URL="postgres://$PGUSER@$PGHOST:$PGPORT/$DB"

@@ -5,14 +5,14 @@
 # dead letters, READY waiting jobs and a route with MIRRORED mirror copies
 # and their outcomes (the diff and the gates read those).
 #
-#   bench/console.sh                     # 1,000,000 history, 100,000 dead
-#   HISTORY=100000 DEAD=10000 bench/console.sh
+#   bench/console/run.sh                     # 1,000,000 history, 100,000 dead
+#   HISTORY=100000 DEAD=10000 bench/console/run.sh
 #
 # Needs psql and curl, Postgres at PGURL's server and Redis at REDIS_URL; it
 # works in a database of its own (qbridge_console_bench, dropped first) and
 # Redis keys of its own. BIN: the qbridge binary (default target/release).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BIN=${BIN:-target/release/qbridge}
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
@@ -25,7 +25,7 @@ DB=qbridge_console_bench
 URL="$PGURL/$DB"
 TOKEN=bench-console-token-5c1e
 work=$(mktemp -d)
-trap 'status=$?; kill "${pid:-}" 2>/dev/null || true; [ "$status" = 0 ] || { echo "bench/console.sh failed; qbridge run said:" >&2; tail -5 "$work/run.log" >&2 2>/dev/null; }; rm -rf "$work"' EXIT
+trap 'status=$?; kill "${pid:-}" 2>/dev/null || true; [ "$status" = 0 ] || { echo "bench/console/run.sh failed; qbridge run said:" >&2; tail -5 "$work/run.log" >&2 2>/dev/null; }; rm -rf "$work"' EXIT
 
 psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB"
 "$BIN" migrate --database-url "$URL" >/dev/null

@@ -5,7 +5,7 @@
 # (BIN_A, BIN_B) and SQL run in it after migrating (SQL_A, SQL_B; e.g.
 # "ALTER DATABASE steady_ab SET qbridge.notify_max_usage = 0" for no NOTIFY).
 #
-#   PGPORT=5499 BIN_A=/tmp/qb-before BIN_B=/tmp/qb-after bench/steady-ab.sh
+#   PGPORT=5499 BIN_A=/tmp/qb-before BIN_B=/tmp/qb-after bench/steady-ab/run.sh
 #
 # Env: PAIRS (3), W (2 worker runtimes), P (producers; W by default), RATE (jobs/s
 # over all producers; 0, the default: full speed), B (100: claim
@@ -13,7 +13,7 @@
 # ARGS_A, ARGS_B: a variant's own, e.g. "--concurrency 200"),
 # PGHOST/PGPORT/PGUSER. Prints one line per run, then the medians.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 PAIRS=${PAIRS:-3} W=${W:-2} P=${P:-$W} B=${B:-100} DURATION=${DURATION:-15s}
 BIN_A=${BIN_A:-target/release/qbridge} BIN_B=${BIN_B:-$BIN_A}

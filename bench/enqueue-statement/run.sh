@@ -5,12 +5,12 @@
 # ON CONFLICT clause, and a bare INSERT like the SQL floor's. Alternated
 # RUNS times on a fresh database; prints jobs/s per run and the medians.
 #
-#   PGPORT=5499 bench/enqueue-statement.sh
+#   PGPORT=5499 bench/enqueue-statement/run.sh
 #
 # Env: RUNS (3), SECONDS_EACH (8), CLIENTS (4), B (100), BIN (a build, to
 # migrate), PGHOST/PGPORT/PGUSER.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 RUNS=${RUNS:-3} SECONDS_EACH=${SECONDS_EACH:-8} CLIENTS=${CLIENTS:-4} B=${B:-100}
 BIN=${BIN:-target/release/qbridge}

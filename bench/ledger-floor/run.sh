@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # What one mirrored item costs Postgres to record, against the cheapest
-# records that could replace it: the evidence behind issue 17's depth-1
-# ratio (see README, "How far depth 1 can go on two cores").
+# records that could replace it: the evidence behind the proxy's depth-1
+# ratio (docs/src/internals/performance.md, "The RESP proxy").
 #
-#   bench/ledger-floor.sh URL [ROUNDS=3] [SECONDS=10]
+#   bench/ledger-floor/run.sh URL [ROUNDS=3] [SECONDS=10]
 #   env: PRELOAD=300000 rows already in each per-item table (a ledger
 #   holding its dedup window); 0 is the bench's own nearly empty ledger.
 #
-# URL: a throwaway cluster started with `PROFILE=1 bench/cluster.sh start`
+# URL: a throwaway cluster started with `PROFILE=1 bench/cluster/run.sh start`
 # (pg_stat_statements must be preloaded). The script migrates it, works in
 # its own schema `ledger_floor` and drops it at the end.
 #
@@ -22,7 +22,7 @@
 #              primary key, a plain insert, no payload, no duplicate check
 #   batch-row  one row per batch: the keys and payloads as arrays
 set -euo pipefail
-url=${1:?usage: bench/ledger-floor.sh URL [ROUNDS] [SECONDS]}
+url=${1:?usage: bench/ledger-floor/run.sh URL [ROUNDS] [SECONDS]}
 rounds=${2:-3}
 secs=${3:-10}
 preload=${PRELOAD:-300000}

@@ -3,21 +3,21 @@
 # split over PARALLEL processes (each walk starts its own throwaway Postgres
 # and Redis, so they do not share servers), then one summary line.
 #
-#   bench/oracle-campaign.sh [SEEDS=1000] [PARALLEL=6] [FIRST=100] [STEPS=12]
+#   bench/oracle-campaign/run.sh [SEEDS=1000] [PARALLEL=6] [FIRST=100] [STEPS=12]
 #   (env: OUT=<results dir>, PATIENCE=<drain wait, default 90s>, BIN=<the
 #   qbridge binary: a copy keeps a rebuild during the campaign out of it>)
 #
-# Writes each process's output to bench/results/oracle-<date>/part-<n>.txt (its
+# Writes each process's output to target/oracle-<date>/part-<n>.txt (its
 # log to part-<n>.err), a
 # failed content-hash seed's numbering rows to .../dumps/, and the summary to
 # .../summary.txt. Uses $BIN, else target/release/qbridge when built, else
 # target/debug.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 seeds=${1:-1000} parallel=${2:-6} first=${3:-100} steps=${4:-12}
 bin=${BIN:-target/release/qbridge}
 [ -x "$bin" ] || bin=target/debug/qbridge
-out=${OUT:-bench/results/oracle-$(date -u +%Y-%m-%d)}
+out=${OUT:-target/oracle-$(date -u +%Y-%m-%d)}
 mkdir -p "$out/dumps"
 # Absolute, for the walks: $out as given when absolute, else under here.
 case $out in /*) dumps=$out/dumps ;; *) dumps=$PWD/$out/dumps ;; esac

@@ -3,7 +3,7 @@
 #   1. the pgbench floor (insert + SKIP LOCKED claim + delete per transaction),
 #      8 clients, at batch B;
 #   2. qbridge's own enqueue, claim and completion statements under pgbench, on
-#      qbridge's table (bench/qbridge-cycle.sql): the SQL's share of the cost;
+#      qbridge's table (bench/compare/qbridge-cycle.sql): the SQL's share of the cost;
 #   3. qbridge's burn-down (enqueue N, then drain with W workers) at claim batch B;
 #   4. qbridge's steady state at full speed (enqueue and drain at once, like the floor);
 # repeated RUNS times, round-robin; prints medians and the ratios.
@@ -13,7 +13,7 @@
 #      RUNS (3), FLOOR_SECONDS (15), FLOOR_CLIENTS (8), PGHOST/PGPORT/PGUSER,
 #      BIN and CYCLE_SQL (another build and its statements, for before/after).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 DB=${DB:-qbridge_compare}; B=${B:-100}; N=${N:-50000}; W=${W:-2}; P=${P:-$W}; RUNS=${RUNS:-3}
 FLOOR_SECONDS=${FLOOR_SECONDS:-15}; FLOOR_CLIENTS=${FLOOR_CLIENTS:-8}
@@ -23,16 +23,16 @@ URL="postgres://$PGUSER${PGPASSWORD:+:$PGPASSWORD}@$PGHOST:$PGPORT/$DB"
 # statements it runs, as they were at that build.
 if [ -z "${BIN:-}" ]; then cargo build --release -q; fi
 bin=${BIN:-target/release/qbridge}
-cycle=${CYCLE_SQL:-bench/qbridge-cycle.sql}
+cycle=${CYCLE_SQL:-bench/compare/qbridge-cycle.sql}
 psql -qX -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
 RUST_LOG=warn $bin migrate --database-url "$URL" >/dev/null
 
 out=$(mktemp); trap 'rm -f "$out"' EXIT
 for r in $(seq "$RUNS"); do
   echo ">> run $r/$RUNS: SQL floor B=$B" >&2
-  psql -qX -d "$DB" -f bench/floor-schema.sql >/dev/null
+  psql -qX -d "$DB" -f bench/compare/floor-schema.sql >/dev/null
   psql -qX -d "$DB" -c 'VACUUM ANALYZE qbridge_floor.jobs' -c CHECKPOINT >/dev/null
-  tps=$(pgbench -n -M prepared -c "$FLOOR_CLIENTS" -j 2 -T "$FLOOR_SECONDS" -D B="$B" -f bench/floor.sql "$DB" 2>&1 |
+  tps=$(pgbench -n -M prepared -c "$FLOOR_CLIENTS" -j 2 -T "$FLOOR_SECONDS" -D B="$B" -f bench/compare/floor.sql "$DB" 2>&1 |
         sed -n 's/^tps = \([0-9.]*\) .*/\1/p')
   echo "floor $(awk -v t="$tps" -v b="$B" 'BEGIN{printf "%d", t*b}')" >>"$out"
   psql -qX -d "$DB" -c 'DROP SCHEMA qbridge_floor CASCADE' -c CHECKPOINT >/dev/null

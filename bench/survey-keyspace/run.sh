@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# How long `qbridge survey` takes on a big keyspace (README, "Survey your
-# Redis first"): a throwaway redis-server filled with JOBS RQ job hashes
+# How long `qbridge survey` takes on a big keyspace (docs/src/guides/survey.md;
+# the book's survey page): a throwaway redis-server filled with JOBS RQ job hashes
 # (`rq:job:<n>`, as RQ 3.0's job.py names them, ~300 bytes each) and three
 # RQ queues of 1,000 ids each with their registries, then surveyed ROUNDS
 # times without the push-rate window (--sample 0s: the window only adds
 # its own length).
 #
-#   bench/survey-keyspace.sh [JOBS=1000000] [ROUNDS=3]
+#   bench/survey-keyspace/run.sh [JOBS=1000000] [ROUNDS=3]
 #   env: QBRIDGE=target/release/qbridge
 #
 # The keys are written by a Lua script into the bench's own server (no RQ
