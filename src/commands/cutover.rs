@@ -229,7 +229,7 @@ fn print_advanced(name: &str, done: &Advanced, as_json: bool) {
             }
             for left in &c.left {
                 println!(
-                    "  LEFT IN REDIS (qbridge does not carry these; see cutover/frameworks.md): {left}"
+                    "  LEFT IN REDIS (qbridge does not carry these; see docs/src/runbook/frameworks.md): {left}"
                 );
             }
             if !a.consumers_acknowledged.is_empty() {

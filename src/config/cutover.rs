@@ -2,7 +2,7 @@
 //! does with mirror copies), `[routes.diff]` (what the outcome comparison
 //! ignores and samples) and `[routes.gates]` (the numbers `qbridge cutover
 //! advance` demands). Every setting has a default a first migration can live
-//! with; the runbook (`cutover/gates.md`) says why each default is what it is.
+//! with; the runbook (`docs/src/runbook/gates.md`) says why each default is what it is.
 
 use std::time::Duration;
 

@@ -422,7 +422,7 @@ fn structures_check(held: &redis_view::RedisView) -> Check {
         } else {
             left.join("; ")
         },
-        "none (let the fleet run them; --force carries them into Postgres: cutover/frameworks.md)"
+        "none (let the fleet run them; --force carries them into Postgres: docs/src/runbook/frameworks.md)"
             .into(),
     )
 }

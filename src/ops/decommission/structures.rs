@@ -15,7 +15,7 @@
 //! **Not carried** ([`Structure::carried`]), only counted and reported:
 //! Celery's `unacked` tasks (a worker holds them and runs them) and
 //! resque-scheduler's delayed jobs (no id tells a copy from the job the
-//! scheduler moves to the queue meanwhile). `cutover/frameworks.md` says
+//! scheduler moves to the queue meanwhile). `docs/src/runbook/frameworks.md` says
 //! what to do with them.
 
 use redis::aio::ConnectionManager;
