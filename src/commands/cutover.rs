@@ -90,7 +90,7 @@ async fn status(
                     .join("; ")
             ),
         };
-        // What the route's jobs wait in besides its list (issue 14).
+        // What the route's jobs wait in besides its list.
         let held = match redis.as_deref_mut() {
             Some(conn) => crate::ops::structures::read(conn, route).await?,
             None => Vec::new(),

@@ -18,7 +18,7 @@ use super::{Dur, HandlerConfig};
 pub enum DualWriteMirrors {
     /// A proxied push is recorded in the key ledger only (`job_keys`: key
     /// and bytes, all the diff and repair read), with no `jobs` row: the
-    /// cheapest mirror (issue 17). Copies due later, RQ items and the other
+    /// cheapest mirror. Copies due later, RQ items and the other
     /// producer paths still get rows, drained as with `Skip`.
     #[default]
     Ledger,

@@ -1,7 +1,7 @@
 //! `qbridge import --route R [--dry-run]`: copies into Postgres what already
 //! waited in Redis before the route was mirrored — the backlog in its list
 //! and, for frameworks that keep jobs elsewhere (`model::structures`:
-//! Sidekiq's `schedule`, `retry` and `dead` sets), those too (issue 14).
+//! Sidekiq's `schedule`, `retry` and `dead` sets), those too.
 //!
 //! The jobs stay in Redis and the Redis side still runs them: the list's
 //! items and the scheduled and retrying jobs become **mirror copies** (the

@@ -4,7 +4,7 @@
 //! then removes them from Redis: scheduled and retrying jobs become live
 //! jobs due when Redis would have run them (the member's score), dead jobs
 //! go to `qbridge.jobs_dead`. The gate refuses while any is there; this is
-//! what a forced advance does with them (issue 14).
+//! what a forced advance does with them.
 //!
 //! **Once.** Members are removed (`ZREM`, `LREM`) only after their rows
 //! committed, and storing again is harmless: a Sidekiq job's key is its

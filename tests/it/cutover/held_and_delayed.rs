@@ -1,4 +1,4 @@
-//! Issue 14: jobs a framework keeps where qbridge counts them but does not
+//! Jobs a framework keeps where qbridge counts them but does not
 //! carry them — tasks a real Celery worker took and holds until their ETA
 //! (kombu's `unacked` hash), and resque-scheduler's delayed jobs — and
 //! Resque's `failed` list, which it carries into `qbridge.jobs_dead`.
