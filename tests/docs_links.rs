@@ -12,7 +12,9 @@ fn root() -> &'static Path {
 }
 
 fn markdown_under(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().to_string();
@@ -179,5 +181,8 @@ fn every_book_page_is_in_the_summary() {
         .map(|p| p.strip_prefix(&src).unwrap().display().to_string())
         .filter(|p| p != "SUMMARY.md" && !listed.contains(p))
         .collect();
-    assert!(missing.is_empty(), "pages missing from SUMMARY.md: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "pages missing from SUMMARY.md: {missing:?}"
+    );
 }

@@ -76,8 +76,15 @@ fn code_defaults(c: &Config) -> Vec<(&'static str, Val)> {
     use Val::*;
     let pool = &c.pools[0];
     let route = &c.routes[0];
-    let route_pool = c.pools.iter().find(|p| p.queues == ["a"]).expect("route a's pool");
-    let consumer = c.routes[1].redis_consumer.as_ref().expect("route b's consumer");
+    let route_pool = c
+        .pools
+        .iter()
+        .find(|p| p.queues == ["a"])
+        .expect("route a's pool");
+    let consumer = c.routes[1]
+        .redis_consumer
+        .as_ref()
+        .expect("route b's consumer");
     let (shadow, diff, gates) = (
         &route.cutover.shadow,
         &route.cutover.diff,
@@ -88,7 +95,9 @@ fn code_defaults(c: &Config) -> Vec<(&'static str, Val)> {
         other => panic!("the minimal pool's handler is http: {other:?}"),
     };
     let opt = |v: &Option<String>| v.clone().map(Str).unwrap_or(Absent);
-    let path = |v: &Option<std::path::PathBuf>| v.as_ref().map_or(Absent, |p| Str(p.display().to_string()));
+    let path = |v: &Option<std::path::PathBuf>| {
+        v.as_ref().map_or(Absent, |p| Str(p.display().to_string()))
+    };
     let job = &c.schedules[0].job;
     vec![
         ("database_url", Str(c.database_url.clone())),
@@ -99,13 +108,22 @@ fn code_defaults(c: &Config) -> Vec<(&'static str, Val)> {
         ("completer_batch", Int(c.completer_batch as i64)),
         ("completer_tick", Dur(c.completer_tick)),
         ("redis_url", Str(c.redis_url.clone())),
-        ("[database] pooler", Enum(format!("{:?}", c.database.pooler))),
+        (
+            "[database] pooler",
+            Enum(format!("{:?}", c.database.pooler)),
+        ),
         ("[database] direct_url", opt(&c.database.direct_url)),
         ("[http] listen", Str(c.http.listen.clone())),
         ("[http] max_body", Size(c.http.max_body.0)),
-        ("[http] enqueue_requires_token", Bool(c.http.enqueue_requires_token)),
+        (
+            "[http] enqueue_requires_token",
+            Bool(c.http.enqueue_requires_token),
+        ),
         ("[http] admin_token_file", path(&c.http.admin_token_file)),
-        ("[history] retention_days", Int(c.history.retention_days.into())),
+        (
+            "[history] retention_days",
+            Int(c.history.retention_days.into()),
+        ),
         ("[proxy] enabled", Bool(c.proxy.enabled)),
         ("[proxy] listen", Str(c.proxy.listen.clone())),
         ("[proxy] max_bulk_len", Size(c.proxy.max_bulk_len)),
@@ -115,7 +133,13 @@ fn code_defaults(c: &Config) -> Vec<(&'static str, Val)> {
         ("[proxy] mirror_batch", Int(c.proxy.mirror_batch as i64)),
         ("[proxy] mirror_writers", Int(c.proxy.mirror_writers as i64)),
         ("[proxy] mirror_linger", Dur(c.proxy.mirror_linger)),
-        ("[proxy] password_file", c.proxy.password.as_ref().map_or(Absent, |_| Str("set".into()))),
+        (
+            "[proxy] password_file",
+            c.proxy
+                .password
+                .as_ref()
+                .map_or(Absent, |_| Str("set".into())),
+        ),
         ("[[pools]] concurrency", Int(pool.concurrency as i64)),
         ("[[pools]] batch_size", Int(pool.batch_size)),
         ("[[pools]] lease", Dur(pool.lease)),
@@ -133,29 +157,62 @@ fn code_defaults(c: &Config) -> Vec<(&'static str, Val)> {
         ("[[routes]] key_prefix", opt(&route.keys.prefix)),
         ("[[routes]] priority_sep", opt(&route.keys.priority_sep)),
         ("[[routes]] unacked_key", opt(&route.keys.unacked_key)),
-        ("[[routes]] unacked_index_key", opt(&route.keys.unacked_index_key)),
-        ("[routes.pool] concurrency", Int(route_pool.concurrency as i64)),
+        (
+            "[[routes]] unacked_index_key",
+            opt(&route.keys.unacked_index_key),
+        ),
+        (
+            "[routes.pool] concurrency",
+            Int(route_pool.concurrency as i64),
+        ),
         ("[routes.pool] batch_size", Int(route_pool.batch_size)),
         ("[routes.pool] lease", Dur(route_pool.lease)),
         ("[routes.pool] poll_interval", Dur(route_pool.poll_interval)),
-        ("[routes.pool] prefetch_window", Dur(route_pool.prefetch_window)),
+        (
+            "[routes.pool] prefetch_window",
+            Dur(route_pool.prefetch_window),
+        ),
         ("[routes.pool] backoff_base", Dur(route_pool.backoff.base)),
         ("[routes.pool] backoff_cap", Dur(route_pool.backoff.cap)),
-        ("[routes.redis_consumer] concurrency", Int(consumer.concurrency as i64)),
-        ("[routes.redis_consumer] max_attempts", Int(consumer.max_attempts.into())),
-        ("[routes.redis_consumer] retry_delay", Dur(consumer.retry_delay)),
-        ("[routes.shadow] dual_write", Enum(format!("{:?}", shadow.dual_write))),
+        (
+            "[routes.redis_consumer] concurrency",
+            Int(consumer.concurrency as i64),
+        ),
+        (
+            "[routes.redis_consumer] max_attempts",
+            Int(consumer.max_attempts.into()),
+        ),
+        (
+            "[routes.redis_consumer] retry_delay",
+            Dur(consumer.retry_delay),
+        ),
+        (
+            "[routes.shadow] dual_write",
+            Enum(format!("{:?}", shadow.dual_write)),
+        ),
         ("[routes.shadow] noise_sample", Float(shadow.noise_sample)),
         ("[routes.diff] settle", Dur(diff.settle)),
         ("[routes.diff] sample_keys", Int(diff.sample_keys as i64)),
         ("[routes.gates] window", Dur(gates.window)),
         ("[routes.gates] min_jobs", Int(gates.min_jobs as i64)),
-        ("[routes.gates] mirror_completeness", Float(gates.mirror_completeness)),
+        (
+            "[routes.gates] mirror_completeness",
+            Float(gates.mirror_completeness),
+        ),
         ("[routes.gates] ack_tolerance", Float(gates.ack_tolerance)),
-        ("[routes.gates] max_mismatch_rate", Float(gates.max_mismatch_rate)),
-        ("[routes.gates] max_postgres_lag", Dur(gates.max_postgres_lag)),
+        (
+            "[routes.gates] max_mismatch_rate",
+            Float(gates.max_mismatch_rate),
+        ),
+        (
+            "[routes.gates] max_postgres_lag",
+            Dur(gates.max_postgres_lag),
+        ),
         ("[routes.gates] quiet_period", Dur(gates.quiet_period)),
-        ("[routes.gates] decommission_wait", Dur(gates.decommission_wait)),
+        (
+            "[routes.gates] decommission_wait",
+            Dur(gates.decommission_wait),
+        ),
     ]
 }
 
@@ -163,7 +220,10 @@ fn code_defaults(c: &Config) -> Vec<(&'static str, Val)> {
 /// with one value, and why. A key must be here or in `code_defaults`.
 const IN_WORDS: &[(&str, &str)] = &[
     ("worker_id", "$HOSTNAME:pid, from the machine"),
-    ("redis_ca_file", "none: the system's CAs (a TLS setting, no value to read)"),
+    (
+        "redis_ca_file",
+        "none: the system's CAs (a TLS setting, no value to read)",
+    ),
     ("[proxy] upstream", "redis_url's value"),
     ("[proxy] upstream_ca_file", "redis_ca_file's trust"),
     ("[[pools]] name", "poolN by position"),
@@ -289,14 +349,18 @@ fn fields_of(name: &str) -> Vec<String> {
     for path in sources {
         let text = std::fs::read_to_string(&path).unwrap();
         for opener in [format!("struct {name} {{"), format!("enum {name} {{")] {
-            let Some(start) = text.find(&opener) else { continue };
+            let Some(start) = text.find(&opener) else {
+                continue;
+            };
             let mut depth = 0;
             let mut fields = Vec::new();
             for line in text[start..].lines() {
                 let code = line.split("//").next().unwrap_or("");
                 if depth >= 1 && !code.trim_start().starts_with('#') {
                     let decl = code.trim_start().trim_start_matches("pub(crate) ");
-                    let decl = decl.trim_start_matches("pub(super) ").trim_start_matches("pub ");
+                    let decl = decl
+                        .trim_start_matches("pub(super) ")
+                        .trim_start_matches("pub ");
                     if let Some((field, _)) = decl.split_once(':') {
                         let is_ident = !field.is_empty()
                             && field.chars().all(|c| c.is_ascii_lowercase() || c == '_');
@@ -322,7 +386,13 @@ fn every_key_of_the_code_has_a_row() {
     // A field that is a table of its own is covered by that section's rows.
     let section_names: BTreeSet<String> = SECTIONS
         .iter()
-        .map(|(_, s)| s.trim_matches(['[', ']']).rsplit('.').next().unwrap().to_string())
+        .map(|(_, s)| {
+            s.trim_matches(['[', ']'])
+                .rsplit('.')
+                .next()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     let mut missing = Vec::new();
     for (name, section) in SECTIONS {
