@@ -8,7 +8,7 @@
 //! `ROUTE` (default `orders`), `QUEUE_KEY` (the Redis list, default
 //! `queue:orders`), `QUEUE` (the Postgres queue, default the route's name),
 //! `PHASE` (the route's first phase, default `dual_write`; once a route is
-//! registered its stored phase wins, see cutover/README.md).
+//! registered its stored phase wins, see docs/src/runbook/README.md).
 
 use bytes::Bytes;
 use serde_json::json;

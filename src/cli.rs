@@ -101,7 +101,7 @@ pub enum Command {
         qbridge cutover advance emails\n  \
         qbridge cutover advance emails --force --reason 'completeness 99.98%: 2 jobs lost in a known Redis restart, repaired'\n  \
         qbridge cutover rollback emails --reason 'handler errors in postgres_only'\n\n\
-        The runbook is cutover/README.md."
+        The runbook is docs/src/runbook/README.md."
     )]
     Cutover(CutoverCommand),
 

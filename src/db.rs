@@ -109,7 +109,7 @@ pub async fn connect_via(url: &str, pooler: Pooler, max_connections: u32) -> Res
 /// table as it is now, never reusing a plan cached for the table as it once
 /// was: a queue table's statistics swing between empty and huge, and a plan
 /// made while it was empty reads the whole table once a backlog arrives
-/// (issue 17; `tests/it/claim_plans.rs`). A plan per statement costs a
+/// (`tests/it/claim_plans.rs`). A plan per statement costs a
 /// fraction of a millisecond. Set after connecting rather than as a startup
 /// parameter, which a pooler in session mode may refuse. (Behind a
 /// transaction-mode pooler statements are unnamed, so planned at every run

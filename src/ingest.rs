@@ -103,8 +103,8 @@ pub struct Item<'a> {
     /// A mirror copy pushed in `dual_write` on a route that records them in
     /// the ledger (`[routes.shadow] dual_write = "ledger"`, the default): its
     /// key and bytes go into `job_keys` and no `jobs` row is written — the
-    /// row, its claim and its completion were most of the mirror's cost
-    /// (issue 17). A copy due later keeps its row (the diff reads its due
+    /// row, its claim and its completion were most of the mirror's cost.
+    /// A copy due later keeps its row (the diff reads its due
     /// time there).
     pub ledger_only: bool,
 }

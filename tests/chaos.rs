@@ -145,15 +145,15 @@ async fn phase_flip_and_rollback_under_load() {
 }
 
 /// The randomized cutover oracle on a fixed set of seeds (a longer
-/// campaign: `qbridge chaos --scenario cutover-random --seeds 1000`, README
-/// "Fault suite"). Each seed walks the route through random advances,
+/// campaign: `qbridge chaos --scenario cutover-random --seeds 1000`,
+/// docs/src/internals/fault-suite.md). Each seed walks the route through random advances,
 /// rollbacks, ramps, kills, restarts, lost reports, re-pushes and repairs,
 /// then flips to 100% and decommissions; the oracle and the diff judge it.
 ///
 /// Odd seeds only: they push id-keyed jobs. Even seeds (identical texts,
 /// content-hash keys) still lose jobs when Redis restarts without
-/// persistence under load — the open finding in README's fault-suite
-/// section, seed 2 among them — so they run in campaigns, not here, until
+/// persistence under load — a finding of the oracle's campaigns
+/// (docs/src/internals/fault-suite.md), seed 2 among them — so they run in campaigns, not here, until
 /// it is fixed; their keys are covered by `tests/it/exactly_once/key_drift.rs`
 /// and `restart_evidence.rs`.
 #[tokio::test(flavor = "multi_thread")]

@@ -3,7 +3,7 @@
 //! `--idle-first` the workers start first and poll the empty queue for a
 //! while, so the jobs arrive as a burst after an idle spell (the drain clock
 //! then starts with the enqueue): the case where a plan made for an empty
-//! table met a backlog (issue 17).
+//! table met a backlog.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

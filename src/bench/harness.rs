@@ -108,7 +108,7 @@ pub async fn remaining(db: &PgPool) -> Result<i64> {
 ///
 /// Exact, from every sample kept, rather than an `hdrhistogram`: a bench run
 /// keeps at most a few million samples (tens of MB), the figures it prints go
-/// into README's table and should not carry a histogram's bucket rounding, and
+/// into the performance page's tables and should not carry a histogram's bucket rounding, and
 /// this one rule is shared by every bench (the proxy bench's `pct_ms` too).
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {

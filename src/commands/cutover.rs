@@ -90,7 +90,7 @@ async fn status(
                     .join("; ")
             ),
         };
-        // What the route's jobs wait in besides its list (issue 14).
+        // What the route's jobs wait in besides its list.
         let held = match redis.as_deref_mut() {
             Some(conn) => crate::ops::structures::read(conn, route).await?,
             None => Vec::new(),
@@ -229,7 +229,7 @@ fn print_advanced(name: &str, done: &Advanced, as_json: bool) {
             }
             for left in &c.left {
                 println!(
-                    "  LEFT IN REDIS (qbridge does not carry these; see cutover/frameworks.md): {left}"
+                    "  LEFT IN REDIS (qbridge does not carry these; see docs/src/runbook/frameworks.md): {left}"
                 );
             }
             if !a.consumers_acknowledged.is_empty() {

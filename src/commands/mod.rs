@@ -95,7 +95,7 @@ async fn run(config: Config) -> Result<()> {
     if config.pools.is_empty() && config.schedules.is_empty() && !config.proxy.enabled && !consumers
     {
         return Err(crate::error::Error::Config(
-            "nothing to run: add a [[pools]] entry, a route with a handler, or [proxy] enabled = true to the config file (see README)"
+            "nothing to run: add a [[pools]] entry, a route with a handler, or [proxy] enabled = true to the config file (see docs/src/reference/configuration.md)"
                 .into(),
         ));
     }

@@ -2,7 +2,7 @@
 //! does with mirror copies), `[routes.diff]` (what the outcome comparison
 //! ignores and samples) and `[routes.gates]` (the numbers `qbridge cutover
 //! advance` demands). Every setting has a default a first migration can live
-//! with; the runbook (`cutover/gates.md`) says why each default is what it is.
+//! with; the runbook (`docs/src/runbook/gates.md`) says why each default is what it is.
 
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use super::{Dur, HandlerConfig};
 pub enum DualWriteMirrors {
     /// A proxied push is recorded in the key ledger only (`job_keys`: key
     /// and bytes, all the diff and repair read), with no `jobs` row: the
-    /// cheapest mirror (issue 17). Copies due later, RQ items and the other
+    /// cheapest mirror. Copies due later, RQ items and the other
     /// producer paths still get rows, drained as with `Skip`.
     #[default]
     Ledger,

@@ -15,7 +15,7 @@ use crate::queue::validate;
 
 /// Long enough that a fast pool's claims carry hundreds of jobs, short
 /// enough that a held job starts within milliseconds (measured in
-/// `bench/processes.sh`).
+/// `bench/processes/run.sh`).
 pub const DEFAULT_PREFETCH_WINDOW: Duration = Duration::from_millis(50);
 
 /// The longest `prefetch_window`: held jobs not started within the worker's

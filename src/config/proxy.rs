@@ -138,7 +138,7 @@ pub(super) fn validate_proxy(
 }
 
 /// `[proxy] mirror_linger`'s default: measured best at depth 1 on a small
-/// machine (README: "Fewer, fuller group commits").
+/// machine (CHANGELOG.md, 2026-11-28).
 pub const DEFAULT_MIRROR_LINGER: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// The longest `mirror_linger` taken: the wait adds to every mirror copy's

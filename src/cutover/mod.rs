@@ -8,8 +8,8 @@
 //!
 //! The phases themselves are in [`crate::model::phase`]; what an operator
 //! does with them (gates, advance, rollback, decommission) is in
-//! [`crate::ops`]. The runbook for operators is `cutover/` at the
-//! repository root.
+//! [`crate::ops`]. The runbook for operators is `docs/src/runbook/` in the
+//! book.
 
 pub mod store;
 pub mod watch;

@@ -1,5 +1,5 @@
 //! The migration drill: one route walked through every phase under load, the
-//! way the runbook (`cutover/`) says, with qbridge's own consumers, the RESP
+//! way the runbook (`docs/src/runbook/`) says, with qbridge's own consumers, the RESP
 //! proxy and the producer API, and a handler that keeps a ledger of live
 //! and shadow calls per job key.
 

@@ -47,7 +47,7 @@ pub struct DemoInput {
     pub keys: FleetKeys,
 }
 
-/// The default URLs, as the README's quickstart and docker-compose use them.
+/// The default URLs, as the quickstart and docker-compose use them.
 const DEFAULT_PG: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";
 const DEFAULT_REDIS: &str = "redis://127.0.0.1:6379";
 

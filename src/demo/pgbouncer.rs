@@ -13,7 +13,7 @@ use super::servers::free_port;
 /// Server connections per database and user: fewer than qbridge's clients.
 /// (`server_login_retry` is 1 s instead of PgBouncer's 15: after a Postgres
 /// restart PgBouncer refuses every client for that long after one failed
-/// login, which would stretch a one-second outage to fifteen; README says
+/// login, which would stretch a one-second outage to fifteen; docs/src/operations/production.md says
 /// so for production poolers too.)
 pub const SERVER_POOL: u32 = 4;
 

@@ -1,7 +1,7 @@
 //! Mirror copies due later: members the proxy saw Redis take into a
 //! framework's schedule or retry set (Sidekiq's `ZADD schedule` and `ZADD
 //! retry`, `routes::Routes::set_route`), stored as mirror copies due at
-//! their score, with the attempts a retry already used (issue 14). So a
+//! their score, with the attempts a retry already used. So a
 //! `perform_in` job is in Postgres from the moment it is pushed, as a list
 //! push is, without waiting for `qbridge import` or the decommission carry.
 //!

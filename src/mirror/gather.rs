@@ -7,7 +7,7 @@
 //! small commits at once cost Postgres two backends' wake-ups on the cores
 //! the proxy's clients need: one writer gave 0.69–0.75 of the splice at
 //! depth 1 against two writers' 0.59–0.65, but two sustain more at depth
-//! 16 (stop 37). Taking turns keeps both.
+//! 16. Taking turns keeps both.
 //!
 //! Waiting for the first request is cancel-safe ([`Gatherer::first`]): the
 //! writer's loop gives it up to retry what it parked. Filling the batch is

@@ -411,7 +411,7 @@ async fn never_ran_check(
 
 /// Jobs of the route in its framework's other structures (Sidekiq's
 /// `schedule`, `retry`, `dead`): decommissioning carries only the route's
-/// lists, so they would be stranded (issue 14).
+/// lists, so they would be stranded.
 fn structures_check(held: &redis_view::RedisView) -> Check {
     let left = crate::ops::structures::non_empty(&held.elsewhere);
     check(
@@ -422,7 +422,7 @@ fn structures_check(held: &redis_view::RedisView) -> Check {
         } else {
             left.join("; ")
         },
-        "none (let the fleet run them; --force carries them into Postgres: cutover/frameworks.md)"
+        "none (let the fleet run them; --force carries them into Postgres: docs/src/runbook/frameworks.md)"
             .into(),
     )
 }

@@ -23,7 +23,7 @@
 //!
 //! Content-hash items (formats without an id) are not imported: the Redis
 //! consumer numbers them as it pops them, and a copy numbered here would
-//! take the number of the next push of the same bytes (`cutover/README.md`,
+//! take the number of the next push of the same bytes (`docs/src/runbook/README.md`,
 //! "Identical items").
 
 use redis::aio::ConnectionManager;
@@ -74,9 +74,9 @@ pub struct ImportReport {
 /// Why content-hash items are not copied, for the summary.
 pub const NOT_COPIED_REASON: &str =
     "items without an id are numbered by the Redis side as it pops \
-     them, so they are not imported (see cutover/README.md, \"Identical items\"); \
+     them, so they are not imported (see docs/src/runbook/README.md, \"Identical items\"); \
      resque-scheduler's delayed jobs have no id either and are counted, not \
-     copied (see cutover/frameworks.md). The Redis side still runs them all";
+     copied (see docs/src/runbook/frameworks.md). The Redis side still runs them all";
 
 /// Imports what `route` holds in Redis. `progress` is told each page:
 /// (structure key, items read so far).

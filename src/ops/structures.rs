@@ -3,7 +3,7 @@
 //! `failed` list and resque-scheduler's delayed jobs, Celery's `unacked`
 //! hash, the private lists of a Sidekiq reliable fetch — counted for the route's queue, with when the first and the last of
 //! them is due. Shown by `qbridge cutover status` and the diff; the gate into
-//! `decommissioned` refuses while any holds a job of the route (issue 14).
+//! `decommissioned` refuses while any holds a job of the route.
 //!
 //! Every structure is walked page by page (`ZSCAN`, `LRANGE`, `HSCAN`),
 //! never read whole: Sidekiq's dead set keeps 10,000 jobs by default, shared

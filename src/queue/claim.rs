@@ -131,7 +131,7 @@ const TENANT_CAND: &str = r#"
 // (`id = ANY(ARRAY(...))`), with no join. A join of `jobs` with `cand` let
 // the planner, told by the statistics that the table was empty, put a
 // scan of the whole table on the outside of a nested loop: every row
-// compared with every candidate, 4 s a claim at 85,000 rows (issue 17, the
+// compared with every candidate, 4 s a claim at 85,000 rows (the
 // paced runs that stalled; `tests/it/claim_plans.rs`). One lease token per
 // claim, from an uncorrelated subquery (evaluated once): ids tell the jobs
 // of a batch apart, so (id, lease) is still unique per attempt.

@@ -4,7 +4,7 @@
 //! A claimed row's entry stays at the start of `jobs_claim_idx` until vacuum
 //! removes it, so a walk from the start steps over every job claimed since
 //! the last vacuum; in the steady state at full speed that walk was most of
-//! what a claim cost (issue 17). A walk from the head (`qbridge.ready_ids_from`,
+//! what a claim cost. A walk from the head (`qbridge.ready_ids_from`,
 //! migration 0023) starts past them. Claim order stays exact for every job
 //! due at or after the head, less [`SLOW_COMMIT_MARGIN`], and for every other
 //! priority. A ready job of the head's priority due earlier than that (handed

@@ -65,8 +65,8 @@ const KEYED_INSERT_SQL: &str =
 /// A chunk without keys cannot collide on `jobs_key_idx`, whose rows all
 /// have a key. Without ON CONFLICT, Postgres inserts each row plainly instead
 /// of speculatively (a speculative-insertion lock and a confirmation record
-/// per row): the enqueue statement alone ran 7-16% faster under pgbench (stop
-/// 36, `bench/enqueue-statement.sh`, bench/results/queue-2026-11-27-stop36.txt).
+/// per row): the enqueue statement alone ran 7-16% faster under pgbench
+/// (`bench/enqueue-statement/run.sh`).
 const UNKEYED_INSERT_SQL: &str = insert_sql!("");
 
 const EXISTING_SQL: &str = r#"

@@ -95,7 +95,7 @@ pub async fn db_health(pool: &PgPool) -> Result<DbHealth> {
 }
 
 /// Where each database health number starts to need attention — the
-/// levels README's metrics section gives for alerts, shown by the console:
+/// levels docs/src/operations/metrics.md gives for alerts, shown by the console:
 /// dead tuples past this share of live ones (and at least 100,000) mean
 /// vacuum is not keeping up; a transaction open this long, or an xmin this
 /// many ids old, holds vacuum back; a NOTIFY queue this full is near the

@@ -296,8 +296,8 @@ pub async fn record_acks(
 /// One acknowledgement per (route, server): the latest, and `None` (now)
 /// over any time. A mirror batch carries one per item, nearly all of one
 /// server; grouped before the statement (which groups as well, for any
-/// caller), its executor time per batch of ~94 halved (issue 17,
-/// `pg_stat_statements`: 101 → 50 µs).
+/// caller), its executor time per batch of ~94 halved
+/// (`pg_stat_statements`: 101 → 50 µs).
 fn latest_per_server<'a>(
     acks: &[(&'a str, &'a str, Option<DateTime<Utc>>)],
 ) -> Vec<(&'a str, &'a str, Option<DateTime<Utc>>)> {

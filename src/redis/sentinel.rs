@@ -14,7 +14,7 @@
 //! a forced failover, stays a master accepting writes until Sentinel
 //! reconfigures it), every client reconnects, and each new connection
 //! reaches the new master. What a proxy client sees meanwhile is
-//! in README ("Redis behind Sentinel"). TLS to Sentinel or the master is not
+//! in docs/src/operations/production.md ("Redis behind Sentinel"). TLS to Sentinel or the master is not
 //! supported (a one-line error at start-up).
 
 use std::time::Duration;

@@ -418,7 +418,7 @@ impl WorkerPool {
 /// take at once, at most [`MAX_CLAIMS_IN_FLIGHT`]. A claim's round trip is
 /// the pool's pace when its handlers are fast (a no-op handler frees its slot
 /// long before the next claim returns), so a pool with room for several
-/// batches that claims one at a time leaves Postgres idle (issue 17: the
+/// batches that claims one at a time leaves Postgres idle (the
 /// steady state). One for a tenant-capped pool, whose claims rotate through
 /// the tenants in turn.
 pub fn claims_in_flight(config: &PoolConfig) -> usize {

@@ -6,7 +6,7 @@
 //! they carry 16 jobs or 300, so a pool that claims only what its free
 //! handlers can take pays per job for every handler it lacks. Split the same
 //! handlers over four processes and each claims a quarter as much: the drain
-//! fell to half (issue 18). Sizing the extra by start rate keeps it near zero
+//! fell to half. Sizing the extra by start rate keeps it near zero
 //! for slow handlers, where a held job would only wait while another process
 //! sits idle, and large for fast ones.
 //!

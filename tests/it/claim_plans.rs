@@ -4,7 +4,7 @@
 //! table once turned every claim into a scan of the whole table, a nested
 //! loop of all its rows against the batch: 4 s a claim with 85,000 rows, so
 //! claims fell behind, the backlog grew and each claim got slower still
-//! (issue 17: the paced runs that stalled). These tests put the table in the
+//! (the paced runs that stalled). These tests put the table in the
 //! states that misled the planner, fill it, and count the rows one claim (or
 //! one completion) reads, through the connections `qbridge::db` opens.
 

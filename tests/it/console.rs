@@ -1,4 +1,4 @@
-//! Issue 16: the web console in a real browser (Debian's chromium through
+//! The web console in a real browser (Debian's chromium through
 //! chromedriver, headless): log in (a wrong token refused), see the routes
 //! and a refusing gate with its numbers, advance a route with a reason and
 //! see the audit entry, roll back, requeue a dead letter, find a job by

@@ -1,5 +1,5 @@
 //! `examples/fleets/`: the Sidekiq, Celery and RQ applications of the
-//! README's migration section, with the one `qbridge.toml` that routes all
+//! the book's framework guide (docs/src/guides/frameworks.md), with the one `qbridge.toml` that routes all
 //! three. Each application's producer writes real messages with its own
 //! framework's client; each is read as qbridge reads it (its route's format,
 //! an RQ job's hash beside it), and the runner the example's header starts

@@ -1,4 +1,4 @@
-//! Issue 15: the fleet adapters' reporters under a fault — qbridge down
+//! The fleet adapters' reporters under a fault — qbridge down
 //! while the team's own Sidekiq, Celery or RQ fleet runs. Jobs pushed
 //! through the proxy in `dual_write` are mirrored; then qbridge stops and
 //! the fleet runs them from Redis directly, its reporter unable to reach

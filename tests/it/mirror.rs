@@ -246,7 +246,7 @@ async fn postgres_down_parks_mirror_items_in_the_gap_list_until_it_is_back() {
     assert_eq!(redis.llen::<_, i64>(&key).await.unwrap(), 0);
 }
 
-/// Issue 13 (found by the randomized oracle, seed 757): Postgres went down,
+/// Found by the randomized oracle (seed 757): Postgres went down,
 /// the mirror parked its items in the gap list, then Redis restarted with no
 /// persistence before gap repair ran: the items' Postgres copies were gone
 /// with the gap list, and the items themselves with Redis. The writers now

@@ -309,7 +309,7 @@ async fn a_repush_after_the_flip_of_a_mirrored_key_runs_live(pool: PgPool) {
 
     // The fleet reported job-1 dead and job-2's attempt failed. After the
     // flip, Sidekiq-style retries of both come in: Redis will never see
-    // them, so both must become live copies here. (Before issue 13 this
+    // them, so both must become live copies here. (Before re-pushes were held on evidence, this
     // test had no reports: both items were still in the Redis list, and
     // promoting them ran each job on both sides. Without evidence a re-push
     // is held now: tests/it/exactly_once/promotion.rs.)

@@ -5,7 +5,7 @@ use super::ProxyRun;
 use crate::bench::BenchReport;
 use crate::output::table;
 
-// The targets: issue 3's against direct Redis; issue 17's against the
+// The targets: the proxy's rate against direct Redis; the mirror's against the
 // proxy's own splice (mirroring on at >= 0.9x its rate with mirroring off,
 // at depth 1) and for the mirror's sustained rate.
 const TARGET_RATIO: f64 = 0.5;

@@ -64,7 +64,7 @@ pub(super) fn router(state: AppState) -> Router<AppState> {
 }
 
 /// `Server-Timing: app;dur=<ms>` on every console response: the server's
-/// time for the page, what `bench/console.sh` measures.
+/// time for the page, what `bench/console/run.sh` measures.
 async fn server_timing(req: Request, next: Next) -> Response {
     let started = std::time::Instant::now();
     let mut resp = next.run(req).await;

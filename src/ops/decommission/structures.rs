@@ -4,7 +4,7 @@
 //! then removes them from Redis: scheduled and retrying jobs become live
 //! jobs due when Redis would have run them (the member's score), dead jobs
 //! go to `qbridge.jobs_dead`. The gate refuses while any is there; this is
-//! what a forced advance does with them (issue 14).
+//! what a forced advance does with them.
 //!
 //! **Once.** Members are removed (`ZREM`, `LREM`) only after their rows
 //! committed, and storing again is harmless: a Sidekiq job's key is its
@@ -15,7 +15,7 @@
 //! **Not carried** ([`Structure::carried`]), only counted and reported:
 //! Celery's `unacked` tasks (a worker holds them and runs them) and
 //! resque-scheduler's delayed jobs (no id tells a copy from the job the
-//! scheduler moves to the queue meanwhile). `cutover/frameworks.md` says
+//! scheduler moves to the queue meanwhile). `docs/src/runbook/frameworks.md` says
 //! what to do with them.
 
 use redis::aio::ConnectionManager;

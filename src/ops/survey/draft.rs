@@ -19,7 +19,7 @@ pub fn draft(survey: &Survey, redis_url: &str, ca_file: Option<&Path>) -> String
     let mut out = format!(
         "# Draft written by `qbridge survey` on {} from Redis {}.\n\
          # Review every route and decide what the comments marked DECIDE ask,\n\
-         # then follow README, \"Survey your Redis first\".\n\n",
+         # then follow docs/src/guides/survey.md.\n\n",
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
         survey
             .redis_version
@@ -46,7 +46,7 @@ pub fn draft(survey: &Survey, redis_url: &str, ca_file: Option<&Path>) -> String
     }
     if survey.queues.is_empty() {
         out.push_str(
-            "\n# No queue was found: add [[routes]] by hand (README, \"Routes and formats\").\n",
+            "\n# No queue was found: add [[routes]] by hand (docs/src/guides/routes.md).\n",
         );
     }
     out
@@ -101,7 +101,7 @@ fn route(row: &QueueRow, names: &mut HashSet<String>) -> String {
         ));
     }
     lines.push(
-        "# handler = { type = \"http\", url = \"http://127.0.0.1:8091/\" }   # DECIDE: what runs these jobs on the Postgres side (README, \"You have a Sidekiq, Celery or RQ app\")"
+        "# handler = { type = \"http\", url = \"http://127.0.0.1:8091/\" }   # DECIDE: what runs these jobs on the Postgres side (docs/src/guides/frameworks.md)"
             .into(),
     );
     lines.join("\n") + "\n"

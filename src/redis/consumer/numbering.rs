@@ -2,7 +2,7 @@
 //! bytes gets the key the n-th mirrored push of them got, so both sides of
 //! the comparison name the same job.
 //!
-//! Three rules keep the two counts in step (issue 13, class 2):
+//! Three rules keep the two counts in step:
 //! - **Once per pop.** Each pop has an id, kept in the slot's inflight hash
 //!   before it is numbered; numbering it again (the reply was lost, the
 //!   process restarted) finds its key in `qbridge.numbered_writes` instead of

@@ -2,7 +2,7 @@
 //! (it ran, runs or will run in Postgres). Then the Redis item is a re-push
 //! of that job, not a new one, and the consumer drops it unrun.
 //!
-//! The case (issue 13, found by the randomized oracle): a key ran live in
+//! The case (found by the randomized oracle): a key ran live in
 //! Postgres during `postgres_only`; after a rollback to `shadow` a client
 //! retries its push through the proxy, which forwards it to Redis before the
 //! mirror can tell it is a duplicate. Live copies stay live across rollbacks

@@ -1,4 +1,4 @@
-//! Issue 14: kombu's Redis transport puts a task sent with a priority into a
+//! Kombu's Redis transport puts a task sent with a priority into a
 //! list of its own, `<queue>\x06\x16<step>`. Real Celery sends through the
 //! proxy in `dual_write`: the tasks in those lists are the route's — mirrored
 //! with their priority (a lower Celery priority runs first, so the job's is

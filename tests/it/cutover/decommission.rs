@@ -251,7 +251,7 @@ async fn route_keys(rig: &Rig) -> Vec<String> {
 }
 
 /// Decommission deletes every key of the route that it says it deletes
-/// (`cutover/4-decommissioned.md`), and reading the decommissioned route's
+/// (`docs/src/runbook/4-decommissioned.md`), and reading the decommissioned route's
 /// status afterwards, as an operator does, creates none again. Before, the
 /// epoch marker `qbridge:epoch:<route>` was set again by every status.
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]

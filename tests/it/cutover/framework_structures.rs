@@ -1,4 +1,4 @@
-//! Issue 14: a Sidekiq route's jobs also wait in Sidekiq's `schedule`,
+//! A Sidekiq route's jobs also wait in Sidekiq's `schedule`,
 //! `retry` and `dead` sets, shared by every queue. Real Sidekiq 6.4 puts
 //! them there; qbridge counts the route's own, and the gate into
 //! `decommissioned` refuses while any is left (decommissioning carries only

@@ -1,4 +1,4 @@
-//! Issue 14: RQ pushes only a job's id onto `rq:queue:<name>`; the job
+//! RQ pushes only a job's id onto `rq:queue:<name>`; the job
 //! itself (function, arguments, options) is the hash `rq:job:<id>`. Real
 //! RQ enqueues through the proxy in `dual_write`, and each mirror copy must
 //! carry its job byte-exact, or Postgres could never run it without Redis.

@@ -1,4 +1,4 @@
-//! Issue 14: jobs Sidekiq schedules (`perform_in`) go to its `schedule`
+//! Jobs Sidekiq schedules (`perform_in`) go to its `schedule`
 //! sorted set, not to the list, and Sidekiq's poller later moves them to the
 //! list. Real Sidekiq 6.4 pushes through the proxy in `dual_write`: each
 //! route's members of `schedule` become mirror copies when Redis takes them

@@ -342,7 +342,7 @@ async fn a_client_killed_mid_pipeline_leaves_no_half_mirrored_batch(pool: PgPool
     proxy.stop().await;
 }
 
-/// Issue 17: a push in dual_write on a route that records mirror copies in
+/// A push in dual_write on a route that records mirror copies in
 /// the ledger (`[routes.shadow] dual_write = "ledger"`, the default) is
 /// recorded there alone — key, copy and bytes, all the diff and repair read —
 /// and gets no jobs row; a push the Postgres side will claim (`"skip"`:

@@ -1,4 +1,4 @@
-//! Issue 14: kombu puts a Celery task sent with a priority into a list of
+//! Kombu puts a Celery task sent with a priority into a list of
 //! its own (`<queue>\x06\x16<step>`), and Celery's workers read the queue's
 //! own list first, then the priority lists in order. qbridge's Redis
 //! consumer reads them the same way, so a route whose Redis side qbridge

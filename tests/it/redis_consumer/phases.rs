@@ -95,7 +95,7 @@ async fn redis_only_numbers_no_pop_when_nothing_was_mirrored(pool: PgPool) {
     )
     .await;
     running.stop().await;
-    // Nothing was mirrored: the pop takes no number (issue 13, class 2: it
+    // Nothing was mirrored: the pop takes no number (it
     // used to be `:0`, shared by every such pop), only a key no push can have.
     let key = &outcomes(&pool).await[0].0;
     assert!(key.starts_with("sha256:") && key.contains(":r-"), "{key}");
@@ -214,7 +214,7 @@ async fn postgres_only_keeps_draining(pool: PgPool) {
 
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn a_repush_of_a_key_postgres_ran_live_is_not_run_again(pool: PgPool) {
-    // Issue 13, found by the randomized oracle (seed 105): a key ran live in
+    // Found by the randomized oracle (seed 105): a key ran live in
     // Postgres during `postgres_only`; after a rollback to `shadow` a client
     // re-pushes it through the proxy, which forwards it to Redis before the
     // mirror can say it is a duplicate. The consumer must not run it again.
