@@ -101,6 +101,9 @@ pub struct Diff {
     pub unaccounted: i64,
     pub unaccounted_reason: Option<String>,
     pub sample_unaccounted: Vec<String>,
+    /// When each sampled unaccounted job came due (its push, or its
+    /// countdown's end): a job due moments ago may still be running.
+    pub sample_unaccounted_due: Vec<(String, DateTime<Utc>)>,
     /// Ran on Redis (in the route's ran set) with no outcome reported: the
     /// report was lost or could not be delivered (qbridge down while a
     /// fleet's reporter ran). Not compared, never pushed back.
@@ -240,6 +243,12 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
     } else {
         1.0
     };
+    let sample_unaccounted: Vec<String> = accounting
+        .unaccounted
+        .iter()
+        .take(samples)
+        .cloned()
+        .collect();
     let mut diff = Diff {
         route: route.name.clone(),
         queue: route.queue.clone(),
@@ -264,7 +273,8 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
         repair_evidence: evidence_lines(&accounting),
         unaccounted: accounting.unaccounted.len() as i64,
         unaccounted_reason: accounting.reason.clone(),
-        sample_unaccounted: accounting.unaccounted.into_iter().take(samples).collect(),
+        sample_unaccounted_due: queries::due_times(db, window.queue, &sample_unaccounted).await?,
+        sample_unaccounted,
         ran_outcome_unknown,
         sample_ran_outcome_unknown: unknown_sample.into_iter().take(samples).collect(),
         held_repushes,

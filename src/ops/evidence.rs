@@ -34,15 +34,16 @@ pub struct Accounting {
 
 /// Why a fleet route's silent mirror copies stay unaccounted.
 pub const FLEET_REASON: &str = "outcome unknown: the route's Redis side is an outside fleet \
-     (redis_side = \"fleet\"), which may hold or have run them where qbridge cannot look; \
-     have the fleet report its outcomes, or, if you know they are lost, repair with \
-     --assume-lost and a reason";
+     (redis_side = \"fleet\"), which may still hold or run them, or have run them without a \
+     report, where qbridge cannot look; wait for the fleet's reports (see when each came \
+     due); pushing back a job the fleet still has runs it twice, so --assume-lost only a \
+     job you have checked the fleet no longer has";
 
 /// Why silent mirror copies of qbridge's consumer stay unaccounted.
 pub const NO_EVIDENCE_REASON: &str = "no outcome and not in Redis, but no restart, flush or \
      failover of Redis was observed after their push, so qbridge cannot tell them lost \
-     (something outside qbridge may have taken them); if you know they are lost, repair \
-     with --assume-lost and a reason";
+     (something outside qbridge may have taken them); --assume-lost only a job you have \
+     checked no process still holds or runs: pushing it back otherwise runs it twice";
 
 /// Classifies `keys` (mirror copies of `route` that Redis does not account
 /// for) given Redis's current `epoch` (none: not observed).

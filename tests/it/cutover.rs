@@ -6,6 +6,7 @@ mod celery_push_forms;
 mod decommission;
 mod decommission_gap;
 mod decommission_idle;
+mod due_settle;
 mod framework_structures;
 mod gate_noise;
 mod gradual;

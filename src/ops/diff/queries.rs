@@ -80,7 +80,8 @@ SELECT t.key FROM unnest($2::text[]) AS t(key)
 ///   the copies called missing are those pushed before it.
 ///
 /// The settle time (`$3`) waits for a job's outcome to be recorded, so it
-/// applies to ids and popped numbers. A *fresh* key names a count, not a
+/// applies to ids and popped numbers, counted from when the job came due
+/// (`due_at`: a countdown or scheduled job runs then, not at its push). A *fresh* key names a count, not a
 /// copy — the oldest numbers no pop took — and under load those are always
 /// the newest: filtered by their own push time, a copy Redis lost was never
 /// judged while producers and the consumer went on (oracle seeds 3208,
@@ -101,7 +102,8 @@ SELECT t.key FROM unnest($2::text[]) AS t(key)
 /// reading's answer, not a later one: pops go on while repair pushes back.
 pub(crate) const ONLY_POSTGRES_SQL: &str = r#"
 WITH silent AS (
-    SELECT k.key, k.seen_at, COALESCE(k.pushed_at, k.seen_at) AS pushed,
+    SELECT k.key, greatest(k.seen_at, COALESCE(k.due_at, k.seen_at)) AS due,
+           COALESCE(k.pushed_at, k.seen_at) AS pushed,
            substring(k.key from '^sha256:([0-9a-f]+):[0-9]+$') AS hash,
            substring(k.key from '^sha256:[0-9a-f]+:([0-9]+)$')::bigint AS n
       FROM qbridge.job_keys k
@@ -131,7 +133,7 @@ ranked AS (
                                    ORDER BY c.pushed DESC, c.n DESC) AS newest
       FROM classed c)
 SELECT r.key, r.class IN ('popped', 'hole') AS popped FROM ranked r
- WHERE (r.seen_at < $3 OR r.class = 'fresh')
+ WHERE (r.due < $3 OR r.class = 'fresh')
    AND CASE r.class
          WHEN 'id' THEN NOT (r.key = ANY($4::text[]))
                         AND NOT (r.key = ANY($5::text[]))
@@ -149,7 +151,7 @@ SELECT r.key, r.class IN ('popped', 'hole') AS popped FROM ranked r
                 WHERE owed.key LIKE 'sha256:' || r.hash || ':%')
          ELSE NOT (r.key = ANY($4::text[]))
        END
- ORDER BY r.seen_at, r.key
+ ORDER BY r.due, r.key
 "#;
 
 /// Compared jobs and mismatches counted in SQL; only a sample of the
@@ -334,6 +336,28 @@ pub(super) async fn one_sided(db: &PgPool, w: &Window<'_>) -> Result<OneSided> {
         only_postgres,
         postgres_sample,
     })
+}
+
+/// When each of `keys` came due: its first sighting, or its due time when
+/// that is later (a countdown or a scheduled job), in the order of `keys`.
+pub(super) async fn due_times(
+    db: &PgPool,
+    queue: &str,
+    keys: &[String],
+) -> Result<Vec<(String, DateTime<Utc>)>> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query_as(
+        "SELECT t.key, greatest(k.seen_at, COALESCE(k.due_at, k.seen_at)) \
+           FROM unnest($2::text[]) WITH ORDINALITY AS t(key, n) \
+           JOIN qbridge.job_keys k ON k.queue = $1 AND k.key = t.key \
+          ORDER BY t.n",
+    )
+    .bind(queue)
+    .bind(keys)
+    .fetch_all(db)
+    .await?)
 }
 
 /// Every mirror copy only on Postgres (to classify: repairable or not).

@@ -11,12 +11,13 @@ fn percent(r: f64) -> String {
 pub(super) fn verdict(d: &Diff) -> String {
     let head = if d.matches() { "MATCH" } else { "DIFFERS" };
     let mut line = format!(
-        "{}: {head} ({}) — redis {} jobs, postgres {} enqueued; only on redis {} ({} waiting, repairable); only on postgres {}{}; mismatches {}/{} ({}, noise {}); ran twice: redis {}, postgres {}; ran live on both sides {}",
+        "{}: {head} ({}) — redis {} jobs, postgres {} enqueued; only on redis {} ({} ran with no Postgres copy, {} waiting with no copy: --repair copies those); only on postgres {}{}; mismatches {}/{} ({}, noise {}); ran twice: redis {}, postgres {}; ran live on both sides {}",
         d.route,
         d.phase,
         d.redis_seen,
         d.postgres_enqueued,
         d.only_redis_ran + d.only_redis_waiting,
+        d.only_redis_ran,
         d.only_redis_waiting,
         d.only_postgres,
         only_postgres_detail(d),
@@ -188,7 +189,18 @@ fn samples(d: &Diff, out: &mut String) {
     };
     list("only on redis (sample)", &d.sample_only_redis, out);
     list("only on postgres (sample)", &d.sample_only_postgres, out);
-    list("unaccounted (sample)", &d.sample_unaccounted, out);
+    let due: Vec<String> = d
+        .sample_unaccounted_due
+        .iter()
+        .map(|(key, at)| {
+            let ago = (d.until - *at).num_seconds().max(0);
+            format!(
+                "{key} (due {}, {ago}s ago)",
+                at.format("%Y-%m-%d %H:%M:%S UTC")
+            )
+        })
+        .collect();
+    list("unaccounted (sample, when due)", &due, out);
     list("held re-pushes (sample)", &d.sample_held_repushes, out);
     list(
         "ran on redis, outcome unknown (sample)",

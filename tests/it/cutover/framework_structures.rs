@@ -498,5 +498,33 @@ async fn a_job_in_a_reliable_fetchs_private_list_is_counted_and_holds_decommissi
             .contains("working:queue:default:*: 1 held by a worker"),
         "{check:?}"
     );
+    // The importer copies the held job as a mirror copy (the worker runs
+    // it; Postgres never does without evidence), once.
+    for (run, new) in [(1, 1), (2, 0)] {
+        let report = qbridge::ops::import::import(
+            &pool,
+            &mut conn,
+            &route,
+            Phase::PostgresOnly,
+            false,
+            1 << 20,
+            |_, _| {},
+        )
+        .await
+        .unwrap();
+        let line = report
+            .structures
+            .iter()
+            .find(|s| s.key == "working:queue:default:*")
+            .unwrap_or_else(|| panic!("run {run}: {report:?}"));
+        assert_eq!((line.found, line.new), (1, new), "run {run}: {report:?}");
+    }
+    let copies: Vec<String> =
+        sqlx::query_scalar("SELECT copy FROM qbridge.job_keys WHERE queue = 'mail'")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    // The held job, and the other one still waiting in the list.
+    assert_eq!(copies, ["mirror", "mirror"]);
     let _ = worker.kill().await;
 }
