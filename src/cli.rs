@@ -264,17 +264,43 @@ pub struct EnqueueArgs {
 #[derive(Debug, Subcommand)]
 pub enum CutoverCommand {
     /// Every route: phase, since, who changed it, and the gate of its next step.
+    #[command(
+        after_help = "Example:\n  qbridge --config qbridge.toml cutover status\n  \
+                            qbridge --config qbridge.toml --json cutover status   # for scripts"
+    )]
     Status,
     /// Move a route one phase forward if its gate passes.
     Advance(CutoverArgs),
     /// Move a route one phase back (no gate; a reason is required).
-    Rollback(CutoverArgs),
+    #[command(
+        after_help = "Example:\n  qbridge cutover rollback emails --reason 'handler fails on Postgres'"
+    )]
+    Rollback(RollbackArgs),
     /// In postgres_only: change the share of job keys produced Postgres-only
     /// (the gradual flip; sticky by a hash of the job key).
     #[command(
         after_help = "Example:\n  qbridge cutover percent emails 10 --reason '1% clean for an hour'"
     )]
     Percent(PercentArgs),
+    /// Call the route's handler once in shadow mode with a job qbridge
+    /// stored (the newest, or --key), as the worker will in `shadow`, and
+    /// print its answer. Records nothing; check that the call had no effect.
+    #[command(
+        name = "shadow-test",
+        after_help = "Example:\n  qbridge --config qbridge.toml cutover shadow-test emails\n  \
+                      qbridge --config qbridge.toml cutover shadow-test emails --key 4f0c2d9e"
+    )]
+    ShadowTest(ShadowTestArgs),
+}
+
+/// Arguments of `cutover shadow-test`.
+#[derive(Debug, Args)]
+pub struct ShadowTestArgs {
+    /// Route name.
+    pub route: String,
+    /// The job to send (default: the newest the route stored).
+    #[arg(long)]
+    pub key: Option<String>,
 }
 
 /// Arguments of `cutover percent`.
@@ -292,12 +318,25 @@ pub struct PercentArgs {
     pub by: Option<String>,
 }
 
-/// Arguments of `cutover advance` and `cutover rollback`.
+/// Arguments of `cutover rollback`: no gate to force, no share to set.
+#[derive(Debug, Args)]
+pub struct RollbackArgs {
+    /// Route name.
+    pub route: String,
+    /// Why; stored in the audit log (required).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Who is changing it (default: $USER@host).
+    #[arg(long, env = "QBRIDGE_OPERATOR")]
+    pub by: Option<String>,
+}
+
+/// Arguments of `cutover advance`.
 #[derive(Debug, Args)]
 pub struct CutoverArgs {
     /// Route name.
     pub route: String,
-    /// Why; stored in the audit log (required for rollback and --force).
+    /// Why; stored in the audit log (required with --force).
     #[arg(long)]
     pub reason: Option<String>,
     /// Advance although the gate refuses (audited with the failing numbers).
@@ -450,3 +489,6 @@ pub struct DlqFilter {
     #[arg(long = "error")]
     pub error_contains: Option<String>,
 }
+
+#[cfg(test)]
+mod tests;

@@ -39,13 +39,42 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
             let by = operator(args.by.as_deref());
             let req = Request::new(&by, args.reason.as_deref());
             let state = operate::ramp(&db, &route, args.percent, &req).await?;
-            output::done(
-                as_json,
-                &format!(
-                    "{}: {}% of job keys now go Postgres-only (the rest as in shadow)",
-                    route.name, state.percent
+            let rest = match state.percent {
+                100 => "every job key now goes Postgres-only".to_string(),
+                p => format!(
+                    "{p}% of job keys now go Postgres-only; the other {}% still go to Redis \
+                     with a mirror copy, as in shadow",
+                    100 - p
                 ),
-            );
+            };
+            output::done(as_json, &format!("{}: {rest}", route.name));
+            Ok(())
+        }
+        CutoverCommand::ShadowTest(args) => {
+            let route = find(&routes, &args.route)?;
+            let t = crate::ops::shadow_test::run(&db, config, &route, args.key.as_deref()).await?;
+            if as_json {
+                output::json(&t);
+            } else {
+                println!(
+                    "{}: shadow call of job {}{} to {} answered: {}{}",
+                    t.route,
+                    t.key,
+                    t.kind
+                        .as_deref()
+                        .map(|k| format!(" ({k})"))
+                        .unwrap_or_default(),
+                    t.handler,
+                    t.answer,
+                    t.digest
+                        .as_deref()
+                        .map(|d| format!(" (response digest {})", &d[..12.min(d.len())]))
+                        .unwrap_or_default(),
+                );
+                println!(
+                    "Now check that nothing happened: no email sent, no charge, no row written."
+                );
+            }
             Ok(())
         }
         CutoverCommand::Rollback(args) => {

@@ -12,6 +12,7 @@
 //! - [`operate`]: advance, rollback and the percent ramp;
 //!   [`decommission`] archives and deletes a route's Redis keys.
 //! - [`window`]: where a diff's window starts.
+//! - [`shadow_test`]: one shadow call with a stored job, before `shadow`.
 //! - [`survey`]: what a team's Redis holds before any route exists
 //!   (`qbridge survey`), and a draft config from it.
 
@@ -24,6 +25,7 @@ pub mod import;
 pub mod operate;
 pub mod redis_view;
 pub mod repair;
+pub mod shadow_test;
 pub mod structures;
 pub mod survey;
 pub mod window;

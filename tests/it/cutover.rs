@@ -17,5 +17,6 @@ mod rollback;
 mod rq_jobs;
 mod rq_scheduled;
 mod rq_unique;
+mod shadow_test;
 mod sidekiq_scheduled;
 mod watch;

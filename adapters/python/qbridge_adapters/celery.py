@@ -25,37 +25,73 @@ from celery.exceptions import Ignore, Retry
 from . import shadow_mode as shadows
 from .answer import Outcome, done
 from .reporter import Reporter, canonical
-from .settings import Settings
+from .settings import Settings, SettingsError
 
 _installed = []
 
 
 def report_outcomes(app, reporter=None):
-    """Connects the reporter to ``app``'s task signals (once per process)."""
-    if reporter is None:
-        reporter = Reporter(Settings.from_env(redis_url=app.conf.broker_url))
-    _installed.append(reporter)
+    """Connects the reporter to ``app``'s task signals.
+
+    Call it where the app is created. Only a Celery worker of ``app``
+    reports: its settings (``QBRIDGE_OUTCOMES``, ``QBRIDGE_ROUTE``, see
+    ``settings``) are read when the worker starts (``worker_init``), not at
+    import, so the producers and qbridge's task runner, which import the
+    same module, need none and report nothing (the runner's outcomes are
+    the Postgres side's, recorded by qbridge itself). A worker started
+    without them stops at once with the one-line reason: a fleet that
+    silently reported nothing would hold the gates shut with no cause shown.
+    ``reporter``: one made already (tests); it reports from the start.
+    """
+    state = {"reporter": reporter}
+    if reporter is not None:
+        _installed.append(reporter)
+
+    def start(sender=None, **_):
+        if getattr(sender, "app", app) is not app or state["reporter"] is not None:
+            return
+        try:
+            made = Reporter(Settings.from_env(redis_url=app.conf.broker_url))
+        except SettingsError as e:
+            # SystemExit, not an exception: Celery logs and swallows those
+            # a signal handler raises, and the worker would run unreported.
+            raise SystemExit(f"qbridge reporter: {e}") from None
+        state["reporter"] = made
+        _installed.append(made)
+
+    def report(key, outcome, detail):
+        if state["reporter"] is not None:
+            state["reporter"].report(key, outcome, detail)
 
     def ok(sender=None, result=None, **_):
-        reporter.report(sender.request.id, "ok", canonical(result))
+        report(sender.request.id, "ok", canonical(result))
 
     def retried(request=None, reason=None, **_):
-        reporter.report(getattr(request, "id", None), "failed", type(reason).__name__)
+        report(getattr(request, "id", None), "failed", type(reason).__name__)
 
     def failed(task_id=None, exception=None, **_):
-        reporter.report(task_id, "dead", type(exception).__name__)
+        report(task_id, "dead", type(exception).__name__)
 
     def revoked(request=None, **_):
-        reporter.report(getattr(request, "id", None), "dead", "revoked")
+        report(getattr(request, "id", None), "dead", "revoked")
+
+    def close(**_):
+        if state["reporter"] is not None:
+            state["reporter"].close()
+
+    def flush(**_):
+        if state["reporter"] is not None:
+            state["reporter"].flush()
 
     # weak=False: the handlers are closures that would be collected at once.
+    signals.worker_init.connect(start, weak=False)
     signals.task_success.connect(ok, weak=False)
     signals.task_retry.connect(retried, weak=False)
     signals.task_failure.connect(failed, weak=False)
     signals.task_revoked.connect(revoked, weak=False)
-    signals.worker_shutdown.connect(lambda **_: reporter.close(), weak=False)
+    signals.worker_shutdown.connect(close, weak=False)
     # A prefork child exits with os._exit: it flushes (or records) first.
-    signals.worker_process_shutdown.connect(lambda **_: reporter.flush(), weak=False)
+    signals.worker_process_shutdown.connect(flush, weak=False)
     return reporter
 
 

@@ -115,5 +115,45 @@ class CeleryReporterTest(unittest.TestCase):
         self.assertEqual(by_key[broken.id], [("dead", "ValueError")])
 
 
+class CeleryReporterSettingsTest(unittest.TestCase):
+    """``report_outcomes(app)`` where the app is created: the producers and
+    qbridge's runner import that module too and need no reporter settings;
+    a worker does, and stops at once without them."""
+
+    APP = (
+        "from celery import Celery\n"
+        "from qbridge_adapters.celery import report_outcomes\n"
+        "app = Celery('reporting_app', broker={broker!r})\n"
+        "report_outcomes(app)\n"
+        "@app.task\n"
+        "def add(a, b):\n"
+        "    return a + b\n"
+    )
+
+    def run_with_app(self, args, timeout=60):
+        import tempfile
+
+        from support import REDIS_URL
+
+        with tempfile.TemporaryDirectory() as where:
+            with open(os.path.join(where, "reporting_app.py"), "w") as f:
+                f.write(self.APP.format(broker=REDIS_URL))
+            env = {k: v for k, v in os.environ.items() if not k.startswith("QBRIDGE_")}
+            env["PYTHONPATH"] = os.pathsep.join([where, os.path.dirname(HERE)])
+            return subprocess.run([sys.executable, *args], cwd=where, env=env, capture_output=True, timeout=timeout)
+
+    def test_a_producer_imports_the_app_without_reporter_settings(self):
+        done = self.run_with_app(["-c", "import reporting_app; print(reporting_app.add.name)"])
+        self.assertEqual(done.returncode, 0, done.stderr.decode())
+        self.assertEqual(done.stdout.decode().strip(), "reporting_app.add")
+
+    def test_a_worker_without_reporter_settings_stops_with_the_reason(self):
+        queue = "qbt_" + uuid.uuid4().hex[:10]
+        done = self.run_with_app(["-m", "celery", "-A", "reporting_app", "worker", "--pool", "solo", "-Q", queue])
+        output = (done.stdout + done.stderr).decode()
+        self.assertNotEqual(done.returncode, 0, output)
+        self.assertIn("qbridge reporter: QBRIDGE_OUTCOMES is not set", output)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -122,6 +122,17 @@ class ReporterTest < Minitest::Test
     assert_equal 2, r.delivered
   end
 
+  # Producers and qbridge-sidekiq-runner load the fleet's file too: outside
+  # a Sidekiq server report_outcomes! reads no settings and adds nothing.
+  def test_a_process_that_is_not_a_sidekiq_server_needs_no_settings
+    lib = File.expand_path("../lib", __dir__)
+    env = ENV.to_h.reject { |k, _| k.start_with?("QBRIDGE_") }
+    script = 'require "qbridge/sidekiq"; p Qbridge::Sidekiq.report_outcomes!'
+    out = IO.popen([env, RbConfig.ruby, "-I", lib, "-e", script, err: %i[child out]], unsetenv_others: true, &:read)
+    assert $?.success?, out
+    assert_equal "nil", out.strip
+  end
+
   def test_missing_settings_name_the_variable
     err = assert_raises(Qbridge::SettingsError) { Qbridge::Settings.from_env("QBRIDGE_ROUTE" => "r") }
     assert_match(/QBRIDGE_OUTCOMES is not set/, err.message)

@@ -23,11 +23,17 @@ require_relative "version"
 
 module Qbridge
   module Sidekiq
-    def self.report_outcomes!(settings = Settings.from_env)
-      reporter = Reporter.new(settings, redis: ::Sidekiq.method(:redis), logger: ::Sidekiq.logger)
+    # Only a Sidekiq server reports, and only it reads the settings
+    # (QBRIDGE_*): Sidekiq runs configure_server's block in the server alone,
+    # so producers and qbridge-sidekiq-runner, which load the same file,
+    # need none. A server without them fails at its start, naming the
+    # variable. Returns the reporter in a server, nil elsewhere.
+    def self.report_outcomes!(settings = nil)
+      reporter = nil
       # Sidekiq 7 and 8: each capsule copies this chain when it first runs a
       # job (after boot), so one reporter added here covers every capsule.
       ::Sidekiq.configure_server do |config|
+        reporter = Reporter.new(settings || Settings.from_env, redis: ::Sidekiq.method(:redis), logger: ::Sidekiq.logger)
         config.server_middleware { |chain| chain.add(ReportOutcome, reporter) }
         config.on(:shutdown) { reporter.flush(5) }
       end
