@@ -4,6 +4,9 @@
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 
+mod zero;
+pub use zero::zero_series;
+
 pub const JOBS_READY: &str = "qbridge_jobs_ready";
 pub const JOBS_RUNNING: &str = "qbridge_jobs_running";
 pub const JOBS_SCHEDULED: &str = "qbridge_jobs_scheduled";

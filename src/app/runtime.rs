@@ -66,6 +66,16 @@ impl Runtime {
     /// Runs until `stop` is cancelled, then shuts down gracefully.
     pub async fn run_until_stopped(self, stop: CancellationToken) -> Result<RuntimeReport> {
         let cfg = &self.config;
+        crate::metrics::zero_series(
+            &cfg.routes
+                .iter()
+                .map(|r| r.name.clone())
+                .collect::<Vec<_>>(),
+            &cfg.pools
+                .iter()
+                .flat_map(|p| p.queues.iter().cloned())
+                .collect::<Vec<_>>(),
+        );
         let mut services = Services::new();
         maintenance::start_history(&mut services, cfg, &self.db).await?;
         let mut redis_side =

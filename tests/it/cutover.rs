@@ -12,7 +12,7 @@ mod gate_noise;
 mod gradual;
 mod held_and_delayed;
 mod planted;
-mod rig;
+pub(crate) mod rig;
 mod rollback;
 mod rq_jobs;
 mod rq_scheduled;

@@ -25,6 +25,7 @@ mod http_enqueue;
 mod keys;
 mod lock_key;
 mod maintenance;
+mod metrics_exported;
 mod mirror;
 mod outage;
 mod outcomes;
