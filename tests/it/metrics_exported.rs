@@ -14,6 +14,7 @@ use crate::cutover::rig::{Options, Rig};
 fn documented() -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/src");
+    let re = regex::Regex::new(r"qbridge_[a-z_]+").unwrap();
     let mut stack = vec![std::path::PathBuf::from(dir)];
     while let Some(path) = stack.pop() {
         for entry in std::fs::read_dir(&path).unwrap() {
@@ -26,7 +27,6 @@ fn documented() -> BTreeSet<String> {
                 continue;
             }
             let text = std::fs::read_to_string(&path).unwrap();
-            let re = regex::Regex::new(r"qbridge_[a-z_]+").unwrap();
             for m in re.find_iter(&text) {
                 let name = m.as_str();
                 if name.ends_with('_') || NOT_METRICS.contains(&name) {
