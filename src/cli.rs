@@ -381,6 +381,13 @@ pub struct DemoArgs {
     /// tasks sent with priorities, and the route's priority_steps to match.
     #[arg(long, value_delimiter = ',')]
     pub priority_steps: Option<Vec<u8>>,
+    /// With --framework: rehearse with the route's default gate settings
+    /// (a 10-minute window, 100 jobs, 30 s settle) and a paced producer
+    /// (about 4 jobs/s, a countdown job every few seconds due 15-60 s
+    /// later), and print how long each gate waited and on what: how long
+    /// the migration week's walk really takes. Takes 30-45 minutes.
+    #[arg(long, requires = "framework")]
+    pub realistic: bool,
 }
 
 /// `qbridge import`

@@ -55,6 +55,7 @@ pub async fn dispatch(cli: Cli) -> Result<()> {
                 key_prefix: args.key_prefix.clone(),
                 priority_steps: args.priority_steps.clone(),
             },
+            realistic: args.realistic,
         })
         .await;
     }

@@ -48,6 +48,18 @@ pub struct PhaseTime {
     pub seconds: f64,
 }
 
+/// How long one advance waited for its gate, and what held it: what a team
+/// plans its migration week by.
+#[derive(Debug, Clone, Serialize)]
+pub struct GateWait {
+    /// `dual_write → shadow`, …
+    pub gate: String,
+    pub seconds: f64,
+    pub forced: bool,
+    /// The checks that refused at the first try (none: passed at once).
+    pub held_by: Vec<String>,
+}
+
 /// What the drill did.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
@@ -85,6 +97,7 @@ pub(super) struct Drill {
     rollbacks: u32,
     phase_started: Instant,
     pub(super) phases: Vec<PhaseTime>,
+    pub(super) gate_waits: Vec<GateWait>,
 }
 
 impl Drill {
@@ -137,6 +150,7 @@ impl Drill {
             rollbacks: 0,
             phase_started: Instant::now(),
             phases: Vec::new(),
+            gate_waits: Vec::new(),
         }
     }
 
@@ -178,6 +192,7 @@ impl Drill {
         let from = self.routes.phase(&self.route);
         let started = Instant::now();
         let mut refused_once = false;
+        let mut held_by = Vec::new();
         loop {
             let force = started.elapsed() > patience;
             let req = Request {
@@ -196,6 +211,12 @@ impl Drill {
                     if done.forced {
                         self.forced += 1;
                     }
+                    self.gate_waits.push(GateWait {
+                        gate: format!("{} → {}", done.gate.from, done.gate.to),
+                        seconds: started.elapsed().as_secs_f64(),
+                        forced: done.forced,
+                        held_by: std::mem::take(&mut held_by),
+                    });
                     self.close_phase(from);
                     self.say(&format!(
                         "-> {} → {}{}",
@@ -219,6 +240,12 @@ impl Drill {
                 Err(Refusal::Gate(gate)) => {
                     if !refused_once {
                         refused_once = true;
+                        held_by = gate
+                            .checks
+                            .iter()
+                            .filter(|c| !c.passed)
+                            .map(|c| c.name.clone())
+                            .collect();
                         self.say(&format!(
                             "   gate {} → {} refuses for now:\n{}",
                             gate.from,

@@ -20,6 +20,7 @@
 mod adapters;
 mod framework;
 mod keys;
+mod realistic;
 mod ruby;
 mod summary;
 
@@ -57,6 +58,8 @@ pub struct FleetOptions {
     pub keys: FleetKeys,
     pub step: Duration,
     pub as_json: bool,
+    /// Default gate settings and a paced producer (`--realistic`).
+    pub realistic: bool,
 }
 
 /// What the framework's producers pushed: job keys, and how many of them
@@ -94,8 +97,17 @@ impl Fleet {
     /// gates' `min_jobs` (20): the producer's interpreter start sets the
     /// pace (Celery's import took 2 s on a busy 2-core machine, and 8 jobs
     /// a run left the shadow gate 8 to 16 jobs a window, forcing it).
-    fn traffic(&self) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    fn traffic(&self, realistic: bool) -> (CancellationToken, tokio::task::JoinHandle<()>) {
         let stop = CancellationToken::new();
+        if realistic {
+            let task = realistic::paced(
+                (self.framework, self.env.clone()),
+                self.produced.clone(),
+                Arc::clone(&self.counter),
+                stop.clone(),
+            );
+            return (stop, task);
+        }
         let (fw, env, produced, counter) = (
             self.framework,
             self.env.clone(),
@@ -206,7 +218,7 @@ pub async fn run(database_url: &str, redis_url: &str, opts: &FleetOptions) -> Re
         &name,
         &runner_url,
         (proxy_port, http_port),
-        opts.step,
+        realistic::route_tuning(opts.realistic, opts.step),
     )?;
     let config = with_servers(toml, database_url, redis_url)?;
     let db = crate::db::connect(database_url, 6).await?;
@@ -355,13 +367,13 @@ async fn start_process(
 /// have run.
 async fn walk(drill: &mut Drill, fleet: &Fleet, opts: &FleetOptions) -> Result<()> {
     let step = opts.step;
-    let patience = step * 6;
+    let patience = realistic::patience(opts.realistic, step);
     let fw = fleet.framework.name();
     drill.say(&format!(
         "route {}: {fw}'s queue {} → Postgres queue {}; {fw}'s own client pushes through the proxy, {fw}'s own worker runs the Redis side and reports outcomes (POST /v1/outcomes)",
         drill.route.name, fleet.env.queue, drill.route.queue
     ));
-    let (traffic, traffic_task) = fleet.traffic();
+    let (traffic, traffic_task) = fleet.traffic(opts.realistic);
     let walked = async {
         drill.say(&format!("== redis_only: {fw} alone"));
         drill.hold(step).await;
@@ -428,12 +440,11 @@ fn fleet_config(
     name: &str,
     handler_url: &str,
     (proxy_port, http_port): (u16, u16),
-    step: Duration,
+    tuning: String,
 ) -> Result<String> {
     let (_, format) = fw.route_key(name);
     let redis_key = keys.redis_key(fw, name);
     let key_lines = keys.route_lines();
-    let step = step.as_secs_f64();
     Ok(format!(
         r#"max_connections = 12
 shutdown_deadline = "5s"
@@ -451,10 +462,7 @@ format = "{format}"
 redis_side = "fleet"
 handler = {{ type = "http", url = "{handler_url}" }}
 pool = {{ poll_interval = "100ms", concurrency = 8 }}
-shadow = {{ noise_sample = 0.05 }}
-diff = {{ settle = "2s", ignore_fields = ["/processed_at"] }}
-gates = {{ window = "{step}s", min_jobs = 20, ack_tolerance = 0.2, quiet_period = "2s", max_postgres_lag = "5s" }}
-"#
+{tuning}"#
     ))
 }
 

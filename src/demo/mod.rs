@@ -45,6 +45,8 @@ pub struct DemoInput {
     pub ruby_lib: Option<String>,
     /// The fleet's key options (`--key-prefix`, `--priority-steps`).
     pub keys: FleetKeys,
+    /// `--realistic`: default gates and a paced producer.
+    pub realistic: bool,
 }
 
 /// The default URLs, as the quickstart and docker-compose use them.
@@ -183,6 +185,7 @@ pub async fn run(input: DemoInput) -> Result<()> {
             keys: input.keys.clone(),
             step: input.step,
             as_json: input.as_json,
+            realistic: input.realistic,
         };
         let result = fleet::run(&db_url, &servers.redis_url, &opts).await;
         drop_database(&servers.database_url, &db_name).await;

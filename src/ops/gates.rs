@@ -29,6 +29,7 @@ use crate::ops::redis_view;
 use crate::routes::Route;
 
 mod acks;
+mod completeness;
 
 /// One measured condition.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -215,7 +216,7 @@ async fn dual_write_checks(
     checks.push(check(
         "mirror completeness",
         d.mirror_completeness >= g.mirror_completeness,
-        format!("{:.4}%", d.mirror_completeness * 100.0),
+        completeness::value(&d),
         format!(">= {:.4}%", g.mirror_completeness * 100.0),
     ));
     checks.push(both_sides_check(d.ran_both_sides));

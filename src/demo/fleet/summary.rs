@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::Framework;
-use crate::demo::drill::{Drill, PhaseTime};
+use crate::demo::drill::{Drill, GateWait, PhaseTime};
 use crate::demo::handler::Ledger;
 use crate::error::{Error, Result};
 
@@ -38,6 +38,8 @@ pub struct FleetSummary {
     pub lost_keys: Vec<String>,
     pub forced_advances: u32,
     pub phases: Vec<PhaseTime>,
+    /// Each advance: how long its gate kept it waiting, and on what.
+    pub gate_waits: Vec<GateWait>,
     pub seconds: f64,
 }
 
@@ -75,6 +77,7 @@ pub(super) fn tally(
         duplicate_keys: twice.into_iter().take(10).collect(),
         lost_keys: lost.into_iter().take(10).collect(),
         forced_advances: drill.forced,
+        gate_waits: drill.gate_waits,
         phases: drill.phases,
         seconds: started.elapsed().as_secs_f64(),
     }
@@ -111,6 +114,15 @@ pub fn report(s: &FleetSummary, servers: String, as_json: bool) -> Result<()> {
         println!("duplicates (run live twice): {}", s.duplicates);
         println!("lost: {}", s.lost);
         println!("advances forced past a gate: {}", s.forced_advances);
+        println!("gate waits:");
+        for w in &s.gate_waits {
+            let held = match w.held_by.is_empty() {
+                true => "passed at once".to_string(),
+                false => format!("held by: {}", w.held_by.join(", ")),
+            };
+            let forced = if w.forced { " (forced)" } else { "" };
+            println!("  {:<34} {:>7.0}s{forced}  {held}", w.gate, w.seconds);
+        }
         crate::demo::drill::print_times(&s.phases, s.seconds);
     }
     if failed {

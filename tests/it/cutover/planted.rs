@@ -74,6 +74,11 @@ async fn planted_discrepancies_show_up_block_the_gate_and_repair_fills_them(pool
             let failed = gate.failures();
             assert!(failed.contains("mirror completeness"), "{failed}");
             assert!(failed.contains("90.9091%"), "10 of 11 mirrored: {failed}");
+            assert!(
+                failed.contains("1 of 11 Redis-side jobs have no Postgres copy: 1 waiting")
+                    && failed.contains("e.g. dropped"),
+                "which jobs, and what to do: {failed}"
+            );
         }
         other => panic!("the gate must refuse: {:?}", other.map(|a| a.state)),
     }
