@@ -57,7 +57,7 @@ pub(super) fn paced(
             if let Err(e) = push(fw, &env, &produced, &counter, 4, None).await {
                 tracing::warn!(error = %e, "demo: the producer failed; trying again");
             }
-            if tick % 5 == 0 {
+            if tick.is_multiple_of(5) {
                 let due = Duration::from_secs(15 + (tick * 7) % 46);
                 if let Err(e) = push(fw, &env, &produced, &counter, 1, Some(due)).await {
                     tracing::warn!(error = %e, "demo: the producer failed; trying again");
