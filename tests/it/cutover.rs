@@ -20,3 +20,24 @@ mod rq_unique;
 mod shadow_test;
 mod sidekiq_scheduled;
 mod watch;
+
+/// `qbridge import` of `route` (in `phase`) now, as the command runs it; the
+/// line of the structure keyed `key`, with the whole report for messages.
+pub(crate) async fn import_line(
+    pool: &sqlx::PgPool,
+    conn: &mut ::redis::aio::ConnectionManager,
+    route: &qbridge::routes::Route,
+    phase: qbridge::model::Phase,
+    key: &str,
+) -> (qbridge::ops::import::StructureImport, String) {
+    let report = qbridge::ops::import::import(pool, conn, route, phase, false, 1 << 20, |_, _| {})
+        .await
+        .unwrap();
+    let text = format!("{report:?}");
+    let line = report
+        .structures
+        .into_iter()
+        .find(|s| s.key == key)
+        .unwrap_or_else(|| panic!("no line for {key}: {text}"));
+    (line, text)
+}

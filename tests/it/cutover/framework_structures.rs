@@ -501,23 +501,15 @@ async fn a_job_in_a_reliable_fetchs_private_list_is_counted_and_holds_decommissi
     // The importer copies the held job as a mirror copy (the worker runs
     // it; Postgres never does without evidence), once.
     for (run, new) in [(1, 1), (2, 0)] {
-        let report = qbridge::ops::import::import(
+        let (line, report) = super::import_line(
             &pool,
             &mut conn,
             &route,
             Phase::PostgresOnly,
-            false,
-            1 << 20,
-            |_, _| {},
+            "working:queue:default:*",
         )
-        .await
-        .unwrap();
-        let line = report
-            .structures
-            .iter()
-            .find(|s| s.key == "working:queue:default:*")
-            .unwrap_or_else(|| panic!("run {run}: {report:?}"));
-        assert_eq!((line.found, line.new), (1, new), "run {run}: {report:?}");
+        .await;
+        assert_eq!((line.found, line.new), (1, new), "run {run}: {report}");
     }
     let copies: Vec<String> =
         sqlx::query_scalar("SELECT copy FROM qbridge.job_keys WHERE queue = 'mail'")

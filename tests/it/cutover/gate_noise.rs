@@ -15,6 +15,23 @@ use qbridge::ops::{gates, operate};
 
 use super::rig::{Options, Rig};
 
+/// The shadow gate's ack check of `route` as it reads now.
+async fn ack_check(
+    pool: &PgPool,
+    conn: &mut ::redis::aio::ConnectionManager,
+    route: &qbridge::routes::Route,
+) -> gates::Check {
+    let state = operate::state_of(pool, route, "test@ops").await.unwrap();
+    let gate = gates::evaluate(pool, Some(conn), route, &state)
+        .await
+        .unwrap()
+        .expect("a gate out of shadow");
+    gate.checks
+        .into_iter()
+        .find(|c| c.name == "ack counts")
+        .expect("the ack check")
+}
+
 async fn ack_check_holds_steady_at(pool: PgPool, per_second: u32) {
     let mut rig = Rig::new(
         &pool,
@@ -52,17 +69,7 @@ async fn ack_check_holds_steady_at(pool: PgPool, per_second: u32) {
     let mut conn = rig.redis().await;
     let mut verdicts = Vec::new();
     while started.elapsed() < Duration::from_secs(22) {
-        let state = operate::state_of(&pool, &route, "test@ops").await.unwrap();
-        let gate = gates::evaluate(&pool, Some(&mut conn), &route, &state)
-            .await
-            .unwrap()
-            .expect("a gate out of shadow");
-        let ack = gate
-            .checks
-            .iter()
-            .find(|c| c.name == "ack counts")
-            .expect("the ack check")
-            .clone();
+        let ack = ack_check(&pool, &mut conn, &route).await;
         verdicts.push((ack.passed, ack.value));
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -146,16 +153,7 @@ async fn live_runs_after_a_rollback_do_not_hold_the_ack_check(pool: PgPool) {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let route = rig.route();
     let mut conn = rig.redis().await;
-    let state = operate::state_of(&pool, &route, "test@ops").await.unwrap();
-    let gate = gates::evaluate(&pool, Some(&mut conn), &route, &state)
-        .await
-        .unwrap()
-        .expect("a gate out of shadow");
-    let ack = gate
-        .checks
-        .iter()
-        .find(|c| c.name == "ack counts")
-        .expect("the ack check");
+    let ack = ack_check(&pool, &mut conn, &route).await;
     assert!(ack.passed, "{ack:?}");
     assert!(
         ack.value.starts_with("redis 10, postgres 10 of 10"),

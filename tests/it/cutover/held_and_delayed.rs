@@ -24,7 +24,7 @@ use qbridge::cutover::store::RouteState;
 use qbridge::model::structures::Holding;
 use qbridge::model::Phase;
 use qbridge::ops::operate::{self, Request};
-use qbridge::ops::{gates, import, structures};
+use qbridge::ops::{gates, structures};
 use qbridge::redis::connect::connect_redis;
 use qbridge::routes::{Route, Routes};
 
@@ -142,26 +142,12 @@ async fn countdown_tasks_a_celery_worker_holds_are_counted_gated_imported_as_mir
         "{}",
         diff.verdict
     );
-    let report = import::import(
-        &pool,
-        &mut conn,
-        &route,
-        Phase::PostgresOnly,
-        false,
-        1 << 20,
-        |_, _| {},
-    )
-    .await
-    .unwrap();
-    let line = report
-        .structures
-        .iter()
-        .find(|s| s.key == "unacked")
-        .unwrap();
+    let (line, report) =
+        super::import_line(&pool, &mut conn, &route, Phase::PostgresOnly, "unacked").await;
     assert_eq!(
         (line.found, line.new, line.not_copied),
         (3, 3, 0),
-        "{report:?}"
+        "{report}"
     );
     // Mirror copies, due at the ETA, as if the push had come through the
     // proxy: the diff can match the worker's run when it comes.
@@ -181,23 +167,9 @@ async fn countdown_tasks_a_celery_worker_holds_are_counted_gated_imported_as_mir
         let ahead = due_at.expect("due at the ETA") - chrono::Utc::now();
         assert!(ahead > chrono::Duration::minutes(59), "{key}: {due_at:?}");
     }
-    let again = import::import(
-        &pool,
-        &mut conn,
-        &route,
-        Phase::PostgresOnly,
-        false,
-        1 << 20,
-        |_, _| {},
-    )
-    .await
-    .unwrap();
-    let line = again
-        .structures
-        .iter()
-        .find(|s| s.key == "unacked")
-        .unwrap();
-    assert_eq!((line.new, line.known), (0, 3), "{again:?}");
+    let (line, again) =
+        super::import_line(&pool, &mut conn, &route, Phase::PostgresOnly, "unacked").await;
+    assert_eq!((line.new, line.known), (0, 3), "{again}");
 
     // A forced decommission leaves them to the worker that holds them.
     let carried = force_decommission(&pool, &mut conn, &route).await;
