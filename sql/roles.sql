@@ -24,6 +24,11 @@
 
 CREATE ROLE qbridge_migrator LOGIN;
 CREATE ROLE qbridge_runtime LOGIN;
+-- qbridge_reporter is what a fleet's SQL reporting connects as
+-- (QBRIDGE_OUTCOMES=postgres://qbridge_reporter@…): it may call
+-- qbridge.report_outcome, which records an outcome with its owner's rights,
+-- and holds no privilege on any table. Give it a password like the others.
+CREATE ROLE qbridge_reporter LOGIN;
 
 CREATE SCHEMA IF NOT EXISTS qbridge AUTHORIZATION qbridge_migrator;
 -- The first migration says CREATE SCHEMA IF NOT EXISTS, which PostgreSQL
@@ -33,6 +38,7 @@ DO $$ BEGIN
 END $$;
 ALTER ROLE qbridge_migrator SET search_path = qbridge;
 ALTER ROLE qbridge_runtime SET search_path = qbridge;
+ALTER ROLE qbridge_reporter SET search_path = qbridge;
 
 GRANT USAGE ON SCHEMA qbridge TO qbridge_runtime;
 -- Whatever the migrator creates from now on is usable, not ownable, by the runtime.
@@ -42,3 +48,9 @@ ALTER DEFAULT PRIVILEGES FOR ROLE qbridge_migrator IN SCHEMA qbridge
     GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO qbridge_runtime;
 ALTER DEFAULT PRIVILEGES FOR ROLE qbridge_migrator IN SCHEMA qbridge
     GRANT EXECUTE ON FUNCTIONS TO qbridge_runtime;
+-- The reporter sees the schema and may execute its functions; without a
+-- table privilege only qbridge.report_outcome (a definer function) does
+-- anything for it.
+GRANT USAGE ON SCHEMA qbridge TO qbridge_reporter;
+ALTER DEFAULT PRIVILEGES FOR ROLE qbridge_migrator IN SCHEMA qbridge
+    GRANT EXECUTE ON FUNCTIONS TO qbridge_reporter;

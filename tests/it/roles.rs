@@ -144,3 +144,92 @@ async fn the_runtime_role_runs_jobs_and_can_change_no_schema() {
     }
     admin.close().await;
 }
+
+/// `sql/roles.sql`'s reporter role: what a fleet's SQL reporting connects
+/// as. It can report outcomes through `qbridge.report_outcome` and nothing
+/// else: no table to read or write (the runtime role's full DML was what
+/// SQL reporting needed before).
+#[tokio::test]
+async fn the_reporter_role_reports_outcomes_and_reads_or_writes_no_table() {
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
+    let (db, migrator, runtime, reporter) = (
+        format!("qb_rep_{id}"),
+        format!("qbridge_migrator_{id}"),
+        format!("qbridge_runtime_{id}"),
+        format!("qbridge_reporter_{id}"),
+    );
+    let admin = pool(ADMIN).await;
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let on_db = pool(&format!("postgres://postgres@127.0.0.1:5432/{db}")).await;
+    let script = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sql/roles.sql"))
+        .unwrap()
+        .replace("qbridge_migrator", &migrator)
+        .replace("qbridge_runtime", &runtime)
+        .replace("qbridge_reporter", &reporter);
+    sqlx::raw_sql(&script)
+        .execute(&on_db)
+        .await
+        .expect("roles.sql");
+    let out = qbridge(&[
+        "migrate",
+        "--database-url",
+        &format!("postgres://{migrator}@127.0.0.1:5432/{db}"),
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let rep = pool(&format!("postgres://{reporter}@127.0.0.1:5432/{db}")).await;
+    let id: i64 =
+        sqlx::query_scalar("SELECT qbridge.report_outcome('emails', 'jid-1', 'ok', 'sent')")
+            .fetch_one(&rep)
+            .await
+            .expect("the reporter reports");
+    assert!(id > 0);
+    let stored: (String, String, String) =
+        sqlx::query_as("SELECT key, side, outcome FROM qbridge.outcomes WHERE id = $1")
+            .bind(id)
+            .fetch_one(&on_db)
+            .await
+            .unwrap();
+    assert_eq!(stored, ("jid-1".into(), "redis".into(), "ok".into()));
+    for sql in [
+        "SELECT count(*) FROM qbridge.outcomes",
+        "SELECT count(*) FROM qbridge.jobs",
+        "INSERT INTO qbridge.outcomes (queue, key, side, mode, outcome) VALUES ('q', 'k', 'redis', 'live', 'ok')",
+        "DELETE FROM qbridge.held_repushes",
+        "UPDATE qbridge.route_phases SET phase = 'decommissioned'",
+    ] {
+        let err = sqlx::query(sql).execute(&rep).await.unwrap_err();
+        assert!(err.to_string().contains("permission denied"), "{sql}: {err}");
+    }
+    // Bad input is still a one-line refusal, not a stored row.
+    let err = sqlx::query("SELECT qbridge.report_outcome('emails', 'jid-2', 'maybe')")
+        .execute(&rep)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("outcome must be ok, failed or dead"),
+        "{err}"
+    );
+    rep.close().await;
+    on_db.close().await;
+    sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    for role in [&reporter, &runtime, &migrator] {
+        sqlx::query(&format!("DROP ROLE {role}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+    admin.close().await;
+}
