@@ -423,7 +423,9 @@ fn structures_check(held: &redis_view::RedisView) -> Check {
         } else {
             left.join("; ")
         },
-        "none (let the fleet run them; --force carries them into Postgres: docs/src/runbook/frameworks.md)"
+        "none (let the fleet run them; --force carries what qbridge can take without the fleet \
+         into Postgres and leaves the rest, such as tasks a worker holds, in Redis: \
+         docs/src/runbook/frameworks.md)"
             .into(),
     )
 }

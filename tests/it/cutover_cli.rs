@@ -339,7 +339,8 @@ async fn a_refused_advance_prints_the_failing_numbers_and_force_needs_a_reason(p
         "{text}"
     );
     assert!(
-        text.contains("mirror completeness: 66.6667% (needs >= 99.9900%)"),
+        text.contains("mirror completeness: 66.6667% (1 of 3 Redis-side jobs have no Postgres copy: 1 waiting")
+            && text.contains("(needs >= 99.9900%)"),
         "{text}"
     );
     assert_eq!(s.stored_phase(&pool).await, Phase::DualWrite);

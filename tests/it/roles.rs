@@ -24,10 +24,11 @@ async fn pool(url: &str) -> PgPool {
 #[tokio::test]
 async fn the_runtime_role_runs_jobs_and_can_change_no_schema() {
     let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
-    let (db, migrator, runtime) = (
+    let (db, migrator, runtime, reporter) = (
         format!("qb_roles_{id}"),
         format!("qbridge_migrator_{id}"),
         format!("qbridge_runtime_{id}"),
+        format!("qbridge_reporter_{id}"),
     );
     let admin = pool(ADMIN).await;
     sqlx::query(&format!("CREATE DATABASE {db}"))
@@ -38,7 +39,8 @@ async fn the_runtime_role_runs_jobs_and_can_change_no_schema() {
     let script = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sql/roles.sql"))
         .unwrap()
         .replace("qbridge_migrator", &migrator)
-        .replace("qbridge_runtime", &runtime);
+        .replace("qbridge_runtime", &runtime)
+        .replace("qbridge_reporter", &reporter);
     sqlx::raw_sql(&script)
         .execute(&on_db)
         .await
@@ -136,7 +138,7 @@ async fn the_runtime_role_runs_jobs_and_can_change_no_schema() {
         .execute(&admin)
         .await
         .unwrap();
-    for role in [&runtime, &migrator] {
+    for role in [&reporter, &runtime, &migrator] {
         sqlx::query(&format!("DROP ROLE {role}"))
             .execute(&admin)
             .await
