@@ -21,30 +21,78 @@ async fn pool(url: &str) -> PgPool {
         .expect("connects")
 }
 
+/// A database of the test's own with `sql/roles.sql` run on it, the roles
+/// named apart (roles are cluster-wide) and dropped with it.
+struct Roles {
+    admin: PgPool,
+    on_db: PgPool,
+    db: String,
+    migrator: String,
+    runtime: String,
+    reporter: String,
+}
+
+impl Roles {
+    async fn create(prefix: &str) -> Roles {
+        let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
+        let db = format!("{prefix}_{id}");
+        let (migrator, runtime, reporter) = (
+            format!("qbridge_migrator_{id}"),
+            format!("qbridge_runtime_{id}"),
+            format!("qbridge_reporter_{id}"),
+        );
+        let admin = pool(ADMIN).await;
+        sqlx::query(&format!("CREATE DATABASE {db}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let on_db = pool(&format!("postgres://postgres@127.0.0.1:5432/{db}")).await;
+        let script = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sql/roles.sql"))
+            .unwrap()
+            .replace("qbridge_migrator", &migrator)
+            .replace("qbridge_runtime", &runtime)
+            .replace("qbridge_reporter", &reporter);
+        sqlx::raw_sql(&script)
+            .execute(&on_db)
+            .await
+            .expect("roles.sql");
+        Roles {
+            admin,
+            on_db,
+            db,
+            migrator,
+            runtime,
+            reporter,
+        }
+    }
+
+    async fn drop(self) {
+        self.on_db.close().await;
+        sqlx::query(&format!("DROP DATABASE {} WITH (FORCE)", self.db))
+            .execute(&self.admin)
+            .await
+            .unwrap();
+        for role in [&self.reporter, &self.runtime, &self.migrator] {
+            sqlx::query(&format!("DROP ROLE {role}"))
+                .execute(&self.admin)
+                .await
+                .unwrap();
+        }
+        self.admin.close().await;
+    }
+}
+
 #[tokio::test]
 async fn the_runtime_role_runs_jobs_and_can_change_no_schema() {
-    let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
-    let (db, migrator, runtime, reporter) = (
-        format!("qb_roles_{id}"),
-        format!("qbridge_migrator_{id}"),
-        format!("qbridge_runtime_{id}"),
-        format!("qbridge_reporter_{id}"),
-    );
-    let admin = pool(ADMIN).await;
-    sqlx::query(&format!("CREATE DATABASE {db}"))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let on_db = pool(&format!("postgres://postgres@127.0.0.1:5432/{db}")).await;
-    let script = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sql/roles.sql"))
-        .unwrap()
-        .replace("qbridge_migrator", &migrator)
-        .replace("qbridge_runtime", &runtime)
-        .replace("qbridge_reporter", &reporter);
-    sqlx::raw_sql(&script)
-        .execute(&on_db)
-        .await
-        .expect("roles.sql");
+    let Roles {
+        admin,
+        on_db,
+        db,
+        migrator,
+        runtime,
+        reporter,
+    } = Roles::create("qb_roles").await;
+    let id = &db[db.len() - 10..];
     let as_migrator = format!("postgres://{migrator}@127.0.0.1:5432/{db}");
     let as_runtime = format!("postgres://{runtime}@127.0.0.1:5432/{db}");
 
@@ -133,18 +181,16 @@ async fn the_runtime_role_runs_jobs_and_can_change_no_schema() {
         );
     }
     rt.close().await;
-    on_db.close().await;
-    sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
-        .execute(&admin)
-        .await
-        .unwrap();
-    for role in [&reporter, &runtime, &migrator] {
-        sqlx::query(&format!("DROP ROLE {role}"))
-            .execute(&admin)
-            .await
-            .unwrap();
+    Roles {
+        admin,
+        on_db,
+        db,
+        migrator,
+        runtime,
+        reporter,
     }
-    admin.close().await;
+    .drop()
+    .await;
 }
 
 /// `sql/roles.sql`'s reporter role: what a fleet's SQL reporting connects
@@ -153,28 +199,9 @@ async fn the_runtime_role_runs_jobs_and_can_change_no_schema() {
 /// SQL reporting needed before).
 #[tokio::test]
 async fn the_reporter_role_reports_outcomes_and_reads_or_writes_no_table() {
-    let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
-    let (db, migrator, runtime, reporter) = (
-        format!("qb_rep_{id}"),
-        format!("qbridge_migrator_{id}"),
-        format!("qbridge_runtime_{id}"),
-        format!("qbridge_reporter_{id}"),
-    );
-    let admin = pool(ADMIN).await;
-    sqlx::query(&format!("CREATE DATABASE {db}"))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let on_db = pool(&format!("postgres://postgres@127.0.0.1:5432/{db}")).await;
-    let script = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sql/roles.sql"))
-        .unwrap()
-        .replace("qbridge_migrator", &migrator)
-        .replace("qbridge_runtime", &runtime)
-        .replace("qbridge_reporter", &reporter);
-    sqlx::raw_sql(&script)
-        .execute(&on_db)
-        .await
-        .expect("roles.sql");
+    let roles = Roles::create("qb_rep").await;
+    let (on_db, db, migrator, reporter) =
+        (&roles.on_db, &roles.db, &roles.migrator, &roles.reporter);
     let out = qbridge(&[
         "migrate",
         "--database-url",
@@ -197,7 +224,7 @@ async fn the_reporter_role_reports_outcomes_and_reads_or_writes_no_table() {
     let stored: (String, String, String) =
         sqlx::query_as("SELECT key, side, outcome FROM qbridge.outcomes WHERE id = $1")
             .bind(id)
-            .fetch_one(&on_db)
+            .fetch_one(on_db)
             .await
             .unwrap();
     assert_eq!(stored, ("jid-1".into(), "redis".into(), "ok".into()));
@@ -222,16 +249,5 @@ async fn the_reporter_role_reports_outcomes_and_reads_or_writes_no_table() {
         "{err}"
     );
     rep.close().await;
-    on_db.close().await;
-    sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
-        .execute(&admin)
-        .await
-        .unwrap();
-    for role in [&reporter, &runtime, &migrator] {
-        sqlx::query(&format!("DROP ROLE {role}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-    }
-    admin.close().await;
+    roles.drop().await;
 }

@@ -390,3 +390,47 @@ pub async fn qbridge(args: &[&str]) -> std::process::Output {
         .await
         .expect("qbridge runs")
 }
+
+/// Runs one of `tests/python`'s scripts (`args[0]`, then its arguments)
+/// with `python` against `broker` and `queue` (`QBT_BROKER`, `QBT_QUEUE`),
+/// within 60 s: (success, stdout lines, stderr). The framework tests' one
+/// way of running a real client.
+pub async fn python_script(
+    python: &std::path::Path,
+    args: &[&str],
+    broker: &str,
+    queue: &str,
+) -> (bool, Vec<String>, String) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
+    let mut cmd = tokio::process::Command::new(python);
+    cmd.args(args)
+        .current_dir(dir)
+        .env("QBT_BROKER", broker)
+        .env("QBT_QUEUE", queue)
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("{} finished within 60 s", args[0]))
+        .unwrap_or_else(|e| panic!("{} runs: {e}", args[0]));
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    (
+        out.status.success(),
+        lines,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// [`python_script`] that must succeed: its stdout lines.
+pub async fn python_script_ok(
+    python: &std::path::Path,
+    args: &[&str],
+    broker: &str,
+    queue: &str,
+) -> Vec<String> {
+    let (ok, lines, stderr) = python_script(python, args, broker, queue).await;
+    assert!(ok, "{args:?} failed: {stderr}");
+    lines
+}

@@ -13,30 +13,6 @@ use crate::exactly_once::ProxySide;
 use crate::servers::ThrowawayRedis;
 use crate::support;
 
-const APP_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
-
-async fn send(broker: &str, queue: &str, form: &str, n: usize) -> Vec<String> {
-    let mut cmd = tokio::process::Command::new(support::python());
-    cmd.args(["celery_push_forms.py", form, &n.to_string()])
-        .current_dir(APP_DIR)
-        .env("QBT_BROKER", broker)
-        .env("QBT_QUEUE", queue)
-        .env("PYTHONDONTWRITEBYTECODE", "1");
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .expect("the Celery producer finished within 60 s")
-        .expect("the Celery producer runs");
-    assert!(
-        out.status.success(),
-        "celery_push_forms.py {form} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn celery_sends_in_multi_with_expiry_and_in_batches_are_mirrored_once(pool: PgPool) {
     let redis = ThrowawayRedis::start();
@@ -81,4 +57,11 @@ async fn celery_sends_in_multi_with_expiry_and_in_batches_are_mirrored_once(pool
     assert_eq!(waiting, 12, "Redis holds each task once");
     assert!(ttl > 0, "kombu's PEXPIRE reached Redis: {ttl}");
     side.stop().await;
+}
+
+/// Sends `n` tasks in `form` with real Celery through `broker`; their ids.
+async fn send(broker: &str, queue: &str, form: &str, n: usize) -> Vec<String> {
+    let n = n.to_string();
+    let args = ["celery_push_forms.py", form, n.as_str()];
+    support::python_script_ok(&support::python(), &args, broker, queue).await
 }

@@ -11,30 +11,6 @@ use qbridge::redis::connect::connect_redis;
 use crate::exactly_once::{ProxySide, REDIS};
 use crate::support;
 
-const APP_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
-
-/// Enqueues `n` jobs with real RQ through `broker`; their ids.
-async fn enqueue(broker: &str, queue: &str, n: usize) -> Vec<String> {
-    let mut cmd = tokio::process::Command::new(support::python());
-    cmd.args(["rq_app.py", "produce", &n.to_string()])
-        .current_dir(APP_DIR)
-        .env("QBT_BROKER", broker)
-        .env("QBT_QUEUE", queue);
-    let out = tokio::time::timeout(std::time::Duration::from_secs(60), cmd.output())
-        .await
-        .expect("the RQ producer finished within 60 s")
-        .expect("the RQ producer runs");
-    assert!(
-        out.status.success(),
-        "RQ producer failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn an_rq_mirror_copy_carries_its_job_hash_byte_exact(pool: PgPool) {
     let id = uuid::Uuid::new_v4().simple().to_string();
@@ -93,4 +69,11 @@ async fn an_rq_mirror_copy_carries_its_job_hash_byte_exact(pool: PgPool) {
         .query_async(&mut redis)
         .await
         .unwrap();
+}
+
+/// Enqueues `n` jobs with real RQ through `broker`; their ids.
+async fn enqueue(broker: &str, queue: &str, n: usize) -> Vec<String> {
+    let n = n.to_string();
+    let args = ["rq_app.py", "produce", n.as_str()];
+    support::python_script_ok(&support::python(), &args, broker, queue).await
 }

@@ -18,32 +18,6 @@ use crate::exactly_once::ProxySide;
 use crate::servers::ThrowawayRedis;
 use crate::support;
 
-const APP_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
-
-/// Runs `rq_app.py args…` with `python` against `broker`; its output lines.
-async fn rq_app(python: &std::path::Path, broker: &str, queue: &str, args: &[&str]) -> Vec<String> {
-    let mut cmd = tokio::process::Command::new(python);
-    cmd.arg("rq_app.py")
-        .args(args)
-        .current_dir(APP_DIR)
-        .env("QBT_BROKER", broker)
-        .env("QBT_QUEUE", queue)
-        .env("PYTHONDONTWRITEBYTECODE", "1");
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .expect("the RQ app finished within 60 s")
-        .expect("the RQ app runs");
-    assert!(
-        out.status.success(),
-        "rq_app.py {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
 /// (route name, RQ queue name, the route's TOML in `phase`).
 fn route(phase: &str) -> (String, String, String) {
     let id = uuid::Uuid::new_v4().simple().to_string();
@@ -155,4 +129,13 @@ async fn rq_schedulers_move_after_the_flip_runs_the_job_live_once(pool: PgPool) 
     assert_eq!(waiting, 0, "the moves did not reach Redis's list");
     assert_eq!(ids.len(), 3);
     side.stop().await;
+}
+
+/// Runs `rq_app.py args…` with `python` against `broker`; its output lines.
+async fn rq_app(python: &std::path::Path, broker: &str, queue: &str, args: &[&str]) -> Vec<String> {
+    let args: Vec<&str> = ["rq_app.py"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    support::python_script_ok(python, &args, broker, queue).await
 }

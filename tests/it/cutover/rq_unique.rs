@@ -15,32 +15,6 @@ use crate::exactly_once::ProxySide;
 use crate::servers::ThrowawayRedis;
 use crate::support;
 
-const APP_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
-
-/// Runs `rq_app.py args…` against `broker`: (success, stdout lines, stderr).
-async fn rq_app(broker: &str, queue: &str, args: &[&str]) -> (bool, Vec<String>, String) {
-    let mut cmd = tokio::process::Command::new(support::python());
-    cmd.arg("rq_app.py")
-        .args(args)
-        .current_dir(APP_DIR)
-        .env("QBT_BROKER", broker)
-        .env("QBT_QUEUE", queue)
-        .env("PYTHONDONTWRITEBYTECODE", "1");
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .expect("the RQ app finished within 60 s")
-        .expect("the RQ app runs");
-    let lines = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect();
-    (
-        out.status.success(),
-        lines,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 fn route(phase: &str) -> (String, String, String) {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let (route, queue) = (format!("rqu{}", &id[..12]), format!("qbt_rqu_{id}"));
@@ -120,4 +94,13 @@ async fn a_decommissioned_route_refuses_rqs_unique_enqueue(pool: PgPool) {
         .unwrap();
     assert_eq!(waiting, 0, "nothing pushed into a list nobody reads");
     side.stop().await;
+}
+
+/// Runs `rq_app.py args…` against `broker`: (success, stdout lines, stderr).
+async fn rq_app(broker: &str, queue: &str, args: &[&str]) -> (bool, Vec<String>, String) {
+    let args: Vec<&str> = ["rq_app.py"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    support::python_script(&support::python(), &args, broker, queue).await
 }
