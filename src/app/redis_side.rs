@@ -138,9 +138,14 @@ impl RedisSide {
         }
         // The writer outlives the consumers: it ends once they (and so every
         // recorder handle) are gone, after writing what they recorded.
+        // Kept: a consumer acks an item once its outcome is handed over,
+        // so the writer never drops a batch Postgres refuses.
         let (recorder, writer) = OutcomeRecorder::spawn(
             db.clone(),
-            RecorderOptions::default(),
+            RecorderOptions {
+                keep: true,
+                ..RecorderOptions::default()
+            },
             CancellationToken::new(),
         );
         for route in &routes {
@@ -243,7 +248,8 @@ impl RedisSide {
 
 /// What every route needs while it migrates: job keys past their dedup
 /// window forgotten, held re-pushes settled on new evidence; with Redis,
-/// the owed producer pushes made and the diff gauges refreshed.
+/// the owed producer pushes made, the keys Postgres owns live copied into
+/// the live-key guard and the diff gauges refreshed.
 fn start_route_maintenance(
     services: &mut Services,
     db: &PgPool,
@@ -295,6 +301,15 @@ fn start_route_maintenance(
             if let Err(e) = outbox::repair_once(&db, &mut conn, &routes, OUTBOX_GRACE).await {
                 tracing::debug!(error = %e, "outbox repair deferred");
             }
+        },
+    );
+    services.every(
+        "live-key guard",
+        crate::redis::live_guard::PUBLISH_EVERY,
+        Start::Now,
+        state.clone(),
+        |(db, mut conn, routes)| async move {
+            crate::redis::live_guard::publish_once(&db, &mut conn, &routes).await;
         },
     );
     services.every(

@@ -295,7 +295,11 @@ pub async fn flip_phases(rig: &mut Rig, span: Duration, route: &Route) -> Result
                     Refusal::Gate(_) => Error::CheckFailed("a forced advance was refused".into()),
                     Refusal::Error(e) => e,
                 })?,
-            false => operate::rollback(&rig.db, route, &req).await?.phase,
+            false => {
+                operate::rollback(&rig.db, Some(&mut redis), route, &req)
+                    .await?
+                    .phase
+            }
         };
         if reached != to {
             return Err(Error::CheckFailed(format!(

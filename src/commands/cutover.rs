@@ -38,7 +38,7 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
             let route = find(&routes, &args.route)?;
             let by = operator(args.by.as_deref());
             let req = Request::new(&by, args.reason.as_deref());
-            let state = operate::ramp(&db, &route, args.percent, &req).await?;
+            let state = operate::ramp(&db, redis.as_mut().ok(), &route, args.percent, &req).await?;
             let rest = match state.percent {
                 100 => "every job key now goes Postgres-only".to_string(),
                 p => format!(
@@ -81,7 +81,7 @@ pub async fn run(config: &Config, cmd: CutoverCommand, as_json: bool) -> Result<
             let route = find(&routes, &args.route)?;
             let by = operator(args.by.as_deref());
             let req = Request::new(&by, args.reason.as_deref());
-            let state = operate::rollback(&db, &route, &req).await?;
+            let state = operate::rollback(&db, redis.as_mut().ok(), &route, &req).await?;
             output::done(
                 as_json,
                 &format!("{}: rolled back to {}", route.name, state.phase),

@@ -270,7 +270,7 @@ impl Drill {
             force: false,
             percent: None,
         };
-        let state = operate::rollback(&self.db, &self.route, &req).await?;
+        let state = operate::rollback(&self.db, Some(&mut self.redis), &self.route, &req).await?;
         self.close_phase(from);
         self.say(&format!("-> {from} → {} (rollback: {reason})", state.phase));
         self.wait_for_view(state.phase).await;
@@ -285,7 +285,7 @@ impl Drill {
             force: false,
             percent: Some(percent),
         };
-        operate::ramp(&self.db, &self.route, percent, &req).await?;
+        operate::ramp(&self.db, Some(&mut self.redis), &self.route, percent, &req).await?;
         self.say(&format!("-> flipped share {percent}%"));
         // Processes follow the flag within a poll.
         self.hold(Duration::from_secs(1)).await;

@@ -234,7 +234,8 @@ pub(super) async fn rollback(
     }
     let by = changed_by(req.by.as_deref(), &caller);
     let request = Request::new(&by, req.reason.as_deref());
-    let done = operate::rollback(&state.db, &route, &request)
+    let mut redis = producer(&state)?.redis().cloned();
+    let done = operate::rollback(&state.db, redis.as_mut(), &route, &request)
         .await
         .map_err(refused)?;
     Ok((StatusCode::OK, Json(json!({ "state": done }))))
@@ -257,7 +258,8 @@ pub(super) async fn percent(
     }
     let by = changed_by(req.by.as_deref(), &caller);
     let request = Request::new(&by, req.reason.as_deref());
-    let done = operate::ramp(&state.db, &route, percent, &request)
+    let mut redis = producer(&state)?.redis().cloned();
+    let done = operate::ramp(&state.db, redis.as_mut(), &route, percent, &request)
         .await
         .map_err(refused)?;
     Ok((StatusCode::OK, Json(json!({ "state": done }))))

@@ -2,9 +2,10 @@
 //! Celery) reports what it did with a job, for the shadow comparison. The
 //! same as calling `qbridge.report_outcome(queue, key, outcome, detail)` in SQL.
 //!
-//! Body: `{"queue": "emails", "key": "jid-1", "outcome": "ok"|"failed"|"dead",
+//! Body: `{"queue": "emails", "key": "jid-1", "outcome": "ok"|"failed"|"dead"|"skipped",
 //! "detail": "..."}` or a JSON array of those (one transaction). `detail` is
-//! digested, never stored.
+//! digested, never stored. `skipped`: the fleet fetched a re-push of a job
+//! Postgres owns and did not run it (the adapters' live-key guard).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -50,11 +51,11 @@ pub(super) async fn post_outcomes(
         }
     };
     for (i, r) in reported.iter().enumerate() {
-        if !matches!(r.outcome.as_str(), "ok" | "failed" | "dead") {
+        if !matches!(r.outcome.as_str(), "ok" | "failed" | "dead" | "skipped") {
             return Err(error_reply(
                 StatusCode::BAD_REQUEST,
                 &format!(
-                    "outcome {}: must be ok, failed or dead, got {:?}",
+                    "outcome {}: must be ok, failed, dead or skipped, got {:?}",
                     i + 1,
                     r.outcome
                 ),

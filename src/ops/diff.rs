@@ -135,6 +135,9 @@ pub struct Diff {
     /// Postgres run of the same key): double runs across the cutover.
     pub ran_both_sides: i64,
     pub sample_ran_both_sides: Vec<String>,
+    /// Re-pushes of jobs Postgres owns that the Redis side fetched and did
+    /// not run (the live-key guard): double runs prevented.
+    pub skipped_repushes: i64,
     /// Who runs the Redis side: with an outside fleet, a mirror copy only
     /// on Postgres has an unknown outcome, and repair does not push it back.
     pub redis_side: RedisSideKind,
@@ -229,6 +232,7 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
     let (noise_samples, noise_disagreed) = queries::noise(db, &window).await?;
     let (ran_both_sides, both_sample) =
         queries::ran_both_sides(db, window.queue, window.since, &input.held.ran, samples).await?;
+    let skipped_repushes = queries::skipped_repushes(db, window.queue, window.since).await?;
     let (ran_outcome_unknown, unknown_sample) =
         queries::ran_unreported(db, window.queue, window.since, &input.held.ran, samples).await?;
 
@@ -297,6 +301,7 @@ pub async fn compute(db: &PgPool, input: DiffInput<'_>) -> Result<Diff> {
         noise_rate: ratio(noise_disagreed, noise_samples),
         ran_both_sides,
         sample_ran_both_sides: both_sample.into_iter().take(samples).collect(),
+        skipped_repushes,
         redis_side: route.config.redis_side,
         verdict: String::new(),
     };

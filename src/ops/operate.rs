@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::model::Phase;
 use crate::ops::decommission::{self, Archived};
 use crate::ops::gates::{self, Gate};
+use crate::redis::live_guard;
 use crate::routes::Route;
 
 /// Who and why.
@@ -173,8 +174,40 @@ fn no_redis() -> Error {
     )
 }
 
-/// Steps `route` back one phase; no gate, a reason is required.
-pub async fn rollback(db: &PgPool, route: &Route, req: &Request<'_>) -> Result<RouteState> {
+/// Before a change that lets pushes reach Redis again (a rollback out of
+/// `postgres_only`, a lowered share), writes every key Postgres holds live
+/// into the route's live-key guard, so the Redis side skips a re-push of
+/// one from the first push on. Without Redis (a caller that has none) the
+/// publisher of the processes with a Redis side writes it within a second.
+async fn guard_before_lowering(
+    db: &PgPool,
+    redis: Option<&mut ConnectionManager>,
+    route: &Route,
+) -> Result<()> {
+    let Some(conn) = redis else {
+        return Ok(());
+    };
+    live_guard::publish_route(db, conn, route)
+        .await
+        .map_err(|e| {
+            Error::Refused(format!(
+                "route {:?}: cannot write the live-key guard to Redis ({e}); nothing changed: \
+                 a re-push of a job Postgres owns could run on Redis too. Retry when Redis answers",
+                route.name
+            ))
+        })?;
+    Ok(())
+}
+
+/// Steps `route` back one phase; no gate, a reason is required. With
+/// `redis`, the live-key guard is written first (see
+/// [`guard_before_lowering`]).
+pub async fn rollback(
+    db: &PgPool,
+    redis: Option<&mut ConnectionManager>,
+    route: &Route,
+    req: &Request<'_>,
+) -> Result<RouteState> {
     let state = state_of(db, route, req.by).await?;
     let to = gates::previous(state.phase).ok_or_else(|| {
         Error::Refused(format!(
@@ -186,6 +219,9 @@ pub async fn rollback(db: &PgPool, route: &Route, req: &Request<'_>) -> Result<R
         .reason
         .filter(|r| !r.trim().is_empty())
         .ok_or_else(|| Error::InvalidInput("a rollback needs --reason".into()))?;
+    if state.phase == Phase::PostgresOnly {
+        guard_before_lowering(db, redis, route).await?;
+    }
     Ok(store::transition(
         db,
         &Change {
@@ -202,8 +238,10 @@ pub async fn rollback(db: &PgPool, route: &Route, req: &Request<'_>) -> Result<R
 }
 
 /// Changes the share of job keys flipped in `postgres_only` (1 → 10 → 100).
+/// Lowering it writes the live-key guard first, as a rollback does.
 pub async fn ramp(
     db: &PgPool,
+    redis: Option<&mut ConnectionManager>,
     route: &Route,
     percent: u8,
     req: &Request<'_>,
@@ -218,5 +256,8 @@ pub async fn ramp(
         .reason
         .filter(|r| !r.trim().is_empty())
         .ok_or_else(|| Error::InvalidInput("changing the flipped share needs --reason".into()))?;
+    if percent < state.percent {
+        guard_before_lowering(db, redis, route).await?;
+    }
     Ok(store::set_percent(db, &route.name, state.percent, percent, req.by, reason).await?)
 }

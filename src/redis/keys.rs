@@ -20,6 +20,8 @@
 //! | `qbridge:archiving-dead:<route>:<id>` | list | decommission | decommission |
 //! | `qbridge:paid:<outbox token>` | string (TTL) | the outbox | the outbox |
 //! | `qbridge:epoch:<route>` | string | the epoch observer | the epoch observer (gone = Redis lost its data) |
+//! | `qbridge:live:<route>` | sorted set | the live-key guard's publisher | the fleets' adapters, the consumer |
+//! | `qbridge:live-through:<route>` | string | the live-key guard's publisher | the publisher, the consumer |
 //!
 //! Route and consumer names are held to `A-Z a-z 0-9 _ . -` by the config
 //! (no `:`, no glob characters), so one route's keys never match another's
@@ -66,6 +68,23 @@ impl RouteKeys {
     /// `qbridge:dead:<route>`: items the consumer gave up on.
     pub fn dead(&self) -> String {
         format!("{PREFIX}dead:{}", self.route)
+    }
+
+    /// `qbridge:live:<route>`: a sorted set of the job keys Postgres holds
+    /// live (stored by the proxy, the producer API, promotion or a released
+    /// re-push), scored by when (ms). The fleets' adapters and qbridge's
+    /// consumer skip a fetched item whose key is in it: a re-push of a job
+    /// Postgres ran or will run. See `redis::live_guard`.
+    pub fn live(&self) -> String {
+        format!("{PREFIX}live:{}", self.route)
+    }
+
+    /// `qbridge:live-through:<route>`: the time (ms, Postgres's clock) up to
+    /// which every live key is in [`RouteKeys::live`]; gone together with the
+    /// set when Redis loses its data, which makes the publisher write the
+    /// whole set again.
+    pub fn live_through(&self) -> String {
+        format!("{PREFIX}live-through:{}", self.route)
     }
 
     /// `qbridge:ran:<route>`: a sorted set of the job keys qbridge's Redis

@@ -225,7 +225,17 @@ pub struct RecorderOptions {
     pub retries: u32,
     /// Pause between those tries.
     pub retry_delay: Duration,
+    /// Never drop a batch Postgres refuses: try again (every `retry_delay`,
+    /// up to [`KEPT_RETRY_MAX`] apart) until it is written. For the Redis
+    /// consumer, which acks an item once its outcome is handed over: that
+    /// outcome is then the only record that the job ran which a Redis
+    /// restart cannot erase, and dropping it made repair push the job back.
+    /// Only the shutdown pass may still drop (counted).
+    pub keep: bool,
 }
+
+/// The longest pause between tries of a kept batch.
+pub const KEPT_RETRY_MAX: Duration = Duration::from_secs(5);
 
 impl Default for RecorderOptions {
     fn default() -> Self {
@@ -234,6 +244,7 @@ impl Default for RecorderOptions {
             batch: 500,
             retries: 3,
             retry_delay: Duration::from_secs(1),
+            keep: false,
         }
     }
 }
@@ -313,6 +324,20 @@ impl OutcomeRecorder {
         false
     }
 
+    /// Hands `outcome` to a kept writer, waiting for room in the buffer
+    /// rather than dropping it: the Redis consumer acks only after this
+    /// returns, so while Postgres is away it slows down once the buffer is
+    /// full instead of acking jobs whose outcome nothing holds. Returns
+    /// false only when the writer has stopped (counted).
+    pub async fn record_kept(&self, outcome: Outcome) -> bool {
+        if self.tx.send(outcome).await.is_ok() {
+            return true;
+        }
+        metrics::counter!(m::OUTCOMES_DROPPED, "reason" => "closed").increment(1);
+        self.drops.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
     /// Records dropped by this recorder (and its clones) so far.
     pub fn dropped(&self) -> u64 {
         self.drops.load(Ordering::Relaxed)
@@ -385,9 +410,11 @@ impl OutcomeWriter {
         }
     }
 
-    /// Inserts one batch, trying again `retries` times; drops it after that.
+    /// Inserts one batch, trying again `retries` times; drops it after that
+    /// (a kept writer goes on trying, outside its shutdown pass).
     async fn write(&self, batch: &[Outcome], retries: u32) -> WriterReport {
         let mut tries = 0;
+        let mut delay = self.opts.retry_delay;
         loop {
             match record(&self.pool, batch).await {
                 Ok(n) => {
@@ -401,6 +428,15 @@ impl OutcomeWriter {
                     tries += 1;
                     tracing::debug!(error = %e, tries, "outcome batch refused; trying again");
                     tokio::time::sleep(self.opts.retry_delay).await;
+                }
+                Err(e) if self.opts.keep && retries > 0 => {
+                    tries += 1;
+                    if is_power_of_ten(u64::from(tries)) {
+                        tracing::warn!(error = %e, tries, kept = batch.len(),
+                            "outcome batch refused; kept, trying again until Postgres takes it");
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(KEPT_RETRY_MAX);
                 }
                 Err(e) => {
                     let n = batch.len() as u64;

@@ -23,6 +23,7 @@ mod fence;
 mod fleet_adapters;
 mod http_enqueue;
 mod keys;
+mod live_guard;
 mod lock_key;
 mod maintenance;
 mod metrics_exported;

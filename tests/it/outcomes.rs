@@ -40,6 +40,7 @@ fn opts(capacity: usize, batch: usize) -> RecorderOptions {
         batch,
         retries: 1,
         retry_delay: Duration::from_millis(10),
+        keep: false,
     }
 }
 
@@ -216,7 +217,7 @@ async fn report_outcome_rejects_bad_input_clearly(pool: PgPool) {
         (
             Some("success"),
             "k",
-            "outcome must be ok, failed or dead, got success",
+            "outcome must be ok, failed, dead or skipped, got success",
         ),
         (None, "k", "got NULL"),
         (Some("ok"), "", "queue and key must be non-empty"),
@@ -239,4 +240,52 @@ async fn report_outcome_rejects_bad_input_clearly(pool: PgPool) {
         support::count(&pool, "SELECT count(*) FROM qbridge.outcomes").await,
         0
     );
+}
+
+#[tokio::test]
+async fn a_kept_outcome_outlives_a_postgres_outage_longer_than_the_retries() {
+    // The Redis consumer acks an item once its outcome is handed over. Its
+    // recorder used to drop a batch after its retries (about 3 s): with
+    // Redis then restarted without persistence (the ran set gone), repair
+    // took the job for lost and pushed it back, and it ran twice. A kept
+    // recorder tries until Postgres takes the batch.
+    let server = crate::servers::ThrowawayPostgres::start();
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_millis(500))
+        .connect(&server.url())
+        .await
+        .expect("throwaway Postgres");
+    qbridge::MIGRATOR.run(&db).await.expect("migrate");
+    let token = CancellationToken::new();
+    let (recorder, writer) = OutcomeRecorder::spawn(
+        db.clone(),
+        RecorderOptions {
+            keep: true,
+            ..opts(100, 100)
+        },
+        token.clone(),
+    );
+    server.kill();
+    for i in 0..3 {
+        recorder.record_kept(outcome(i)).await;
+    }
+    // Far past the retries (1 try, 10 ms apart).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    server.resume();
+    support::wait_for("the kept outcomes written", Duration::from_secs(30), || {
+        let db = db.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM qbridge.outcomes")
+                .fetch_one(&db)
+                .await
+                .unwrap_or(0)
+                == 3
+        }
+    })
+    .await;
+    drop(recorder);
+    let report = writer.await.unwrap();
+    assert_eq!((report.written, report.dropped), (3, 0));
+    token.cancel();
 }

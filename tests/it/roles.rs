@@ -245,7 +245,7 @@ async fn the_reporter_role_reports_outcomes_and_reads_or_writes_no_table() {
         .unwrap_err();
     assert!(
         err.to_string()
-            .contains("outcome must be ok, failed or dead"),
+            .contains("outcome must be ok, failed, dead or skipped"),
         "{err}"
     );
     rep.close().await;

@@ -10,7 +10,9 @@ Outcomes, keyed by the task id (qbridge's key for the ``celery`` format):
 ``task_success`` → ok (detail: the return value, ``canonical``),
 ``task_retry`` → failed (Celery runs it again), ``task_failure`` → dead
 (Celery's failure is final: no retry is left or none was asked for),
-``task_revoked`` → dead.
+``task_revoked`` → dead. A task whose id Postgres holds live (the live-key
+guard, asked on ``task_received``) is revoked before it runs and reported
+as skipped.
 
 Postgres side: ``python -m qbridge_adapters.runner celery --app pkg.mod:app``
 runs each job's task by name with its args and kwargs (see ``run_job``).
@@ -21,9 +23,11 @@ import threading
 from celery import signals
 from celery.app.task import Task
 from celery.exceptions import Ignore, Retry
+from celery.worker import state as worker_state
 
 from . import shadow_mode as shadows
 from .answer import Outcome, done
+from .live_guard import LiveGuard
 from .reporter import Reporter, canonical
 from .settings import Settings, SettingsError
 
@@ -43,9 +47,10 @@ def report_outcomes(app, reporter=None):
     silently reported nothing would hold the gates shut with no cause shown.
     ``reporter``: one made already (tests); it reports from the start.
     """
-    state = {"reporter": reporter}
+    state = {"reporter": reporter, "guard": None, "skipping": set()}
     if reporter is not None:
         _installed.append(reporter)
+        state["guard"] = LiveGuard(reporter.settings, reporter)
 
     def start(sender=None, **_):
         if getattr(sender, "app", app) is not app or state["reporter"] is not None:
@@ -57,6 +62,7 @@ def report_outcomes(app, reporter=None):
             # a signal handler raises, and the worker would run unreported.
             raise SystemExit(f"qbridge reporter: {e}") from None
         state["reporter"] = made
+        state["guard"] = LiveGuard(made.settings, made)
         _installed.append(made)
 
     def report(key, outcome, detail):
@@ -72,8 +78,23 @@ def report_outcomes(app, reporter=None):
     def failed(task_id=None, exception=None, **_):
         report(task_id, "dead", type(exception).__name__)
 
+    def received(request=None, **_):
+        # In the worker's consumer, before the task goes to the pool: a task
+        # Postgres owns is revoked (Celery acknowledges it and does not run
+        # it), and reported as skipped when the revoke is announced.
+        guard, task_id = state["guard"], getattr(request, "id", None)
+        if guard is not None and task_id and guard.owned(task_id):
+            state["skipping"].add(task_id)
+            worker_state.revoked.add(task_id)
+
     def revoked(request=None, **_):
-        report(getattr(request, "id", None), "dead", "revoked")
+        task_id = getattr(request, "id", None)
+        if task_id in state["skipping"]:
+            state["skipping"].discard(task_id)
+            if state["guard"] is not None:
+                state["guard"].skip(task_id)
+            return
+        report(task_id, "dead", "revoked")
 
     def close(**_):
         if state["reporter"] is not None:
@@ -88,6 +109,7 @@ def report_outcomes(app, reporter=None):
     signals.task_success.connect(ok, weak=False)
     signals.task_retry.connect(retried, weak=False)
     signals.task_failure.connect(failed, weak=False)
+    signals.task_received.connect(received, weak=False)
     signals.task_revoked.connect(revoked, weak=False)
     signals.worker_shutdown.connect(close, weak=False)
     # A prefork child exits with os._exit: it flushes (or records) first.

@@ -27,7 +27,12 @@ from collections import deque
 
 log = logging.getLogger("qbridge_adapters")
 
-OUTCOMES = ("ok", "failed", "dead")
+OUTCOMES = ("ok", "failed", "dead", "skipped")
+
+# The outcomes that say a job ran to its end: only these go to the ran set
+# when they cannot be delivered (a failed attempt runs again; a skipped job
+# never ran).
+FINAL = ("ok", "dead")
 
 # A detail longer than this is not sent (the outcome is, without it): one
 # large result must not push a batch past the listener's body limit.
@@ -89,7 +94,7 @@ class Reporter:
 
     def _queue(self, key, outcome, detail):
         if outcome not in OUTCOMES or not key:
-            log.warning("qbridge: ignored an outcome that is not ok, failed or dead")
+            log.warning("qbridge: ignored an outcome that is not ok, failed, dead or skipped")
             return
         entry = {"queue": self.settings.queue, "key": str(key), "outcome": outcome}
         if detail is not None and len(detail) <= MAX_DETAIL:
@@ -97,8 +102,8 @@ class Reporter:
         with self._lock:
             if len(self._buffer) < self.capacity:
                 self._buffer.append(entry)
-            elif outcome == "failed":
-                self.lost += 1  # the job runs again; its final outcome follows
+            elif outcome not in FINAL:
+                self.lost += 1  # failed runs again; skipped never ran
             elif len(self._spilled) < self.capacity * 10:
                 self._spilled.append(entry["key"])
             else:
@@ -127,7 +132,7 @@ class Reporter:
             spilled = list(self._spilled)
             self._buffer.clear()
             self._spilled.clear()
-        final = [e["key"] for e in entries if e["outcome"] != "failed"] + spilled
+        final = [e["key"] for e in entries if e["outcome"] in FINAL] + spilled
         log.warning("qbridge: %d outcomes unsent at the deadline; recording them as unknown", len(final))
         return self._record_unknown(final) if final else True
 
@@ -170,7 +175,7 @@ class Reporter:
             else:
                 # Only a final outcome says the job is done with; a failed
                 # attempt runs again and its final outcome is reported then.
-                final = [e["key"] for e in batch if e["outcome"] != "failed"]
+                final = [e["key"] for e in batch if e["outcome"] in FINAL]
                 self.lost += len(batch) - len(final)
                 if final:
                     self._record_unknown(final)

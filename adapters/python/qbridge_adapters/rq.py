@@ -16,6 +16,7 @@ as their RQ workers do, so it must only listen where qbridge can reach it.
 """
 
 import base64
+import logging
 from urllib.parse import quote
 
 from redis import Redis
@@ -25,8 +26,11 @@ from rq.worker import SimpleWorker, Worker
 
 from . import shadow_mode as shadows
 from .answer import Outcome, done
+from .live_guard import LiveGuard
 from .reporter import Reporter, canonical
 from .settings import Settings
+
+log = logging.getLogger("qbridge_adapters")
 
 
 def _url_of(connection):
@@ -51,14 +55,30 @@ def _class_of(exc_string):
 
 
 class _Reporting:
-    """Mixin: reports each job's outcome after RQ handled it."""
+    """Mixin: skips a job Postgres owns (the live-key guard) and reports
+    each job's outcome after RQ handled it."""
 
     _qbridge = None
+    _guard = None
 
     def _reporter(self):
         if _Reporting._qbridge is None:
             _Reporting._qbridge = Reporter(Settings.from_env(redis_url=_url_of(self.connection)))
+            _Reporting._guard = LiveGuard(_Reporting._qbridge.settings, _Reporting._qbridge)
         return _Reporting._qbridge
+
+    def execute_job(self, job, queue):
+        # Asked in the worker before the job runs (before a work horse is
+        # forked): a job Postgres owns is canceled, not run.
+        self._reporter()
+        if _Reporting._guard.owned(job.id):
+            _Reporting._guard.skip(job.id)
+            try:
+                job.cancel()
+            except Exception as error:  # noqa: BLE001 - the job is not run either way
+                log.warning("qbridge: could not mark a skipped RQ job canceled (%s)", type(error).__name__)
+            return None
+        return super().execute_job(job, queue)
 
     def work(self, *args, **kwargs):
         # Settings are read at start: a missing one stops the worker here,

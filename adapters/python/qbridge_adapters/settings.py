@@ -57,6 +57,11 @@ class Settings:
         return base if base.endswith("/v1/outcomes") else base + "/v1/outcomes"
 
     @property
+    def live_key(self) -> str:
+        """The route's live-key guard: the job keys Postgres holds live."""
+        return f"qbridge:live:{self.route}"
+
+    @property
     def ran_key(self) -> str:
         """The route's ran set (the same key qbridge's own consumer writes)."""
         return f"qbridge:ran:{self.route}"

@@ -11,10 +11,11 @@ import unittest
 import uuid
 
 import celery_tasks as tasks
+import redis
 from qbridge_adapters import celery as celery_adapter
 from qbridge_adapters import runner
 from qbridge_adapters.answer import Outcome
-from support import Listener, sent, settings, wait_until
+from support import REDIS_URL, Listener, sent, settings, wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -113,6 +114,37 @@ class CeleryReporterTest(unittest.TestCase):
         self.assertEqual(by_key[ok.id], [("ok", "5")])
         self.assertEqual(by_key[retried.id], [("failed", "Retry"), ("failed", "Retry"), ("dead", "Flaky")])
         self.assertEqual(by_key[broken.id], [("dead", "ValueError")])
+
+
+class CeleryLiveGuardTest(unittest.TestCase):
+    """A task whose id Postgres holds live is revoked before it runs and
+    reported as skipped; the task beside it runs."""
+
+    def test_a_task_postgres_owns_is_skipped_and_reported(self):
+        from celery.contrib.testing.worker import start_worker
+
+        from qbridge_adapters import Reporter
+
+        listener = Listener()
+        s = settings(listener.url)
+        reporter = Reporter(s, interval=0.02)
+        celery_adapter.report_outcomes(tasks.app, reporter=reporter)
+        queue = "qbt_" + uuid.uuid4().hex[:10]
+        owned_id = "owned-" + uuid.uuid4().hex
+        conn = redis.Redis.from_url(REDIS_URL)
+        conn.zadd(s.live_key, {owned_id: 1})
+        self.addCleanup(conn.delete, s.live_key)
+        with start_worker(tasks.app, pool="solo", perform_ping_check=False, queues=[queue], logfile=os.devnull):
+            owned = tasks.add.apply_async((1, 1), queue=queue, task_id=owned_id)
+            fresh = tasks.add.apply_async((2, 2), queue=queue)
+            keys = lambda: {e["key"] for e in sent(listener)}  # noqa: E731
+            wait_until("both tasks handled", lambda: reporter.flush(1) and keys() >= {owned.id, fresh.id}, timeout=60)
+        listener.close()
+        by_key = {}
+        for entry in sent(listener):
+            by_key.setdefault(entry["key"], []).append((entry["outcome"], entry.get("detail")))
+        self.assertEqual(by_key[owned.id], [("skipped", None)])
+        self.assertEqual(by_key[fresh.id], [("ok", "4")])
 
 
 class CeleryReporterSettingsTest(unittest.TestCase):

@@ -101,6 +101,18 @@ class RqReporterTest(unittest.TestCase):
         self.assertEqual(by_key[retried.id], [("failed", "Flaky"), ("dead", "Flaky")])
         self.assertEqual(by_key[dead.id], [("dead", "Flaky")])
 
+    def test_a_job_postgres_owns_is_skipped_canceled_and_reported(self):
+        owned = self.queue.enqueue(tasks.rq_ok, 1)
+        fresh = self.queue.enqueue(tasks.rq_ok, 2)
+        self.redis.zadd(self.settings.live_key, {owned.id: 1})
+        self.addCleanup(self.redis.delete, self.settings.live_key)
+        by_key = self.work()
+        self.assertEqual(by_key[owned.id], [("skipped", None)])
+        self.assertEqual(by_key[fresh.id], [("ok", '{"n":2}')])
+        owned.refresh()
+        self.assertEqual(owned.get_status(), "canceled")
+        self.assertEqual(rq_adapter._Reporting._guard.skipped, 1)
+
     def test_a_job_that_returns_retry_is_reported_as_rq_treats_it(self):
         job = self.queue.enqueue(tasks.rq_asks_retry)
         by_key = self.work()

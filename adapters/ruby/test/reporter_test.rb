@@ -84,9 +84,29 @@ class ReporterTest < Minitest::Test
     r.report("done-1", "ok", "{}")
     r.report("gave-up-1", "dead", "Boom")
     r.report("will-retry-1", "failed", "Boom")
+    r.report("never-ran-1", "skipped")
     assert r.flush(10)
     assert_equal %w[done-1 gave-up-1], ran(s)
     assert_equal 2, r.recorded_unknown
+  end
+
+  def test_the_live_guard_skips_a_job_postgres_owns_and_reports_it
+    listener = Listener.new
+    s = settings(listener.url)
+    r = reporter(s, interval: 0.01)
+    guard = Qbridge::LiveGuard.new(s, r, Sidekiq.method(:redis), Sidekiq.logger)
+    Sidekiq.redis { |c| c.zadd(s.live_key, [1, "owned-1"]) }
+    ran_jobs = []
+    guard.call(nil, { "jid" => "owned-1" }, "q") { ran_jobs << "owned-1" }
+    guard.call(nil, { "jid" => "fresh-1" }, "q") { ran_jobs << "fresh-1" }
+    assert_equal %w[fresh-1], ran_jobs
+    assert r.flush(5)
+    sent = listener.all.flat_map { |_, batch| batch }
+    listener.close
+    assert_equal [{ "queue" => s.queue, "key" => "owned-1", "outcome" => "skipped" }], sent
+    assert_equal 1, guard.skipped
+  ensure
+    Sidekiq.redis { |c| c.del(s.live_key) }
   end
 
   def test_a_refused_batch_is_recorded_at_once_without_retries

@@ -111,13 +111,15 @@ pub async fn take(step: Step, rig: &mut Rig, h: &Harness, acked: &Acked) -> Resu
             Ok(format!("advance → {} ({}%)", state.phase, state.percent))
         }
         Step::Rollback => {
-            let state =
-                operate::rollback(&rig.operator, route, &Request::new(BY, Some(REASON))).await?;
+            let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
+            let req = Request::new(BY, Some(REASON));
+            let state = operate::rollback(&rig.operator, Some(&mut redis), route, &req).await?;
             Ok(format!("rollback → {}", state.phase))
         }
         Step::Ramp { percent } => {
             let req = Request::new(BY, Some(REASON));
-            operate::ramp(&rig.operator, route, percent, &req).await?;
+            let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
+            operate::ramp(&rig.operator, Some(&mut redis), route, percent, &req).await?;
             Ok(format!("ramp → {percent}%"))
         }
         Step::KillWorker { worker } => {

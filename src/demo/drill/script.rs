@@ -260,8 +260,10 @@ async fn walk_the_phases(
     drill.advance(Some(50), patience).await?;
     drill.say("== postgres_only for 50% of job keys (gradual flip); the rest still as in shadow");
     drill.hold(opts.step / 2).await;
+    let mut redis = drill.redis.clone();
     operate::ramp(
         &drill.db,
+        Some(&mut redis),
         &drill.route.clone(),
         100,
         &Request::new("qbridge-demo", Some("demo: ramp to 100%")),
@@ -271,6 +273,7 @@ async fn walk_the_phases(
     drill.hold(opts.step / 2).await;
     let back = operate::rollback(
         &drill.db,
+        Some(&mut redis),
         &drill.route.clone(),
         &Request::new("qbridge-demo", Some("demo: rollback drill")),
     )

@@ -26,6 +26,10 @@ const FILES: &[(&str, &str)] = &[
         include_str!("../../../adapters/python/qbridge_adapters/reporter.py"),
     ),
     (
+        "python/qbridge_adapters/live_guard.py",
+        include_str!("../../../adapters/python/qbridge_adapters/live_guard.py"),
+    ),
+    (
         "python/qbridge_adapters/rq.py",
         include_str!("../../../adapters/python/qbridge_adapters/rq.py"),
     ),
@@ -44,6 +48,10 @@ const FILES: &[(&str, &str)] = &[
     (
         "ruby/lib/qbridge/reporter.rb",
         include_str!("../../../adapters/ruby/lib/qbridge/reporter.rb"),
+    ),
+    (
+        "ruby/lib/qbridge/live_guard.rb",
+        include_str!("../../../adapters/ruby/lib/qbridge/live_guard.rb"),
     ),
     (
         "ruby/lib/qbridge/sidekiq.rb",

@@ -138,7 +138,8 @@ pub(super) async fn rollback(
 ) -> Result<Response, Stop> {
     let (route, reason) = checked(&state, &session, &name, &form)?;
     let req = Request::new(&session.who, Some(reason));
-    let result = operate::rollback(&state.db, &route, &req)
+    let mut redis = state.producer.as_ref().and_then(|p| p.redis().cloned());
+    let result = operate::rollback(&state.db, redis.as_mut(), &route, &req)
         .await
         .map(|s| format!("rolled back to {}", s.phase))
         .map_err(|e| e.to_string());
@@ -164,7 +165,8 @@ pub(super) async fn percent(
         ));
     };
     let req = Request::new(&session.who, Some(reason));
-    let result = operate::ramp(&state.db, &route, percent, &req)
+    let mut redis = state.producer.as_ref().and_then(|p| p.redis().cloned());
+    let result = operate::ramp(&state.db, redis.as_mut(), &route, percent, &req)
         .await
         .map(|_| format!("flipped share set to {percent}%"))
         .map_err(|e| e.to_string());

@@ -425,6 +425,22 @@ pub(super) async fn reported_held(db: &PgPool, w: &Window<'_>) -> Result<i64> {
 
 /// Jobs that ran live on both sides, with a sample of their keys.
 /// `ran`: the keys in qbridge's consumer's ran set (empty for a fleet).
+/// Re-pushes the Redis side skipped in the window (fleets' adapters and
+/// qbridge's consumer record them in `skipped_runs`).
+pub(crate) async fn skipped_repushes(
+    db: &PgPool,
+    queue: &str,
+    since: DateTime<Utc>,
+) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM qbridge.skipped_runs WHERE queue = $1 AND recorded_at >= $2",
+    )
+    .bind(queue)
+    .bind(since)
+    .fetch_one(db)
+    .await?)
+}
+
 pub(crate) async fn ran_both_sides(
     db: &PgPool,
     queue: &str,

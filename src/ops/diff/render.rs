@@ -40,6 +40,12 @@ pub(super) fn verdict(d: &Diff) -> String {
             d.ran_outcome_unknown
         ));
     }
+    if d.skipped_repushes > 0 {
+        line.push_str(&format!(
+            "; {} re-pushes of jobs Postgres runs live were fetched on Redis and skipped (the live-key guard)",
+            d.skipped_repushes
+        ));
+    }
     if d.held_repushes > 0 {
         line.push_str(&format!(
             "; {} re-pushes after the flip held back until the Redis side shows it let go of the original",

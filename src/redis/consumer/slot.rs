@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::heartbeat;
 use super::inflight::item_key;
 use super::numbering::numbered;
-use super::postgres_owns::{owner, Owner};
+use super::postgres_owns::{owner, record_skip, Owner};
 use super::{ConsumerReport, Ctx};
 use crate::config::PushEnd;
 use crate::handler::HandlerResult;
@@ -244,10 +244,20 @@ impl Slot {
                 _ = tokio::time::sleep(self.ctx.opts.reconnect_delay) => return Ok(Step::Idle),
             }
         };
-        match owner(&ctx.db, &ctx.route.queue, &decoded, &key).await {
+        match owner(
+            &ctx.db,
+            conn,
+            &ctx.route_keys,
+            &ctx.route.queue,
+            &decoded,
+            &key,
+        )
+        .await
+        {
             Owner::Postgres => {
                 self.drop_unrun(conn, &processing, &inflight, &decoded)
                     .await?;
+                record_skip(&ctx.db, &ctx.route.queue, &key);
                 self.report.dropped_live_in_postgres += 1;
                 metrics::counter!(m::REDIS_DROPPED_UNRUN, "route" => ctx.route.name.clone(),
                     "reason" => "live_in_postgres")
@@ -258,8 +268,16 @@ impl Slot {
             }
             Owner::NotPostgres => {}
             Owner::Unknown(reason) => {
+                // Running it would act on silence: it may be a re-push of a
+                // job Postgres runs. It stays in this slot's processing
+                // list, which the slot looks at first next time.
                 tracing::warn!(route = %ctx.route.name, key = %key_hash(&key), error = %reason,
-                    "redis consumer: cannot ask Postgres whether it runs this job live; running it");
+                    "redis consumer: cannot tell whether Postgres runs this job live; it waits");
+                self.check_own = true;
+                tokio::select! {
+                    _ = token.cancelled() => return Ok(Step::Stop),
+                    _ = tokio::time::sleep(self.ctx.opts.reconnect_delay) => return Ok(Step::Idle),
+                }
             }
         }
         // A content hash's first 12 hex digits say which identical texts a
@@ -280,15 +298,17 @@ impl Slot {
                 .query_async(conn)
                 .await?;
             if attempt > max {
-                self.finish(conn, &ctx.dead, &processing, &inflight, &decoded, &key)
-                    .await?;
+                // Recorded first, as every outcome: see `record`.
                 self.record(
                     &key,
                     OutcomeKind::Dead,
                     Some("interrupted"),
                     None,
                     attempt - 1,
-                );
+                )
+                .await;
+                self.finish(conn, &ctx.dead, &processing, &inflight, &decoded, &key)
+                    .await?;
                 return Ok(Step::Handled);
             }
             let job = redis_job(&ctx, &decoded, &key, attempt, max);
@@ -315,20 +335,23 @@ impl Slot {
                 // from pushing back a job that already ran (the fault
                 // suite's redis-restart scenario caught that order).
                 HandlerResult::Done => {
-                    self.record(&key, OutcomeKind::Ok, None, digest, attempt);
+                    self.record(&key, OutcomeKind::Ok, None, digest, attempt)
+                        .await;
                     self.finish(conn, &ctx.ack, &processing, &inflight, &decoded, &key)
                         .await?;
                     return Ok(Step::Handled);
                 }
                 HandlerResult::Retry(_) if attempt < max => {
-                    self.record(&key, OutcomeKind::Failed, run.error_class, digest, attempt);
+                    self.record(&key, OutcomeKind::Failed, run.error_class, digest, attempt)
+                        .await;
                     tokio::select! {
                         _ = token.cancelled() => return Ok(Step::Stop),
                         _ = tokio::time::sleep(ctx.config.retry_delay) => {}
                     }
                 }
                 HandlerResult::Retry(_) | HandlerResult::Permanent(_) => {
-                    self.record(&key, OutcomeKind::Dead, run.error_class, digest, attempt);
+                    self.record(&key, OutcomeKind::Dead, run.error_class, digest, attempt)
+                        .await;
                     self.finish(conn, &ctx.dead, &processing, &inflight, &decoded, &key)
                         .await?;
                     tracing::info!(route = %ctx.route.name, key = %key_hash(&key), attempt,
@@ -386,7 +409,11 @@ impl Slot {
         Ok(())
     }
 
-    fn record(
+    /// Hands the attempt's outcome to the kept recorder, waiting for room
+    /// (see [`crate::shadow::OutcomeRecorder::record_kept`]): callers ack
+    /// only after it, so an acked job's outcome is held by this process
+    /// until Postgres takes it, whatever happens to Redis.
+    async fn record(
         &mut self,
         key: &str,
         outcome: OutcomeKind,
@@ -402,16 +429,19 @@ impl Slot {
         }
         metrics::counter!(m::REDIS_OUTCOMES, "route" => route.name.clone(), "outcome" => outcome.as_str())
             .increment(1);
-        self.ctx.outcomes.record(Outcome {
-            queue: route.queue.clone(),
-            key: key.to_string(),
-            side: Side::Redis,
-            mode: Mode::Live,
-            outcome,
-            error_class: class,
-            digest,
-            attempt: Some(i32::try_from(attempt).unwrap_or(i32::MAX)),
-        });
+        self.ctx
+            .outcomes
+            .record_kept(Outcome {
+                queue: route.queue.clone(),
+                key: key.to_string(),
+                side: Side::Redis,
+                mode: Mode::Live,
+                outcome,
+                error_class: class,
+                digest,
+                attempt: Some(i32::try_from(attempt).unwrap_or(i32::MAX)),
+            })
+            .await;
     }
 }
 

@@ -89,7 +89,9 @@ async fn a_partial_flip_splits_by_key_and_every_job_still_runs_live_once(pool: P
         force: false,
         percent: None,
     };
-    let state = operate::ramp(&pool, &route, 100, &ramp).await.unwrap();
+    let state = operate::ramp(&pool, None, &route, 100, &ramp)
+        .await
+        .unwrap();
     assert_eq!(state.percent, 100);
     support::wait_for("the view has 100%", Duration::from_secs(5), || {
         let p = rig.routes.phases().percent(&rig.name);

@@ -288,10 +288,16 @@ gates = {{ window = "{window}", min_jobs = {min_jobs}, quiet_period = "{quiet}",
     /// `qbridge cutover rollback`.
     pub async fn rollback(&self) -> Phase {
         let route = self.route();
-        operate::rollback(&self.pool, &route, &Rig::req("test rollback", false))
-            .await
-            .expect("rollback")
-            .phase
+        let mut redis = self.redis().await;
+        operate::rollback(
+            &self.pool,
+            Some(&mut redis),
+            &route,
+            &Rig::req("test rollback", false),
+        )
+        .await
+        .expect("rollback")
+        .phase
     }
 
     /// Waits until this process's view shows `phase` (the watch polls).

@@ -263,3 +263,59 @@ async fn a_repush_of_a_key_postgres_ran_live_is_not_run_again(pool: PgPool) {
     assert_eq!(fx.leftovers().await, vec![fx.ran()]);
     fx.cleanup().await;
 }
+
+#[tokio::test]
+async fn with_postgres_away_an_item_runs_only_when_the_live_key_guard_can_tell() {
+    // Postgres cannot say whether it owns a popped key (it is down). The
+    // consumer used to run the item after the timeout: a re-push of a job
+    // Postgres runs would run twice. Now the live-key guard answers: a key
+    // in it is dropped unrun; a key not in a guard that is current (its
+    // watermark is there) runs; with no guard written the item waits.
+    let fx = Fixture::new(
+        "json:/id",
+        Phase::Shadow,
+        PushEnd::Lpush,
+        sh("exit 0", &[]),
+        1,
+        3,
+    );
+    let keys = qbridge::redis::keys::RouteKeys::of(&fx.route);
+    let away = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/postgres")
+        .unwrap();
+    let _: i64 = redis().await.zadd(keys.live(), "k-owned", 1).await.unwrap();
+    for b in [r#"{"id":"k-owned"}"#, r#"{"id":"k-new"}"#] {
+        let _: i64 = redis().await.lpush(&fx.list, b).await.unwrap();
+    }
+    let consumer = fx.consumer(&away, super::REDIS).await.expect("consumer");
+    let running = Running::start(consumer);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let report = running.stop().await;
+    assert_eq!(report.dropped_live_in_postgres, 1, "{report:?}");
+    assert_eq!(report.ok, 0, "nothing ran without an answer: {report:?}");
+    let held: Vec<String> = redis().await.lrange(fx.processing(0), 0, -1).await.unwrap();
+    assert_eq!(held, vec![r#"{"id":"k-new"}"#.to_string()]);
+
+    // The guard becomes current: k-new is not in it, so it runs.
+    let _: () = redis().await.set(keys.live_through(), 1).await.unwrap();
+    let consumer = fx.consumer(&away, super::REDIS).await.expect("consumer");
+    let running = Running::start(consumer);
+    wait_for("k-new ran", Duration::from_secs(10), || async {
+        redis()
+            .await
+            .llen::<_, i64>(fx.processing(0))
+            .await
+            .unwrap()
+            == 0
+    })
+    .await;
+    let report = running.stop().await;
+    assert_eq!(report.ok, 1, "{report:?}");
+    let _: i64 = redis()
+        .await
+        .del(&[keys.live(), keys.live_through()])
+        .await
+        .unwrap();
+    fx.cleanup().await;
+}

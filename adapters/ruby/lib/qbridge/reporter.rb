@@ -15,7 +15,11 @@ require "net/http"
 require "uri"
 
 module Qbridge
-  OUTCOMES = %w[ok failed dead].freeze
+  OUTCOMES = %w[ok failed dead skipped].freeze
+  # The outcomes that say a job ran to its end: only these go to the ran set
+  # when they cannot be delivered (a failed attempt runs again; a skipped
+  # job never ran).
+  FINAL = %w[ok dead].freeze
   # A detail longer than this is not sent (the outcome is, without it): one
   # large result must not push a batch past the listener's body limit.
   MAX_DETAIL = 64 * 1024
@@ -48,6 +52,11 @@ module Qbridge
 
     def ran_key
       "qbridge:ran:#{route}"
+    end
+
+    # The route's live-key guard: the job keys Postgres holds live.
+    def live_key
+      "qbridge:live:#{route}"
     end
   end
 
@@ -91,13 +100,13 @@ module Qbridge
     # Queues one outcome; returns at once; never raises.
     def report(key, outcome, detail = nil)
       start if @pid != Process.pid # a forked child has the queue, not the thread
-      return @logger.warn("qbridge: ignored an outcome that is not ok, failed or dead") unless OUTCOMES.include?(outcome) && key
+      return @logger.warn("qbridge: ignored an outcome that is not ok, failed, dead or skipped") unless OUTCOMES.include?(outcome) && key
 
       entry = { "queue" => @settings.queue, "key" => key.to_s, "outcome" => outcome }
       entry["detail"] = detail unless detail.nil? || detail.bytesize > MAX_DETAIL
       @lock.synchronize do
         if @buffer.size < @capacity then @buffer << entry
-        elsif outcome == "failed" then @lost += 1 # it runs again; its final outcome follows
+        elsif !FINAL.include?(outcome) then @lost += 1 # failed runs again; skipped never ran
         elsif @spilled.size < @capacity * 10 then @spilled << entry["key"]
         else @lost += 1
         end
@@ -120,7 +129,7 @@ module Qbridge
         @spilled.clear
         taken
       end
-      final = entries.reject { |e| e["outcome"] == "failed" }.map { |e| e["key"] } + spilled
+      final = entries.select { |e| FINAL.include?(e["outcome"]) }.map { |e| e["key"] } + spilled
       @logger.warn("qbridge: #{final.size} outcomes unsent at the deadline; recording them as unknown")
       final.empty? || record_unknown(final)
     end
@@ -165,9 +174,10 @@ module Qbridge
 
       if deliver(batch) then @delivered += batch.size
       else
-        # Only a final outcome says the job is done with; a failed attempt
-        # runs again and its final outcome is reported then.
-        final = batch.reject { |e| e["outcome"] == "failed" }.map { |e| e["key"] }
+        # Only a final outcome says the job ran to its end; a failed attempt
+        # runs again and its final outcome is reported then; a skipped job
+        # never ran (losing that report costs the diff a count, no more).
+        final = batch.select { |e| FINAL.include?(e["outcome"]) }.map { |e| e["key"] }
         @lost += batch.size - final.size
         record_unknown(final) unless final.empty?
       end

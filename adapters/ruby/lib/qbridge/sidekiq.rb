@@ -11,12 +11,15 @@
 # A server middleware reports each job by its jid (qbridge's key for the
 # sidekiq format): ok (detail: perform's return value, Qbridge.canonical),
 # failed (Sidekiq will retry it), dead (no retry left, or retry: false).
+# Before it, Qbridge::LiveGuard skips a job whose jid Postgres holds live (a
+# re-push after a rollback or a lowered share) and reports it as skipped.
 #
 # Shadow behaviour (what the runner does when qbridge calls in shadow mode),
 # per worker class: sidekiq_options qbridge_shadow: "refuse" (the default),
 # "skip", or "dry_run" (calls the worker's perform_shadow(*args), which must
 # not have side effects; its return value is compared with the fleet's).
 require "sidekiq"
+require_relative "live_guard"
 require_relative "reporter"
 require_relative "sidekiq_retry"
 require_relative "version"
@@ -33,8 +36,14 @@ module Qbridge
       # Sidekiq 7 and 8: each capsule copies this chain when it first runs a
       # job (after boot), so one reporter added here covers every capsule.
       ::Sidekiq.configure_server do |config|
-        reporter = Reporter.new(settings || Settings.from_env, redis: ::Sidekiq.method(:redis), logger: ::Sidekiq.logger)
-        config.server_middleware { |chain| chain.add(ReportOutcome, reporter) }
+        settings ||= Settings.from_env
+        reporter = Reporter.new(settings, redis: ::Sidekiq.method(:redis), logger: ::Sidekiq.logger)
+        config.server_middleware do |chain|
+          # The guard first: a job it skips never reaches the reporter's
+          # middleware, so it is reported as skipped, not as ok.
+          chain.add(LiveGuard, settings, reporter, ::Sidekiq.method(:redis), ::Sidekiq.logger)
+          chain.add(ReportOutcome, reporter)
+        end
         config.on(:shutdown) { reporter.flush(5) }
       end
       reporter
