@@ -289,7 +289,7 @@ fn describe_redis_side() {
     );
     describe_counter!(
         REDIS_DROPPED_UNRUN,
-        "Items the Redis consumer dropped unrun, per route and reason (live_in_postgres: a re-push of a key Postgres runs live)"
+        "Items the Redis consumer dropped unrun, per route and reason (live_in_postgres: a re-push of a key Postgres runs live; already_ran: a second push of a key the route's ran set holds)"
     );
     describe_counter!(
         OUTCOMES_DROPPED,

@@ -67,8 +67,10 @@ pub fn zero_series(routes: &[String], queues: &[String]) {
             metrics::counter!(REDIS_OUTCOMES, "route" => route.clone(), "outcome" => *outcome)
                 .increment(0);
         }
-        metrics::counter!(REDIS_DROPPED_UNRUN, "route" => route.clone(), "reason" => "live_in_postgres")
-            .increment(0);
+        for reason in ["live_in_postgres", "already_ran"] {
+            metrics::counter!(REDIS_DROPPED_UNRUN, "route" => route.clone(), "reason" => reason)
+                .increment(0);
+        }
     }
     for queue in queues {
         for name in PER_QUEUE {

@@ -128,6 +128,9 @@ pub struct ConsumerReport {
     /// Items dropped unrun: re-pushes of a key Postgres holds live (it ran
     /// or runs that job; see `live_in_postgres`).
     pub dropped_live_in_postgres: u64,
+    /// Items dropped unrun because the route's ran set already holds their
+    /// key: a second push of a job this route finished.
+    pub dropped_already_ran: u64,
     /// Whether it ever opened its slots' connections (false: the route was
     /// decommissioned the whole time).
     pub connected: bool,
@@ -141,6 +144,7 @@ impl ConsumerReport {
         self.recovered += other.recovered;
         self.redis_errors += other.redis_errors;
         self.dropped_live_in_postgres += other.dropped_live_in_postgres;
+        self.dropped_already_ran += other.dropped_already_ran;
     }
 }
 

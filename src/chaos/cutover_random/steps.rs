@@ -136,9 +136,13 @@ pub async fn take(step: Step, rig: &mut Rig, h: &Harness, acked: &Acked) -> Resu
             Ok("Postgres crashed and restarted".into())
         }
         Step::DropReports { reports } => {
+            // Kept for the oracle: a job whose report is gone and whose
+            // ran-set entry a Redis restart then erases has no evidence
+            // left that it ran, and repair may push it back.
             let dropped = sqlx::query(
-                "DELETE FROM qbridge.outcomes WHERE id IN (SELECT id FROM qbridge.outcomes \
-                  WHERE side = 'redis' ORDER BY id DESC LIMIT $1)",
+                "WITH gone AS (DELETE FROM qbridge.outcomes WHERE id IN (SELECT id FROM qbridge.outcomes \
+                  WHERE side = 'redis' ORDER BY id DESC LIMIT $1) RETURNING key) \
+                 INSERT INTO chaos.dropped_reports SELECT DISTINCT key FROM gone ON CONFLICT DO NOTHING",
             )
             .bind(reports)
             .execute(&rig.db)

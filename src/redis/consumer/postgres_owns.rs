@@ -80,6 +80,29 @@ pub async fn owner(
     }
 }
 
+/// Whether this consumer already finished an item of `key` (it is in the
+/// route's ran set, written in the same step as the ack or the move to the
+/// dead list): then this item is a second push of a job that ran — a
+/// client's retry forwarded to Redis — and is dropped unrun. Only id keys:
+/// identical texts are numbered apart. A Redis error answers "no": the
+/// item then runs, as the Redis side always has (at least once).
+pub async fn ran_already(
+    conn: &mut MultiplexedConnection,
+    keys: &RouteKeys,
+    decoded: &Decoded,
+    key: &str,
+) -> bool {
+    if matches!(decoded.key, KeySource::ContentHash(_)) {
+        return false;
+    }
+    let score: redis::RedisResult<Option<f64>> = redis::cmd("ZSCORE")
+        .arg(keys.ran())
+        .arg(key)
+        .query_async(conn)
+        .await;
+    matches!(score, Ok(Some(_)))
+}
+
 /// Records that the consumer skipped `key` (the diff counts skips); best
 /// effort, off the slot's path: a lost row costs a count, not a run.
 pub fn record_skip(db: &PgPool, queue: &str, key: &str) {

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::heartbeat;
 use super::inflight::item_key;
 use super::numbering::numbered;
-use super::postgres_owns::{owner, record_skip, Owner};
+use super::postgres_owns::{owner, ran_already, record_skip, Owner};
 use super::{ConsumerReport, Ctx};
 use crate::config::PushEnd;
 use crate::handler::HandlerResult;
@@ -244,6 +244,18 @@ impl Slot {
                 _ = tokio::time::sleep(self.ctx.opts.reconnect_delay) => return Ok(Step::Idle),
             }
         };
+        if ran_already(conn, &ctx.route_keys, &decoded, &key).await {
+            self.drop_unrun(conn, &processing, &inflight, &decoded)
+                .await?;
+            record_skip(&ctx.db, &ctx.route.queue, &key);
+            self.report.dropped_already_ran += 1;
+            metrics::counter!(m::REDIS_DROPPED_UNRUN, "route" => ctx.route.name.clone(),
+                "reason" => "already_ran")
+            .increment(1);
+            tracing::info!(route = %ctx.route.name, key = %key_hash(&key),
+                "redis consumer: a second push of a job this route already ran; dropped unrun");
+            return Ok(Step::Handled);
+        }
         match owner(
             &ctx.db,
             conn,

@@ -319,3 +319,54 @@ async fn with_postgres_away_an_item_runs_only_when_the_live_key_guard_can_tell()
         .unwrap();
     fx.cleanup().await;
 }
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_second_push_of_a_key_the_route_already_ran_is_dropped_unrun(pool: PgPool) {
+    // A client retry forwarded to Redis after its job ran (found by the
+    // randomized oracle once it counted Redis re-runs by cause): the ran set
+    // holds the key, so the second item is dropped, not run again.
+    let fx = Fixture::new(
+        "json:/id",
+        Phase::DualWrite,
+        PushEnd::Lpush,
+        sh("exit 0", &[]),
+        1,
+        3,
+    );
+    let running = fx.start(&pool).await;
+    let _: i64 = redis()
+        .await
+        .lpush(&fx.list, r#"{"id":"k-once"}"#)
+        .await
+        .unwrap();
+    wait_for_count(
+        &pool,
+        "the first run's outcome",
+        "SELECT count(*) FROM qbridge.outcomes WHERE key = 'k-once'",
+        1,
+    )
+    .await;
+    let _: i64 = redis()
+        .await
+        .lpush(&fx.list, r#"{"id":"k-once"}"#)
+        .await
+        .unwrap();
+    wait_for(
+        "the second item handled",
+        Duration::from_secs(10),
+        || async {
+            redis().await.llen::<_, i64>(&fx.list).await.unwrap() == 0
+                && redis()
+                    .await
+                    .llen::<_, i64>(fx.processing(0))
+                    .await
+                    .unwrap()
+                    == 0
+        },
+    )
+    .await;
+    let report = running.stop().await;
+    assert_eq!(report.ok, 1, "{report:?}");
+    assert_eq!(report.dropped_already_ran, 1, "{report:?}");
+    fx.cleanup().await;
+}
