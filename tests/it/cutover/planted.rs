@@ -124,9 +124,21 @@ async fn planted_discrepancies_show_up_block_the_gate_and_repair_fills_them(pool
         .execute(&pool)
         .await
         .unwrap();
-    // A duplicate push: the same id pushed twice to Redis (Postgres dedups).
+    // A double run on the Redis side, planted as its second outcome report
+    // (a second push of the id is no longer run: the consumer drops a key
+    // its ran set holds, so a fleet's double report stands in for it).
     rig.produce(&["twice".to_string()]).await;
-    rig.push_behind_qbridge(r#"{"id":"twice"}"#).await;
+    support::wait_for_count(
+        &pool,
+        "the first run of twice",
+        "SELECT count(*) FROM qbridge.outcomes WHERE key = 'twice' AND side = 'redis'",
+        1,
+    )
+    .await;
+    sqlx::query("SELECT qbridge.report_outcome((SELECT queue FROM qbridge.outcomes WHERE key = 'twice' LIMIT 1), 'twice', 'ok')")
+        .execute(&pool)
+        .await
+        .unwrap();
     // A flipped outcome: the handler fails it in shadow mode only.
     rig.produce(&["flip1".to_string()]).await;
     rig.produce(&keys("b", 5)).await;
