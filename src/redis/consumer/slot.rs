@@ -12,8 +12,10 @@ use tokio_util::sync::CancellationToken;
 use super::heartbeat;
 use super::inflight::item_key;
 use super::numbering::numbered;
-use super::postgres_owns::{owner, ran_already, record_skip, Owner};
+use super::postgres_owns::{owner, ran_already, Owner};
 use super::{ConsumerReport, Ctx};
+
+mod skip;
 use crate::config::PushEnd;
 use crate::handler::HandlerResult;
 use crate::metrics as m;
@@ -245,15 +247,15 @@ impl Slot {
             }
         };
         if ran_already(conn, &ctx.route_keys, &decoded, &key).await {
-            self.drop_unrun(conn, &processing, &inflight, &decoded)
-                .await?;
-            record_skip(&ctx.db, &ctx.route.queue, &key);
             self.report.dropped_already_ran += 1;
-            metrics::counter!(m::REDIS_DROPPED_UNRUN, "route" => ctx.route.name.clone(),
-                "reason" => "already_ran")
-            .increment(1);
-            tracing::info!(route = %ctx.route.name, key = %key_hash(&key),
-                "redis consumer: a second push of a job this route already ran; dropped unrun");
+            self.skip_unrun(
+                conn,
+                (&processing, &inflight),
+                &decoded,
+                &key,
+                "already_ran",
+            )
+            .await?;
             return Ok(Step::Handled);
         }
         match owner(
@@ -267,15 +269,15 @@ impl Slot {
         .await
         {
             Owner::Postgres => {
-                self.drop_unrun(conn, &processing, &inflight, &decoded)
-                    .await?;
-                record_skip(&ctx.db, &ctx.route.queue, &key);
                 self.report.dropped_live_in_postgres += 1;
-                metrics::counter!(m::REDIS_DROPPED_UNRUN, "route" => ctx.route.name.clone(),
-                    "reason" => "live_in_postgres")
-                .increment(1);
-                tracing::info!(route = %ctx.route.name, key = %key_hash(&key),
-                    "redis consumer: a re-push of a job Postgres runs live; dropped unrun");
+                self.skip_unrun(
+                    conn,
+                    (&processing, &inflight),
+                    &decoded,
+                    &key,
+                    "live_in_postgres",
+                )
+                .await?;
                 return Ok(Step::Handled);
             }
             Owner::NotPostgres => {}
@@ -399,25 +401,6 @@ impl Slot {
             tracing::warn!(route = %self.ctx.route.name, slot = self.index,
                 "redis consumer: the finished item was no longer in its processing list");
         }
-        Ok(())
-    }
-
-    /// Removes an item that must not run on Redis from its processing list,
-    /// with its inflight state, in one step; it joins neither the ran set
-    /// nor the dead list.
-    async fn drop_unrun(
-        &self,
-        conn: &mut MultiplexedConnection,
-        processing: &str,
-        inflight: &str,
-        decoded: &Decoded,
-    ) -> RedisResult<()> {
-        let _: (i64, i64) = ::redis::pipe()
-            .atomic()
-            .lrem(processing, -1, &decoded.original[..])
-            .del(inflight)
-            .query_async(conn)
-            .await?;
         Ok(())
     }
 
