@@ -231,6 +231,12 @@ fn print_advanced(name: &str, done: &Advanced, as_json: bool) {
                 c.needs
             );
         }
+        if done.counted_backlog > 0 {
+            println!(
+                "  counted {} copies of items without an id that Redis already held (mirror copies now)",
+                done.counted_backlog
+            );
+        }
         if let Some(a) = &done.archived {
             println!(
                 "  archived {} items into Postgres ({} already there), {} dead items into jobs_dead; deleted {} Redis keys",

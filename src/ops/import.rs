@@ -21,10 +21,11 @@
 //! new copies while producers pushed (the list is read page by page, and a
 //! push or a pop between two pages shifts what a page holds).
 //!
-//! Content-hash items (formats without an id) are not imported: the Redis
-//! consumer numbers them as it pops them, and a copy numbered here would
-//! take the number of the next push of the same bytes (`docs/src/runbook/README.md`,
-//! "Identical items").
+//! Content-hash items (formats without an id) are not imported here: they
+//! are counted by the advance into `dual_write` itself, before the flip
+//! (`ops::backlog`), because a copy numbered while mirroring runs could be
+//! one the mirror numbers too (`docs/src/runbook/README.md`, "Identical
+//! items").
 
 use redis::aio::ConnectionManager;
 use serde::Serialize;
@@ -73,8 +74,8 @@ pub struct ImportReport {
 
 /// Why content-hash items are not copied, for the summary.
 pub const NOT_COPIED_REASON: &str =
-    "items without an id are numbered by the Redis side as it pops \
-     them, so they are not imported (see docs/src/runbook/README.md, \"Identical items\"); \
+    "items without an id were counted when the route entered dual_write, \
+     so they are not imported (see docs/src/runbook/README.md, \"Identical items\"); \
      resque-scheduler's delayed jobs have no id either and are counted, not \
      copied (see docs/src/runbook/frameworks.md). The Redis side still runs them all";
 

@@ -9,13 +9,15 @@
 //!   missing on one side; [`evidence`] decides which silent mirror copies
 //!   Redis provably lost (repairable) and which are unaccounted.
 //! - [`gates`]: the measured numbers each advance needs.
-//! - [`operate`]: advance, rollback and the percent ramp;
+//! - [`operate`]: advance, rollback and the percent ramp ([`backlog`]:
+//!   on the way into `dual_write`, the identical items Redis already holds);
 //!   [`decommission`] archives and deletes a route's Redis keys.
 //! - [`window`]: where a diff's window starts.
 //! - [`shadow_test`]: one shadow call with a stored job, before `shadow`.
 //! - [`survey`]: what a team's Redis holds before any route exists
 //!   (`qbridge survey`), and a draft config from it.
 
+pub mod backlog;
 pub mod decommission;
 pub mod diff;
 pub mod diff_metrics;

@@ -13,6 +13,7 @@ use crate::cutover::store::{self, Change, PhaseError, RouteState};
 use crate::cutover::watch;
 use crate::error::{Error, Result};
 use crate::model::Phase;
+use crate::ops::backlog;
 use crate::ops::decommission::{self, Archived};
 use crate::ops::gates::{self, Gate};
 use crate::redis::live_guard;
@@ -50,6 +51,9 @@ pub struct Advanced {
     pub forced: bool,
     /// Set on the way into `decommissioned`.
     pub archived: Option<Archived>,
+    /// On the way into `dual_write`: copies of items without an id that
+    /// Redis already held, now counted as mirror copies (`ops::backlog`).
+    pub counted_backlog: usize,
 }
 
 /// Why an advance did not happen.
@@ -104,6 +108,7 @@ pub async fn advance(
             gate,
             forced: false,
             archived: Some(archived),
+            counted_backlog: 0,
         });
     }
     if gate.to == Phase::Decommissioned && redis.is_none() {
@@ -131,6 +136,18 @@ pub async fn advance(
             gate.from, gate.to
         ))
         .into());
+    }
+    let mut counted_backlog = 0;
+    if (gate.from, gate.to) == (Phase::RedisOnly, Phase::DualWrite) {
+        // Before the flip, while nothing is mirrored: see `ops::backlog`.
+        let redis = redis.as_deref_mut().ok_or_else(|| {
+            Error::Refused(
+                "entering dual_write counts the items without an id that Redis already holds: \
+                 Redis must be reachable (check --redis-url)"
+                    .into(),
+            )
+        })?;
+        counted_backlog = backlog::count_identical(db, redis, route, payload_limit).await?;
     }
     let new_state = store::transition_at(
         db,
@@ -164,6 +181,7 @@ pub async fn advance(
         gate,
         forced,
         archived,
+        counted_backlog,
     })
 }
 

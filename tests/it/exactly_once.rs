@@ -7,6 +7,7 @@
 mod both_sides;
 pub(crate) mod fleet;
 mod fleet_rollback;
+mod identical_backlog;
 mod identical_under_load;
 mod key_drift;
 mod lost_report;

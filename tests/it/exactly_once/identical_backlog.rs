@@ -1,0 +1,159 @@
+//! Identical items (content-hash keys) that waited in Redis before the route
+//! was mirrored. Copies of a text are counted, not named: the n-th pop of it
+//! takes the number of its n-th mirrored push. A copy pushed in `redis_only`
+//! was never counted, so once qbridge's consumer pops it in `dual_write` it
+//! takes the number of a later mirrored push, and the mirror, finding that
+//! number already ran, keeps no bytes of the later push. When Redis then
+//! restarts without persistence, the later pushes are gone and nothing in
+//! Postgres says so: the diff said MATCH and repair found nothing. The
+//! backlog is now counted as the route enters `dual_write`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use sqlx::PgPool;
+
+use qbridge::config::{Config, Overrides};
+use qbridge::model::Phase;
+use qbridge::ops::operate::{self, Request};
+use qbridge::redis::connect::connect_redis;
+use qbridge::redis::producer::Producer;
+use qbridge::routes::{Route, Routes};
+
+use super::restart_evidence::pop_and_number;
+use crate::servers::ThrowawayRedis;
+
+const TEXT: &[u8] = b"send the weekly digest";
+
+/// Route `r` (raw items in list `jobs`, queue `q`, run by qbridge's
+/// consumer, judged at once) as a process in `phase` sees it.
+fn routes_in(phase: &str) -> Routes {
+    let toml = format!(
+        "[[routes]]\nname = \"r\"\nredis_key = \"jobs\"\nqueue = \"q\"\nformat = \"raw\"\n\
+         phase = \"{phase}\"\nredis_side = \"qbridge\"\ndiff = {{ settle = \"0s\" }}\n"
+    );
+    let cfg = Config::from_toml(&toml, &Overrides::default()).expect("route config");
+    Routes::from_config(&cfg.routes)
+}
+
+/// The route as registered: in `redis_only` until the test advances it.
+fn route() -> Arc<Route> {
+    routes_in("redis_only").by_name("r").unwrap().clone()
+}
+
+const FORCED: Request<'static> = Request {
+    by: "test@ops",
+    reason: Some("the test's walk"),
+    force: true,
+    percent: None,
+};
+
+async fn push_direct(conn: &mut ::redis::aio::ConnectionManager, copies: usize) {
+    for _ in 0..copies {
+        let _: i64 = ::redis::cmd("LPUSH")
+            .arg("jobs")
+            .arg(TEXT)
+            .query_async(conn)
+            .await
+            .unwrap();
+    }
+}
+
+async fn advance_to_dual_write(pool: &PgPool, conn: &mut ::redis::aio::ConnectionManager) {
+    let route = route();
+    let advanced = operate::advance(pool, Some(conn), &route, &FORCED, 1 << 20)
+        .await
+        .map_err(|e| format!("{e:?}"))
+        .expect("advance");
+    assert_eq!(advanced.state.phase, Phase::DualWrite);
+}
+
+/// Pushes `copies` of the text through the producer (Redis and the mirror),
+/// restarts Redis without persistence, and returns what repair pushed back
+/// and what the list then holds.
+async fn mirrored_pushes_then_restart(
+    pool: &PgPool,
+    server: &mut ThrowawayRedis,
+    conn: ::redis::aio::ConnectionManager,
+    copies: usize,
+) -> (usize, i64, String) {
+    let route = route();
+    let producer = Producer::connect(
+        pool.clone(),
+        Some(&server.url()),
+        routes_in("dual_write"),
+        1 << 20,
+    )
+    .await
+    .expect("producer");
+    let texts = vec![Bytes::from_static(TEXT); copies];
+    assert_eq!(producer.enqueue("r", texts).await.unwrap().pushed, copies);
+    let since = chrono::Utc::now() - chrono::Duration::minutes(5);
+    let mut conn = conn;
+    // Every process with a Redis side observes it each second.
+    qbridge::ops::gates::diff_since(pool, &mut conn, &route, Phase::DualWrite, since)
+        .await
+        .unwrap();
+    drop(conn);
+    server.kill();
+    server.resume();
+    let mut conn = connect_redis(&server.url()).await.unwrap();
+    let (diff, report) = super::diff_and_repair(pool, &mut conn, &route, since).await;
+    let left: i64 = ::redis::cmd("LLEN")
+        .arg("jobs")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    (report.repushed, left, diff.verdict)
+}
+
+/// The reproduction: two copies pushed in `redis_only`, the route advanced,
+/// both popped (and run) in `dual_write`, two more pushed through the
+/// mirror, Redis restarted. Before the fix repair pushed back nothing and
+/// the diff said MATCH: two acknowledged pushes were gone without a trace.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn copies_pushed_before_the_mirror_do_not_hide_a_later_loss(pool: PgPool) {
+    let mut server = ThrowawayRedis::start();
+    let mut conn = connect_redis(&server.url()).await.unwrap();
+    operate::state_of(&pool, &route(), "test@ops")
+        .await
+        .unwrap();
+    push_direct(&mut conn, 2).await;
+    advance_to_dual_write(&pool, &mut conn).await;
+    pop_and_number(&pool, &mut conn, &route(), 0..2, true).await;
+    let (repushed, left, verdict) = mirrored_pushes_then_restart(&pool, &mut server, conn, 2).await;
+    assert_eq!((repushed, left), (2, 2), "{verdict}");
+}
+
+/// The way back in: mirrored in `dual_write`, rolled back to `redis_only`
+/// where more copies were pushed unmirrored, advanced again. The count at
+/// the second entry takes only the copies Postgres did not count yet (one
+/// mirrored copy still waits): counting it again would make a copy no pop
+/// can ever take, pushed back after a restart as a third run.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_rollback_below_dual_write_and_back_counts_only_the_new_copies(pool: PgPool) {
+    let mut server = ThrowawayRedis::start();
+    let mut conn = connect_redis(&server.url()).await.unwrap();
+    operate::state_of(&pool, &route(), "test@ops")
+        .await
+        .unwrap();
+    advance_to_dual_write(&pool, &mut conn).await;
+    let producer = Producer::connect(
+        pool.clone(),
+        Some(&server.url()),
+        routes_in("dual_write"),
+        1 << 20,
+    )
+    .await
+    .expect("producer");
+    let one = vec![Bytes::from_static(TEXT)];
+    assert_eq!(producer.enqueue("r", one).await.unwrap().pushed, 1);
+    operate::rollback(&pool, Some(&mut conn), &route(), &FORCED)
+        .await
+        .expect("rollback");
+    push_direct(&mut conn, 2).await;
+    advance_to_dual_write(&pool, &mut conn).await;
+    pop_and_number(&pool, &mut conn, &route(), 0..3, true).await;
+    let (repushed, left, verdict) = mirrored_pushes_then_restart(&pool, &mut server, conn, 2).await;
+    assert_eq!((repushed, left), (2, 2), "{verdict}");
+}
