@@ -147,8 +147,10 @@ async fn phase_flip_and_rollback_under_load() {
 /// The randomized cutover oracle on a fixed set of seeds (a longer
 /// campaign: `qbridge chaos --scenario cutover-random --seeds 1000`,
 /// docs/src/internals/fault-suite.md). Each seed walks the route through random advances,
-/// rollbacks, ramps, kills, restarts, lost reports, re-pushes and repairs,
-/// then flips to 100% and decommissions; the oracle and the diff judge it.
+/// rollbacks (also below `dual_write`), ramps, kills, restarts, lost
+/// reports, re-pushes and repairs, then flips to 100% and decommissions;
+/// the oracle and the diff judge it. Seed 3 starts in `redis_only` with a
+/// backlog waiting in Redis; 1 and 5 start in `dual_write`.
 ///
 /// Odd seeds only: they push id-keyed jobs. Even seeds (identical texts,
 /// content-hash keys) still lose jobs when Redis restarts without
@@ -186,10 +188,9 @@ async fn randomized_cutover_walks_keep_every_promise() {
     );
 }
 
-/// One randomized cutover walk (seed 3: ids, Postgres crashed three times,
-/// Redis killed three times, a worker SIGKILLed, to `decommissioned`) with
-/// every qbridge process behind PgBouncer in transaction mode, polling
-/// only.
+/// One randomized cutover walk (seed 3: ids, from `redis_only` with a
+/// backlog, to `decommissioned`) with every qbridge process behind
+/// PgBouncer in transaction mode, polling only.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_randomized_cutover_walk_through_pgbouncer_keeps_every_promise() {
     let _turn = ONE_AT_A_TIME.lock().await;

@@ -1,5 +1,6 @@
 //! The randomized cutover oracle (`qbridge chaos --scenario cutover-random
-//! --seeds N`): for each seed, one route walks through a random sequence of
+//! --seeds N`): for each seed, one route walks — from `dual_write`, or from
+//! `redis_only` with a backlog waiting — through a random sequence of
 //! phase advances (with a flipped share), rollbacks, percent ramps, worker
 //! kills, Redis and Postgres restarts, lost outcome reports, client
 //! re-pushes of acknowledged jobs and repairs ([`steps`]), under continuous
@@ -91,10 +92,10 @@ pub async fn campaign(
 /// this one choosing it and binding it (a campaign process ended on "Address
 /// already in use" after 26 of its 142 seeds). The walk has not begun, so
 /// nothing is judged twice.
-async fn start_rig(c: &Campaign, items: Items) -> Result<Rig> {
+async fn start_rig(c: &Campaign, items: Items, phase: Phase) -> Result<Rig> {
     let mut tries = 0;
     loop {
-        match Rig::start_with(&c.bin, Phase::DualWrite, "", items, c.via_pgbouncer).await {
+        match Rig::start_with(&c.bin, phase, "", items, c.via_pgbouncer).await {
             Ok(rig) => return Ok(rig),
             Err(e) if tries < 2 => {
                 tries += 1;
@@ -102,6 +103,19 @@ async fn start_rig(c: &Campaign, items: Items) -> Result<Rig> {
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Items pushed at once before a walk that starts in `redis_only` leaves it.
+const BACKLOG: usize = 300;
+
+/// Seeds 2, 3, 6, 7, … start in `redis_only` with a backlog waiting in
+/// Redis, and their first step takes the route into `dual_write` (where
+/// the others start); any walk may roll back there later.
+fn start_phase(seed: u64) -> Phase {
+    match (seed / 2) % 2 {
+        1 => Phase::RedisOnly,
+        _ => Phase::DualWrite,
     }
 }
 
@@ -115,17 +129,28 @@ pub async fn run_seed(c: &Campaign, seed: u64) -> Result<SeedReport> {
         1 => Items::Ids,
         _ => Items::Repeating,
     };
-    let mut rig = start_rig(c, items).await?;
+    let start = start_phase(seed);
+    let mut rig = start_rig(c, items, start).await?;
     let h = Harness::attach(&rig).await?;
     let window_start = chrono::Utc::now() - chrono::Duration::seconds(1);
     let load = Load::start_with(c.rate, rig.proxy_port, h.producer.clone(), items);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut done = Vec::new();
+    if start == Phase::RedisOnly {
+        done.push(stamped(
+            steps::push_backlog(&rig, &load.acked, BACKLOG).await,
+        ));
+        let first = Step::Advance { percent: 100 };
+        let said = steps::take(first, &mut rig, &h, &load.acked, &load.pause).await;
+        done.push(stamped(
+            said.unwrap_or_else(|e| format!("{first:?} failed: {e}")),
+        ));
+    }
     for _ in 0..c.steps {
         let state = operate::state_of(&rig.db, &h.route, BY).await;
         let (phase, percent) = state.map_or((Phase::DualWrite, 100), |s| (s.phase, s.percent));
         let step = steps::draw(&mut rng, phase, percent);
-        let said = steps::take(step, &mut rig, &h, &load.acked).await;
+        let said = steps::take(step, &mut rig, &h, &load.acked, &load.pause).await;
         done.push(stamped(
             said.unwrap_or_else(|e| format!("{step:?} failed: {e}")),
         ));
@@ -179,7 +204,7 @@ async fn finish(
             (Phase::PostgresOnly, _) => Step::Ramp { percent: 100 },
             _ => Step::Advance { percent: 100 },
         };
-        match steps::take(step, rig, h, &Default::default()).await {
+        match steps::take(step, rig, h, &Default::default(), &Default::default()).await {
             Ok(said) => done.push(stamped(format!("end: {said}"))),
             Err(e) => failed.push(format!("the end's {step:?} failed: {e}")),
         }
@@ -192,7 +217,15 @@ async fn finish(
     // a repair then left the last copies Redis lost unjudged for good
     // (seeds 2104, 2112: the last copy of a text, pushed 0.1 s before).
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    match steps::take(Step::Repair, rig, h, &Default::default()).await {
+    match steps::take(
+        Step::Repair,
+        rig,
+        h,
+        &Default::default(),
+        &Default::default(),
+    )
+    .await
+    {
         Ok(said) => done.push(stamped(format!("end: {said}"))),
         Err(e) => failed.push(format!("the end's repair failed: {e}")),
     }
@@ -204,7 +237,16 @@ async fn finish(
             patience.as_secs_f64()
         ));
     }
-    match steps::take(Step::Advance { percent: 100 }, rig, h, &Default::default()).await {
+    let decommission = Step::Advance { percent: 100 };
+    match steps::take(
+        decommission,
+        rig,
+        h,
+        &Default::default(),
+        &Default::default(),
+    )
+    .await
+    {
         Ok(said) => done.push(stamped(format!("end: {said}"))),
         Err(e) => failed.push(format!("decommission failed: {e}")),
     }

@@ -4,6 +4,7 @@
 //! those are promised; a push that failed or whose answer never came may or
 //! may not exist, and the oracle holds it to "never twice" only.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,9 +58,55 @@ impl Acked {
     }
 }
 
+/// Holds the producers while a step needs Redis untouched by them (see the
+/// oracle's advance out of `redis_only`).
+#[derive(Clone, Default)]
+pub struct Pause(Arc<PauseState>);
+
+#[derive(Default)]
+struct PauseState {
+    held: AtomicBool,
+    /// Pushes sent and not yet answered.
+    pushing: AtomicUsize,
+}
+
+/// One push under way (ends when dropped).
+struct Pushing(Arc<PauseState>);
+
+impl Drop for Pushing {
+    fn drop(&mut self) {
+        self.0.pushing.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Pause {
+    /// Returns once no producer pushes and none will until
+    /// [`Pause::release`]. A producer counts its push before it looks at
+    /// the flag, so either this sees the push under way and waits for its
+    /// answer, or the producer sees the flag.
+    pub async fn hold(&self) {
+        self.0.held.store(true, Ordering::SeqCst);
+        while self.0.pushing.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    pub fn release(&self) {
+        self.0.held.store(false, Ordering::SeqCst);
+    }
+
+    /// A push may start: `None` while held.
+    fn push(&self) -> Option<Pushing> {
+        self.0.pushing.fetch_add(1, Ordering::SeqCst);
+        let pushing = Pushing(self.0.clone());
+        (!self.0.held.load(Ordering::SeqCst)).then_some(pushing)
+    }
+}
+
 /// The running producers.
 pub struct Load {
     pub acked: Acked,
+    pub pause: Pause,
     stop: CancellationToken,
     tasks: JoinSet<()>,
 }
@@ -80,6 +127,7 @@ impl Load {
     /// (one producer each, its keys named apart).
     pub fn start_across(rate: u32, proxy_ports: &[u16], producer: Producer, items: Items) -> Load {
         let acked = Acked::default();
+        let pause = Pause::default();
         let stop = CancellationToken::new();
         let period = Duration::from_secs_f64(2.0 / f64::from(rate.max(2)));
         let mut tasks = JoinSet::new();
@@ -93,7 +141,7 @@ impl Load {
                 prefix,
                 port,
                 period * proxy_ports.len() as u32,
-                acked.clone(),
+                (acked.clone(), pause.clone()),
                 stop.clone(),
             ));
         }
@@ -101,10 +149,15 @@ impl Load {
             items,
             producer,
             period,
-            acked.clone(),
+            (acked.clone(), pause.clone()),
             stop.clone(),
         ));
-        Load { acked, stop, tasks }
+        Load {
+            acked,
+            pause,
+            stop,
+            tasks,
+        }
     }
 
     /// Stops producing and waits for the producers to finish their call.
@@ -151,7 +204,7 @@ async fn through_proxy(
     prefix: String,
     port: u16,
     period: Duration,
-    acked: Acked,
+    (acked, pause): (Acked, Pause),
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(period);
@@ -160,6 +213,9 @@ async fn through_proxy(
     let mut n = 0u64;
     while !stop.is_cancelled() {
         tick.tick().await;
+        let Some(_pushing) = pause.push() else {
+            continue;
+        };
         let key = items.name(&prefix, n);
         n += 1;
         if conn.is_none() {
@@ -191,7 +247,7 @@ async fn through_api(
     items: Items,
     producer: Producer,
     period: Duration,
-    acked: Acked,
+    (acked, pause): (Acked, Pause),
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(period);
@@ -199,6 +255,9 @@ async fn through_api(
     let mut n = 0u64;
     while !stop.is_cancelled() {
         tick.tick().await;
+        let Some(_pushing) = pause.push() else {
+            continue;
+        };
         let key = items.name("a", n);
         n += 1;
         let call = producer.enqueue(ROUTE, vec![item(items, &key)]);

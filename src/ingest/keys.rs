@@ -12,7 +12,17 @@ use crate::queue::JobCopy;
 
 const KEYS_SQL: &str = r#"
 INSERT INTO qbridge.job_keys (queue, key, copy, via, flagged, pushed_at, due_at, original)
-SELECT t.queue, t.key, t.copy, t.via, t.flagged, t.pushed_at, t.due_at,
+SELECT t.queue, t.key,
+       -- A live push of a key Postgres never recorded whose job the Redis
+       -- side reported running (pushed before the route was mirrored):
+       -- recorded as the mirror copy it would have been, so the push is
+       -- judged as a re-push of it (`promote`), not run as a new job.
+       CASE WHEN t.copy = 'live' AND EXISTS (
+                SELECT 1 FROM qbridge.outcomes o
+                 WHERE o.queue = t.queue AND o.key = t.key AND o.side = 'redis'
+                   AND o.mode = 'live')
+            THEN 'mirror' ELSE t.copy END,
+       t.via, t.flagged, t.pushed_at, t.due_at,
        -- No bytes to keep when the Redis side already finished the job.
        CASE WHEN t.original IS NOT NULL AND NOT EXISTS (
                 SELECT 1 FROM qbridge.outcomes o
@@ -24,17 +34,19 @@ SELECT t.queue, t.key, t.copy, t.via, t.flagged, t.pushed_at, t.due_at,
        AS t(queue, key, copy, via, flagged, original, pushed_at, due_at)
  ORDER BY t.queue, t.key
 ON CONFLICT (queue, key) DO NOTHING
-RETURNING queue, key
+RETURNING queue, key, copy
 "#;
 
-/// Records every key in `job_keys` and returns the ones that were new.
+/// Records every key in `job_keys` and returns the ones that were new: not
+/// a live item's key recorded as a mirror copy (see `KEYS_SQL`), which is a
+/// re-push.
 pub(super) async fn known_keys(
     conn: &mut PgConnection,
     items: &[Item<'_>],
     keys: &[String],
     flags: &[Option<&str>],
 ) -> Result<HashSet<(String, String)>> {
-    let rows: Vec<(String, String)> = sqlx::query_as(KEYS_SQL)
+    let rows: Vec<(String, String, String)> = sqlx::query_as(KEYS_SQL)
         .bind(
             items
                 .iter()
@@ -59,5 +71,17 @@ pub(super) async fn known_keys(
         .bind(items.iter().map(Item::due_at).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;
-    Ok(rows.into_iter().collect())
+    let live: HashSet<(&str, &str)> = items
+        .iter()
+        .zip(keys)
+        .filter(|(i, _)| i.copy == JobCopy::Live)
+        .map(|(i, k)| (i.route.queue.as_str(), k.as_str()))
+        .collect();
+    Ok(rows
+        .into_iter()
+        .filter(|(queue, key, copy)| {
+            copy != JobCopy::Mirror.as_str() || !live.contains(&(queue.as_str(), key.as_str()))
+        })
+        .map(|(queue, key, _)| (queue, key))
+        .collect())
 }

@@ -3,7 +3,7 @@
 //! and, for frameworks that keep jobs elsewhere (`model::structures`:
 //! Sidekiq's `schedule`, `retry` and `dead` sets, RQ's registries, the
 //! tasks a Celery worker holds in kombu's `unacked`, a reliable fetch's
-//! private lists), those too.
+//! private lists, qbridge's own consumer's processing lists), those too.
 //!
 //! The jobs stay in Redis and the Redis side still runs them: the list's
 //! items, the scheduled and retrying jobs and the ones a worker holds
@@ -31,13 +31,15 @@ use redis::aio::ConnectionManager;
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::config::RedisSideKind;
 use crate::error::{Error, Result};
 use crate::ingest::{self, Item, Via};
 use crate::model::formats::decode_bytes;
-use crate::model::structures::Holding;
+use crate::model::structures::{Holding, Owner as StructureOwner, Shape, Structure};
 use crate::model::Phase;
 use crate::ops::decommission::structures::{store_due, to_dead};
 use crate::queue::JobCopy;
+use crate::redis::keys::RouteKeys;
 use crate::redis::rq_jobs;
 use crate::routes::Route;
 
@@ -114,7 +116,11 @@ pub async fn import(
         );
         report.structures.push(found.await?);
     }
-    for structure in route.structures() {
+    let mut structures = route.structures();
+    if route.config.redis_side == RedisSideKind::Qbridge {
+        structures.push(consumer_processing(route));
+    }
+    for structure in structures {
         if !structure.imported() {
             // Counted, never copied (`Structure::imported`): the gate holds
             // decommission until they are gone from Redis.
@@ -178,6 +184,20 @@ pub async fn import(
         report.structures.push(line);
     }
     Ok(report)
+}
+
+/// The processing lists of qbridge's own Redis consumer: the jobs its
+/// slots took and have not finished (running, waiting for their retry, or
+/// left by a worker that was killed). Redis holds them as surely as the
+/// list's backlog, and a Redis that loses its data loses them too.
+fn consumer_processing(route: &Route) -> Structure {
+    Structure {
+        holding: Holding::Held,
+        key: RouteKeys::of(route).any_processing(),
+        shape: Shape::PrivateLists,
+        owner: StructureOwner::Whole,
+        queue: route.queue.clone(),
+    }
 }
 
 /// One of the route's lists (`Route::lists`: its own, Celery's priority

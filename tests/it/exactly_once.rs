@@ -4,6 +4,7 @@
 //! across a rollback, decommission under a running consumer, and a job that
 //! ran live on both sides. Each test failed before its fix.
 
+mod before_mirroring;
 mod both_sides;
 pub(crate) mod fleet;
 mod fleet_rollback;

@@ -11,9 +11,10 @@ use rand::Rng;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::chaos::load::{self, Acked};
+use crate::chaos::load::{self, Acked, Pause};
 use crate::chaos::rig::{Rig, LIST};
 use crate::chaos::Harness;
+use crate::cutover::watch;
 use crate::error::{Error, Result};
 use crate::model::Phase;
 use crate::ops::operate::{self, Refusal, Request};
@@ -29,7 +30,7 @@ pub enum Step {
     /// One phase forward (forced: the walk tests safety, not the gates);
     /// into `postgres_only` with this share of keys flipped.
     Advance { percent: u8 },
-    /// One phase back.
+    /// One phase back (also below `dual_write`, where nothing is mirrored).
     Rollback,
     /// A new flipped share in `postgres_only`.
     Ramp { percent: u8 },
@@ -77,8 +78,12 @@ pub fn draw(rng: &mut StdRng, phase: Phase, percent: u8) -> Step {
         };
         let possible = match step {
             Step::Advance { .. } => phase < Phase::PostgresOnly,
-            Step::Rollback => phase > Phase::DualWrite,
+            Step::Rollback => phase > Phase::RedisOnly,
             Step::Ramp { .. } => phase == Phase::PostgresOnly && percent < 100,
+            // In `redis_only` Redis alone holds what is pushed, and qbridge
+            // promises nothing about a Redis that loses it; there is no
+            // mirror to repair either.
+            Step::RestartRedis | Step::Repair => phase != Phase::RedisOnly,
             _ => true,
         };
         if possible {
@@ -87,29 +92,18 @@ pub fn draw(rng: &mut StdRng, phase: Phase, percent: u8) -> Step {
     }
 }
 
-/// Takes `step`; its description, or why it could not be taken.
-pub async fn take(step: Step, rig: &mut Rig, h: &Harness, acked: &Acked) -> Result<String> {
+/// Takes `step`; its description, or why it could not be taken. The
+/// producers' `acked` keys and their `pause` belong to the walk's load.
+pub async fn take(
+    step: Step,
+    rig: &mut Rig,
+    h: &Harness,
+    acked: &Acked,
+    pause: &Pause,
+) -> Result<String> {
     let route = &h.route;
     match step {
-        Step::Advance { percent } => {
-            let from = operate::state_of(&rig.operator, route, BY).await?.phase;
-            let req = Request {
-                by: BY,
-                reason: Some(REASON),
-                force: true,
-                // A share is flipped only on the step into postgres_only.
-                percent: (from == Phase::Shadow).then_some(percent),
-            };
-            let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
-            let state = operate::advance(&rig.operator, Some(&mut redis), route, &req, 1 << 20)
-                .await
-                .map_err(|r| match r {
-                    Refusal::Gate(_) => Error::CheckFailed("a forced advance was refused".into()),
-                    Refusal::Error(e) => e,
-                })?
-                .state;
-            Ok(format!("advance → {} ({}%)", state.phase, state.percent))
-        }
+        Step::Advance { percent } => advance(rig, h, percent, pause).await,
         Step::Rollback => {
             let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
             let req = Request::new(BY, Some(REASON));
@@ -172,6 +166,91 @@ pub async fn take(step: Step, rig: &mut Rig, h: &Harness, acked: &Acked) -> Resu
         }
         Step::Repair => repair_once(rig, h, None).await,
     }
+}
+
+/// One phase forward, forced. Out of `redis_only` as the runbook says: the
+/// advance counts the identical items Redis holds, and once every process
+/// mirrors, `qbridge import` copies the backlog of ids. Identical items
+/// pushed between the flip and the processes following it are neither
+/// counted nor mirrored (an open path, `docs/src/internals/fault-suite.md`),
+/// so on a content-hash route the producers wait meanwhile.
+async fn advance(rig: &Rig, h: &Harness, percent: u8, pause: &Pause) -> Result<String> {
+    let route = &h.route;
+    let from = operate::state_of(&rig.operator, route, BY).await?.phase;
+    let req = Request {
+        by: BY,
+        reason: Some(REASON),
+        force: true,
+        // A share is flipped only on the step into postgres_only.
+        percent: (from == Phase::Shadow).then_some(percent),
+    };
+    let out_of_redis_only = from == Phase::RedisOnly;
+    let paused = out_of_redis_only && rig.items.repeats_are_new_jobs();
+    if paused {
+        pause.hold().await;
+    }
+    let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
+    let advanced = operate::advance(&rig.operator, Some(&mut redis), route, &req, 1 << 20).await;
+    if out_of_redis_only {
+        tokio::time::sleep(watch::INTERVAL * 3 + Duration::from_millis(500)).await;
+    }
+    pause.release();
+    let advanced = advanced.map_err(|r| match r {
+        Refusal::Gate(_) => Error::CheckFailed("a forced advance was refused".into()),
+        Refusal::Error(e) => e,
+    })?;
+    let state = advanced.state;
+    let mut said = format!("advance → {} ({}%)", state.phase, state.percent);
+    if out_of_redis_only {
+        let imported = crate::ops::import::import(
+            &rig.operator,
+            &mut redis,
+            route,
+            state.phase,
+            false,
+            1 << 20,
+            |_, _| {},
+        )
+        .await?;
+        let new: usize = imported.structures.iter().map(|s| s.new).sum();
+        said.push_str(&format!(
+            "; counted {} identical copies waiting; imported {new}",
+            advanced.counted_backlog
+        ));
+    }
+    Ok(said)
+}
+
+/// Pushes `count` items through the proxy at once (one pipelined write):
+/// the backlog a route has when it leaves `redis_only`.
+pub async fn push_backlog(rig: &Rig, acked: &Acked, count: usize) -> String {
+    let names: Vec<String> = (0..count as u64).map(|n| rig.items.name("b", n)).collect();
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", rig.proxy_port)).await else {
+        return "backlog: proxy unreachable".into();
+    };
+    let mut pipeline = Vec::new();
+    for name in &names {
+        pipeline.extend(load::lpush(LIST, &load::item(rig.items, name)));
+    }
+    let sent = conn.write_all(&pipeline).await.is_ok();
+    let mut pushed = 0;
+    for name in names {
+        let line = match sent {
+            true => tokio::time::timeout(Duration::from_secs(10), load::reply_line(&mut conn))
+                .await
+                .ok()
+                .flatten(),
+            false => None,
+        };
+        match line {
+            Some(line) if line.starts_with(b":") => {
+                acked.add(name, "proxy");
+                pushed += 1;
+            }
+            _ => acked.unsure(name),
+        }
+    }
+    format!("backlog: {pushed} of {count} pushed in redis_only")
 }
 
 /// One LPUSH of `item` through the proxy; the reply line, and whether it
