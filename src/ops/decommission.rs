@@ -129,7 +129,13 @@ pub async fn archive_and_delete(
     }
     // The live-key guard too: nothing runs the route on Redis any more
     // (its publisher stops writing it once the route is decommissioned).
-    let mut doomed = vec![keys.ran(), keys.epoch(), keys.live(), keys.live_through()];
+    let mut doomed = vec![
+        keys.ran(),
+        keys.running(),
+        keys.epoch(),
+        keys.live(),
+        keys.live_through(),
+    ];
     doomed.extend(scan(redis, &keys.any_inflight()).await?);
     doomed.extend(scan(redis, &keys.any_repushed()).await?);
     // The acknowledgements: no consumer beats a decommissioned route again.

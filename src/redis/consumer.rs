@@ -162,6 +162,8 @@ struct Ctx {
     route_keys: RouteKeys,
     ack: Script,
     dead: Script,
+    drop: Script,
+    claim: Script,
     /// Items the slots hold now (the heartbeat's `holding`).
     holding: AtomicU64,
     /// When the heartbeat was last written (ms since the epoch, 0 = never):
@@ -245,6 +247,8 @@ impl RedisConsumer {
                 route_keys,
                 ack: Script::new(scripts::ACK_LUA),
                 dead: Script::new(scripts::DEAD_LUA),
+                drop: Script::new(scripts::DROP_LUA),
+                claim: Script::new(scripts::CLAIM_LUA),
                 holding: AtomicU64::new(0),
                 beat_ok_ms: AtomicI64::new(0),
             },

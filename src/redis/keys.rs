@@ -12,6 +12,8 @@
 //! | `qbridge:inflight:<route>:<consumer>:<n>` | hash | the consumer | the consumer, the diff, decommission |
 //! | `qbridge:consumer:<route>:<consumer>` | hash (TTL) | the consumer (its heartbeat) | decommission |
 //! | `qbridge:dead:<route>` | list | the consumer | decommission |
+//! | `qbridge:ran:<route>` | sorted set | the consumer (ack, dead) | the consumer, the diff, repair, decommission |
+//! | `qbridge:running:<route>` | hash | the consumer (its claims) | the consumer |
 //! | `qbridge:repushed:<route>:<job key>` | string (TTL) | repair | repair, decommission |
 //! | `qbridge:repushed:<route>:<job key>#<µs>` | string (TTL) | repair (an identical copy) | repair, decommission |
 //! | `qbridge:archiving:<route>:<id>` | list | decommission | decommission |
@@ -94,6 +96,15 @@ impl RouteKeys {
     /// reaches Postgres; kept for [`RAN_RETENTION_MS`].
     pub fn ran(&self) -> String {
         format!("{PREFIX}ran:{}", self.route)
+    }
+
+    /// `qbridge:running:<route>`: a hash of the id keys qbridge's Redis
+    /// consumer is running now, each to the processing list that holds its
+    /// item. A second item of a key (a client's retry reaching Redis while
+    /// the first runs) waits until the first finishes and joins the ran
+    /// set, and is then dropped unrun.
+    pub fn running(&self) -> String {
+        format!("{PREFIX}running:{}", self.route)
     }
 
     /// `qbridge:epoch:<route>`: a marker qbridge sets once in the route's

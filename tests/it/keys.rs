@@ -323,6 +323,8 @@ diff = {{ settle = "0s" }}
         route_keys.gap(),
         route_keys.dead(),
         route_keys.ran(),
+        // The claim of the item slot 0 still holds.
+        route_keys.running(),
         route_keys.repushed("lost-1"),
         route_keys.epoch(),
         consumer_keys.processing(0),

@@ -80,27 +80,71 @@ pub async fn owner(
     }
 }
 
-/// Whether this consumer already finished an item of `key` (it is in the
-/// route's ran set, written in the same step as the ack or the move to the
-/// dead list): then this item is a second push of a job that ran — a
-/// client's retry forwarded to Redis — and is dropped unrun. Only id keys:
-/// identical texts are numbered apart. A Redis error answers "no": the
-/// item then runs, as the Redis side always has (at least once).
-pub async fn ran_already(
+/// What the route's ran set and running claims say about a popped item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// Its job ran already (the key is in the route's ran set, written in
+    /// the same step as the ack or the move to the dead list): this item is
+    /// a second push of it — a client's retry forwarded to Redis — and is
+    /// dropped unrun.
+    Ran,
+    /// Another item of the key runs now (the processing list holding it,
+    /// whose consumer is alive): this one waits.
+    HeldBy(String),
+    /// This item may run: the claim is its own (or the key is a content
+    /// hash, numbered apart, or Redis did not answer: then it runs, as the
+    /// Redis side always has, at least once).
+    Run,
+}
+
+/// Asks whether `key` ran or runs elsewhere, and claims it for the item in
+/// `processing` otherwise (`qbridge:running:<route>`). A claim whose holder's
+/// consumer has no heartbeat any more is taken over: that consumer died
+/// holding the item, and its next start finds the claim gone to this one.
+pub async fn claim(
     conn: &mut MultiplexedConnection,
-    keys: &RouteKeys,
+    (script, keys): (&redis::Script, &RouteKeys),
+    processing: &str,
     decoded: &Decoded,
     key: &str,
-) -> bool {
+) -> Claim {
     if matches!(decoded.key, KeySource::ContentHash(_)) {
-        return false;
+        return Claim::Run;
     }
-    let score: redis::RedisResult<Option<f64>> = redis::cmd("ZSCORE")
-        .arg(keys.ran())
-        .arg(key)
+    let mut take_over = String::new();
+    for _ in 0..2 {
+        let answer: redis::RedisResult<String> = script
+            .key(keys.ran())
+            .key(keys.running())
+            .arg(key)
+            .arg(processing)
+            .arg(&take_over)
+            .invoke_async(conn)
+            .await;
+        let holder = match answer.as_deref() {
+            Ok("ran") => return Claim::Ran,
+            Ok("") | Err(_) => return Claim::Run,
+            Ok(holder) => holder.to_string(),
+        };
+        if holder_alive(conn, keys, &holder).await {
+            return Claim::HeldBy(holder);
+        }
+        take_over = holder;
+    }
+    Claim::HeldBy(take_over)
+}
+
+/// Whether the consumer owning processing list `holder` still beats (a
+/// Redis error says yes: waiting is the safe answer).
+async fn holder_alive(conn: &mut MultiplexedConnection, keys: &RouteKeys, holder: &str) -> bool {
+    let Some(consumer) = keys.processing_owner(holder) else {
+        return false;
+    };
+    let beats: redis::RedisResult<bool> = redis::cmd("EXISTS")
+        .arg(keys.consumer(consumer).heartbeat())
         .query_async(conn)
         .await;
-    matches!(score, Ok(Some(_)))
+    beats.unwrap_or(true)
 }
 
 /// Records that the consumer skipped `key` (the diff counts skips); best

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::heartbeat;
 use super::inflight::item_key;
 use super::numbering::numbered;
-use super::postgres_owns::{owner, ran_already, Owner};
+use super::postgres_owns::{claim, owner, Claim, Owner};
 use super::{ConsumerReport, Ctx};
 
 mod skip;
@@ -246,7 +246,26 @@ impl Slot {
                 _ = tokio::time::sleep(self.ctx.opts.reconnect_delay) => return Ok(Step::Idle),
             }
         };
-        if ran_already(conn, &ctx.route_keys, &decoded, &key).await {
+        let claim = claim(
+            conn,
+            (&ctx.claim, &ctx.route_keys),
+            &processing,
+            &decoded,
+            &key,
+        )
+        .await;
+        if let Claim::HeldBy(holder) = claim {
+            // A second item of a job another item runs now: it waits in its
+            // processing list until that run ends (then the ran set drops it).
+            tracing::debug!(route = %ctx.route.name, key = %key_hash(&key), holder = %holder,
+                "redis consumer: the job runs in another item; this one waits");
+            self.check_own = true;
+            tokio::select! {
+                _ = token.cancelled() => return Ok(Step::Stop),
+                _ = tokio::time::sleep(self.ctx.opts.reconnect_delay) => return Ok(Step::Idle),
+            }
+        }
+        if claim == Claim::Ran {
             self.report.dropped_already_ran += 1;
             self.skip_unrun(
                 conn,
@@ -391,6 +410,7 @@ impl Slot {
         call.key(inflight)
             .key(self.ctx.route_keys.dead())
             .key(self.ctx.route_keys.ran())
+            .key(self.ctx.route_keys.running())
             .arg(&decoded.original[..])
             .arg(key)
             .arg(now)

@@ -370,3 +370,46 @@ async fn a_second_push_of_a_key_the_route_already_ran_is_dropped_unrun(pool: PgP
     assert_eq!(report.dropped_already_ran, 1, "{report:?}");
     fx.cleanup().await;
 }
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_second_push_of_a_key_still_running_waits_and_is_dropped_unrun(pool: PgPool) {
+    // A client retry forwarded to Redis while the first item of its key is
+    // still running in another slot (the oracle counted these as second
+    // items): the ran set does not hold the key yet, so before the fix the
+    // second slot ran it too. The running claim makes it wait for the first
+    // to finish, and then the ran set drops it.
+    let fx = Fixture::new(
+        "json:/id",
+        Phase::DualWrite,
+        PushEnd::Lpush,
+        sh("sleep 1; exit 0", &[]),
+        2,
+        3,
+    );
+    let running = fx.start(&pool).await;
+    let item = r#"{"id":"k-running"}"#;
+    let _: i64 = redis().await.lpush(&fx.list, item).await.unwrap();
+    wait_for(
+        "the first item running",
+        Duration::from_secs(10),
+        || async { redis().await.llen::<_, i64>(&fx.list).await.unwrap() == 0 },
+    )
+    .await;
+    let _: i64 = redis().await.lpush(&fx.list, item).await.unwrap();
+    wait_for("both items handled", Duration::from_secs(15), || async {
+        let mut conn = redis().await;
+        let mut left = conn.llen::<_, i64>(&fx.list).await.unwrap();
+        for slot in 0..2 {
+            left += conn.llen::<_, i64>(fx.processing(slot)).await.unwrap();
+        }
+        left == 0
+    })
+    .await;
+    let report = running.stop().await;
+    assert_eq!(
+        (report.ok, report.dropped_already_ran),
+        (1, 1),
+        "{report:?}"
+    );
+    fx.cleanup().await;
+}

@@ -22,7 +22,8 @@ impl Slot {
         key: &str,
         reason: &'static str,
     ) -> RedisResult<()> {
-        self.drop_unrun(conn, processing, inflight, decoded).await?;
+        self.drop_unrun(conn, processing, inflight, decoded, key)
+            .await?;
         let route = &self.ctx.route;
         record_skip(&self.ctx.db, &route.queue, key);
         metrics::counter!(m::REDIS_DROPPED_UNRUN, "route" => route.name.clone(), "reason" => reason)
@@ -33,20 +34,25 @@ impl Slot {
     }
 
     /// Removes an item that must not run on Redis from its processing list,
-    /// with its inflight state, in one step; it joins neither the ran set
-    /// nor the dead list.
+    /// with its inflight state and its running claim, in one step; it joins
+    /// neither the ran set nor the dead list.
     async fn drop_unrun(
         &self,
         conn: &mut MultiplexedConnection,
         processing: &str,
         inflight: &str,
         decoded: &Decoded,
+        key: &str,
     ) -> RedisResult<()> {
-        let _: (i64, i64) = ::redis::pipe()
-            .atomic()
-            .lrem(processing, -1, &decoded.original[..])
-            .del(inflight)
-            .query_async(conn)
+        let _: i64 = self
+            .ctx
+            .drop
+            .key(processing)
+            .key(inflight)
+            .key(self.ctx.route_keys.running())
+            .arg(&decoded.original[..])
+            .arg(key)
+            .invoke_async(conn)
             .await?;
         Ok(())
     }
