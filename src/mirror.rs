@@ -32,6 +32,7 @@ mod due;
 mod gap_repair;
 mod gather;
 mod options;
+mod order;
 mod release;
 mod request;
 mod retained;

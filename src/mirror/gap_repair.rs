@@ -48,30 +48,85 @@ pub async fn repair_gaps_once(
     let mut repaired = 0;
     for route in routes.iter() {
         let keys = RouteKeys::of(route);
-        let lock = keys.gap_lock();
-        let token = uuid::Uuid::new_v4().to_string();
-        let locked: Option<String> = ::redis::cmd("SET")
-            .arg(&lock)
-            .arg(&token)
-            .arg("NX")
-            .arg("PX")
-            .arg(REPAIR_LOCK.as_millis() as u64)
-            .query_async(conn)
-            .await
-            .map_err(|e| Error::redis(DOING, e))?;
-        if locked.is_none() {
+        let Some(token) = lock(conn, &keys).await? else {
             continue;
-        }
+        };
         let result = repair_route(pool, conn, route, &keys.gap(), payload_limit).await;
-        // Released only if still ours (it may have expired and been taken).
-        let _: ::redis::RedisResult<i64> = ::redis::Script::new(RELEASE_LUA)
-            .key(&lock)
-            .arg(&token)
-            .invoke_async(conn)
-            .await;
+        unlock(conn, &keys, &token).await;
         repaired += result?;
     }
     Ok(repaired)
+}
+
+/// Batches [`drain_route`] writes at most before it gives up (the rest
+/// is left to the periodic pass).
+const DRAIN_BATCHES: usize = 20;
+
+/// Writes everything parked in `route`'s gap list now, before a live copy
+/// of the route is stored: a parked mirror copy not yet in `job_keys` would
+/// let a re-push of its key run as a new job while Redis runs the original.
+/// An error (the reason, one line) when it cannot: another process is
+/// writing them, Redis or Postgres failed, or too many are parked.
+pub(super) async fn drain_route(
+    pool: &PgPool,
+    conn: &mut ConnectionManager,
+    route: &Route,
+    payload_limit: usize,
+) -> std::result::Result<(), String> {
+    let keys = RouteKeys::of(route);
+    let parked: i64 = conn.llen(keys.gap()).await.map_err(|e| e.to_string())?;
+    if parked == 0 {
+        return Ok(());
+    }
+    let Some(token) = lock(conn, &keys).await.map_err(|e| e.to_string())? else {
+        return Err(format!(
+            "{parked} mirror copies parked during a Postgres outage are being written by another process"
+        ));
+    };
+    let mut result = Err(format!(
+        "{parked} parked mirror copies are still being written"
+    ));
+    for _ in 0..DRAIN_BATCHES {
+        match repair_route(pool, conn, route, &keys.gap(), payload_limit).await {
+            Ok(0) => {
+                result = Ok(());
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                result = Err(e.to_string());
+                break;
+            }
+        }
+    }
+    unlock(conn, &keys, &token).await;
+    result
+}
+
+/// Takes the route's gap repair lock: its token, or `None` if another
+/// process holds it.
+async fn lock(conn: &mut ConnectionManager, keys: &RouteKeys) -> Result<Option<String>> {
+    let token = uuid::Uuid::new_v4().to_string();
+    let locked: Option<String> = ::redis::cmd("SET")
+        .arg(keys.gap_lock())
+        .arg(&token)
+        .arg("NX")
+        .arg("PX")
+        .arg(REPAIR_LOCK.as_millis() as u64)
+        .query_async(conn)
+        .await
+        .map_err(|e| Error::redis(DOING, e))?;
+    Ok(locked.map(|_| token))
+}
+
+/// Releases the lock, only if still ours (it may have expired and been
+/// taken).
+async fn unlock(conn: &mut ConnectionManager, keys: &RouteKeys, token: &str) {
+    let _: ::redis::RedisResult<i64> = ::redis::Script::new(RELEASE_LUA)
+        .key(keys.gap_lock())
+        .arg(token)
+        .invoke_async(conn)
+        .await;
 }
 
 async fn repair_route(

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex, MutexGuard, Notify};
 
+use super::order::{Order, Ticket};
 use super::request::Request;
 
 /// How long a batch that is not full waits, after its linger, for the
@@ -64,6 +65,7 @@ pub(super) struct Gatherer {
     /// Notified when a live store is queued: nobody lingers over it.
     pub(super) urgent: Arc<Notify>,
     pub(super) turns: Arc<Turns>,
+    pub(super) order: Arc<Order>,
     pub(super) linger: Duration,
     pub(super) batch_items: usize,
 }
@@ -87,14 +89,24 @@ impl Gatherer {
         })
     }
 
-    /// Takes whatever else is queued, up to the batch size. A batch of
-    /// mirror copies that is not full waits up to the linger for more, then
-    /// while another writer is writing (see the module docs); a live store
-    /// queued meanwhile ends the wait at once. Not cancel-safe.
-    pub(super) async fn fill(&self, turn: Turn<'_>) -> Vec<Request> {
+    /// Takes whatever else is queued, up to the batch size, and gives the
+    /// batch its place in gather order (`super::order`) before the next
+    /// writer may gather. A batch of mirror copies that is not full waits up
+    /// to the linger for more, then while another writer is writing (see
+    /// the module docs); a live store queued meanwhile ends the wait at
+    /// once. Not cancel-safe.
+    pub(super) async fn fill(&self, turn: Turn<'_>) -> (Vec<Request>, Ticket) {
+        let Turn { _gathering, first } = turn;
+        let batch = self.fill_from(first).await;
+        let ticket = self.order.gathered(&batch);
+        drop(_gathering);
+        (batch, ticket)
+    }
+
+    async fn fill_from(&self, first: Request) -> Vec<Request> {
         let until = tokio::time::Instant::now() + self.linger;
-        let mut count = turn.first.items.len();
-        let mut batch = vec![turn.first];
+        let mut count = first.items.len();
+        let mut batch = vec![first];
         // Registered before the queue is read, so a live store queued after
         // that read cannot slip past this writer's wait unnoticed.
         let urgent = self.urgent.notified();

@@ -36,6 +36,10 @@ pub enum StoreError {
     /// The transaction failed; the reason is the database error's one line.
     #[error("Postgres write failed: {0}")]
     Failed(String),
+    /// Mirror copies of the route pushed before this one are not written
+    /// yet (the reason): storing it now could take a re-push for a new job.
+    #[error("not stored yet: {0}; retry")]
+    NotYet(String),
 }
 
 /// The writers are gone (shutdown): nothing more can be queued.

@@ -104,6 +104,15 @@ impl Retained {
         state.evict_past(self.limit);
     }
 
+    /// The routes of what is kept.
+    pub(super) fn routes(&self) -> Vec<String> {
+        let state = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut routes: Vec<String> = state.kept.iter().map(|k| k.route.name.clone()).collect();
+        routes.sort();
+        routes.dedup();
+        routes
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.inner
             .lock()

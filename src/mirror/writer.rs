@@ -18,6 +18,7 @@ use super::batch::{rq_jobs_of, write_batch, Part};
 use super::breaker::Breaker;
 use super::gather::{Gatherer, Turns};
 use super::options::{MirrorClosed, MirrorOptions, StoreError};
+use super::order::Order;
 use super::request::Request;
 use super::retained::{Kept, Retained};
 use super::spool;
@@ -81,6 +82,7 @@ impl Mirror {
         let retained = Retained::new(opts.buffer_bytes);
         let urgent = Arc::new(Notify::new());
         let turns = Arc::new(Turns::default());
+        let order = Arc::new(Order::default());
         for _ in 0..opts.writers.max(1) {
             let writer = Writer {
                 pool: pool.clone(),
@@ -89,6 +91,7 @@ impl Mirror {
                     rx: rx.clone(),
                     urgent: Arc::clone(&urgent),
                     turns: Arc::clone(&turns),
+                    order: Arc::clone(&order),
                     linger: opts.linger,
                     batch_items: opts.batch_items,
                 }),
@@ -226,8 +229,10 @@ impl Writer {
                 }
             };
             let Some(turn) = turn else { break };
-            let batch = gather.fill(turn).await;
+            let (batch, ticket) = gather.fill(turn).await;
+            let batch = self.before_live(batch, ticket.place).await;
             self.write(batch).await;
+            drop(ticket);
             if !self.retained.is_empty() {
                 self.write_kept().await;
             }
@@ -246,6 +251,8 @@ impl Writer {
         }
         let turns = Arc::clone(&self.gather.turns);
         let _writing = turns.writing();
+        // Before the take: a live batch then finds them parked or in progress.
+        let _ticket = self.gather.order.kept();
         let kept = self.retained.take();
         if kept.is_empty() {
             return;
@@ -397,5 +404,6 @@ impl Writer {
     }
 }
 
+mod before_live;
 #[cfg(test)]
 mod tests;

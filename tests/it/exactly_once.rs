@@ -10,6 +10,7 @@ pub(crate) mod fleet;
 mod fleet_rollback;
 mod identical_backlog;
 mod identical_under_load;
+mod in_flight_at_flip;
 mod key_drift;
 mod lost_report;
 mod promotion;

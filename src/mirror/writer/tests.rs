@@ -52,6 +52,7 @@ async fn a_push_gathered_as_parked_items_are_retried_is_kept() {
             rx,
             urgent: Arc::new(Notify::new()),
             turns: Arc::new(Turns::default()),
+            order: Default::default(),
             linger: Duration::from_millis(2),
             batch_items: 100,
         }),

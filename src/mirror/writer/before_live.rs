@@ -1,0 +1,82 @@
+//! What a batch holding live copies settles before it is stored: every
+//! mirror copy of its routes pushed before it must be in `job_keys` first,
+//! or a client's re-push of that key after the flip is taken for a new job
+//! and runs in Postgres while Redis runs the original. Three places hold
+//! such copies: another writer's batch being written (waited for, in gather
+//! order: `super::super::order`), this mirror's parked copies (written
+//! now), and the route's gap list, where any process parked what it could
+//! not write during a Postgres outage (written now, under the gap repair's
+//! lock). What cannot be settled is not guessed at: the live copies of
+//! that route are refused with the reason, and the client retries.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::super::gap_repair::drain_route;
+use super::super::options::StoreError;
+use super::super::request::Request;
+use super::Writer;
+use crate::queue::JobCopy;
+use crate::routes::Route;
+
+impl Writer {
+    /// Settles what `batch`'s live copies (if any) must come after; returns
+    /// the batch without the live requests it had to refuse (answered).
+    pub(super) async fn before_live(&mut self, batch: Vec<Request>, place: u64) -> Vec<Request> {
+        let mut routes: Vec<&str> = batch
+            .iter()
+            .filter(|r| r.copy == JobCopy::Live)
+            .map(|r| r.route.name.as_str())
+            .collect();
+        if routes.is_empty() {
+            return batch;
+        }
+        routes.sort();
+        routes.dedup();
+        self.gather.order.wait_before(place, &routes).await;
+        let mut refused: HashMap<String, String> = HashMap::new();
+        if !self.retained.is_empty() {
+            self.write_kept().await;
+            for route in self.retained.routes() {
+                refused.insert(
+                    route,
+                    "mirror copies parked during a Postgres outage are not written yet".into(),
+                );
+            }
+        }
+        let mut live_routes: Vec<Arc<Route>> = Vec::new();
+        for request in batch.iter().filter(|r| r.copy == JobCopy::Live) {
+            if !live_routes.iter().any(|r| r.name == request.route.name) {
+                live_routes.push(Arc::clone(&request.route));
+            }
+        }
+        if let Some(conn) = self.spool.as_mut() {
+            for route in live_routes {
+                if refused.contains_key(&route.name) {
+                    continue;
+                }
+                if let Err(why) =
+                    drain_route(&self.pool, conn, &route, self.opts.payload_limit).await
+                {
+                    refused.insert(route.name.clone(), why);
+                }
+            }
+        }
+        if refused.is_empty() {
+            return batch;
+        }
+        let mut kept = Vec::with_capacity(batch.len());
+        for request in batch {
+            let why = (request.copy == JobCopy::Live)
+                .then(|| refused.get(&request.route.name))
+                .flatten();
+            match (why, request.reply) {
+                (Some(why), Some(reply)) => {
+                    let _ = reply.send(Err(StoreError::NotYet(why.clone())));
+                }
+                (_, reply) => kept.push(Request { reply, ..request }),
+            }
+        }
+        kept
+    }
+}

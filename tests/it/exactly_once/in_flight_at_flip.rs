@@ -1,0 +1,105 @@
+//! A push whose mirror copy is not yet in Postgres when the route flips: a
+//! client's re-push of it through the proxy in `postgres_only` is judged by
+//! `job_keys`, where the key is missing, so it was stored as a new live job
+//! while Redis still held (and its side would run) the original.
+
+use sqlx::PgPool;
+
+use qbridge::redis::keys::RouteKeys;
+
+use super::{delete_keys, ProxySide, REDIS};
+
+async fn redis() -> ::redis::aio::MultiplexedConnection {
+    ::redis::Client::open(REDIS)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// An LPUSH through the proxy; its reply, an integer or an error's text.
+async fn push_through(side: &ProxySide, list: &str, item: &[u8]) -> Result<i64, String> {
+    let mut conn = ::redis::Client::open(side.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    ::redis::cmd("LPUSH")
+        .arg(list)
+        .arg(item)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// The original was pushed in `shadow` while Postgres was away, so its
+/// mirror copy waits in the route's gap list (here as another process
+/// parked it, with that process's gap repair holding the lock). Before the
+/// fix the re-push after the flip ran live at once. Now the live store
+/// first writes what the gap list holds: while it cannot (the lock is
+/// taken) the push is refused with the reason and the client retries; once
+/// it can, the original's mirror copy is there first and the re-push is
+/// held as any re-push of a mirrored key.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_repush_of_a_push_parked_before_the_flip_does_not_run_as_a_new_job(pool: PgPool) {
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let (route, list) = (format!("p{id}"), format!("qbt:{id}:jobs"));
+    let toml = format!(
+        "[[routes]]\nname = \"{route}\"\nredis_key = \"{list}\"\nqueue = \"q\"\n\
+         format = \"json:/id\"\nphase = \"postgres_only\"\nredis_side = \"qbridge\"\n"
+    );
+    let keys = RouteKeys::named(&route);
+    let item = br#"{"id":"k-parked"}"#;
+    let mut conn = redis().await;
+    let _: i64 = ::redis::cmd("LPUSH")
+        .arg(&list)
+        .arg(&item[..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let entry = qbridge::redis::gap_entry::encode("parked-write.0", item);
+    let _: i64 = ::redis::cmd("RPUSH")
+        .arg(keys.gap())
+        .arg(entry)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = ::redis::cmd("SET")
+        .arg(keys.gap_lock())
+        .arg("another-process")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let side = ProxySide::start(&pool, &toml).await;
+
+    let refused = push_through(&side, &list, item).await;
+    let live = "SELECT count(*) FROM qbridge.jobs WHERE key = 'k-parked' AND copy = 'live'";
+    assert_eq!(count(&pool, live).await, 0, "{refused:?}");
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.contains("not stored yet") && e.contains("another process")),
+        "{refused:?}"
+    );
+
+    let _: i64 = ::redis::cmd("DEL")
+        .arg(keys.gap_lock())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let retried = push_through(&side, &list, item).await;
+    assert_eq!(retried, Ok(1), "the retry is answered");
+    assert_eq!(count(&pool, live).await, 0);
+    let held = "SELECT count(*) FROM qbridge.held_repushes WHERE key = 'k-parked'";
+    assert_eq!(count(&pool, held).await, 1);
+    let mirror = "SELECT count(*) FROM qbridge.job_keys WHERE key = 'k-parked' AND copy = 'mirror'";
+    assert_eq!(count(&pool, mirror).await, 1);
+    side.stop().await;
+    delete_keys(&[&list, &format!("qbridge:*:{route}*")]).await;
+}
