@@ -12,17 +12,22 @@
 //! pushes, with their bytes: pops then take their numbers, and a restart
 //! that loses them is loss evidence like for any mirrored push.
 //!
-//! **The count never exceeds what Redis holds.** A copy counted twice
-//! would be a number no pop can take, pushed back after a restart as a run
-//! too many; a copy not counted hides at most a loss (reported as nothing,
-//! never acted on). So, per text: the copies one atomic `LRANGE` of each list
-//! shows, less what Postgres already counts as waiting there (pushes not yet
-//! popped, numbers repair pushed back), less every pop of the text recorded
-//! since just before the read (one that left before the read is subtracted
-//! for nothing: an undercount). The pop count's row is locked while the
-//! copies are stored, so a pop numbered afterwards sees them. A mirror
-//! write still parked in the route's gap list (Postgres was away) would be
-//! counted twice: the step waits for gap repair instead.
+//! **The count is exact.** A copy counted twice would be a number no pop
+//! can take, pushed back after a restart as a run too many; a copy not
+//! counted would let a later loss go unseen. So the count reads Redis and
+//! the numbering at one point: in one transaction that first holds every
+//! pop of the queue from being numbered (`PAUSE_POPS_SQL`; the consumer's
+//! numbering takes the same lock shared), one Lua step reads the route's
+//! lists and qbridge's consumer's processing lists with their pop ids. Per
+//! text, the copies Redis holds that no pop has numbered yet (in the lists,
+//! or popped and not numbered: no `numbered_writes` row for the pop id),
+//! less what Postgres already counts as waiting (pushes no pop took,
+//! numbers repair pushed back), are stored. A mirror write still parked in
+//! the route's gap list (Postgres was away) would be counted twice: the step
+//! waits for gap repair instead. What it cannot see: a consumer that starts
+//! its first processing list while the count runs, and items pushed by a
+//! producer not behind qbridge after the count (both leave copies
+//! uncounted).
 
 use std::collections::HashMap;
 
@@ -33,7 +38,8 @@ use crate::error::{Error, Result};
 use crate::ingest::{self, Item, Via};
 use crate::model::formats::{decode_bytes, Decoded, KeySource};
 use crate::queue::JobCopy;
-use crate::redis::keys::RouteKeys;
+use crate::redis::consumer::numbering::PAUSE_POPS_SQL;
+use crate::redis::keys::{inflight_beside, RouteKeys};
 use crate::routes::Route;
 
 /// Copies Postgres counts as waiting in Redis: pushes no pop took yet, and
@@ -46,17 +52,23 @@ SELECT COALESCE((SELECT n FROM qbridge.key_occurrences
      + (SELECT count(*) FROM qbridge.pop_holes WHERE queue = $1 AND hash = $2)
 "#;
 
-/// Makes sure the pop count of the hash exists, then locks it: a pop numbered
-/// while the copies are stored waits, and then sees them.
-const LOCK_POPS_SQL: &str = r#"
-INSERT INTO qbridge.key_occurrences (queue, side, hash, n) VALUES ($1, 'pop', $2, 0)
-ON CONFLICT (queue, side, hash) DO UPDATE SET n = qbridge.key_occurrences.n
-"#;
+/// Which of `$1` (pop ids) were numbered already.
+const NUMBERED_SQL: &str =
+    "SELECT write_id FROM qbridge.numbered_writes WHERE write_id = ANY($1::text[])";
 
-/// Pops of the hash numbered since `$3` (numbered or not: `:r-<pop>` too).
-const POPPED_SINCE_SQL: &str = r#"
-SELECT count(*) FROM qbridge.numbered_writes
- WHERE queue = $1 AND side = 'pop' AND at >= $3 AND key LIKE 'sha256:' || $2 || ':%'
+/// Reads every list in KEYS at once: for each, its items; for a processing
+/// list (ARGV[i] = its inflight hash, else ""), also the pop id of its
+/// item as the last element (`""` when none is stored yet).
+const READ_LUA: &str = r#"
+local out = {}
+for i, key in ipairs(KEYS) do
+  local items = redis.call('LRANGE', key, 0, -1)
+  if ARGV[i] ~= '' then
+    items[#items + 1] = redis.call('HGET', ARGV[i], 'pop') or ''
+  end
+  out[i] = items
+end
+return out
 "#;
 
 /// Stores, as mirror copies, the copies of items without an id that `route`'s
@@ -79,32 +91,21 @@ pub async fn count_identical(
             route.name
         )));
     }
-    let read_from: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT now()").fetch_one(db).await?;
-    let texts = read_texts(redis, route).await?;
-    if texts.is_empty() {
-        return Ok(0);
-    }
+    let processing = processing_lists(redis, route).await?;
     let mut tx = db.begin().await?;
+    sqlx::query(PAUSE_POPS_SQL)
+        .bind(&route.queue)
+        .execute(&mut *tx)
+        .await?;
+    let texts = read_texts(&mut tx, redis, route, &processing).await?;
     let mut items = Vec::new();
     for (hash, (decoded, held)) in &texts {
-        sqlx::query(LOCK_POPS_SQL)
-            .bind(&route.queue)
-            .bind(hash)
-            .execute(&mut *tx)
-            .await?;
         let known: i64 = sqlx::query_scalar(KNOWN_SQL)
             .bind(&route.queue)
             .bind(hash)
             .fetch_one(&mut *tx)
             .await?;
-        let popped: i64 = sqlx::query_scalar(POPPED_SINCE_SQL)
-            .bind(&route.queue)
-            .bind(hash)
-            .bind(read_from)
-            .fetch_one(&mut *tx)
-            .await?;
-        let uncounted = (*held as i64 - known.max(0) - popped).max(0) as usize;
+        let uncounted = (*held as i64 - known.max(0)).max(0) as usize;
         for _ in 0..uncounted {
             items.push(Item::new(
                 route,
@@ -122,29 +123,86 @@ pub async fn count_identical(
     Ok(stored)
 }
 
-/// Each text without an id the route's lists hold, with how many copies:
-/// one `LRANGE` per list, so a pop or a hand-back while it is read never
-/// shows an item twice (pages would).
-async fn read_texts(
+/// The processing lists of qbridge's consumers of the route, with their
+/// inflight hashes.
+async fn processing_lists(
     redis: &mut ConnectionManager,
     route: &Route,
-) -> Result<HashMap<String, (Decoded, usize)>> {
-    let mut texts: HashMap<String, (Decoded, usize)> = HashMap::new();
-    for list in route.lists() {
-        let items: Vec<Vec<u8>> = redis::cmd("LRANGE")
-            .arg(list.as_ref())
-            .arg(0)
-            .arg(-1)
+) -> Result<Vec<(String, String)>> {
+    let mut found = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(RouteKeys::of(route).any_processing())
+            .arg("COUNT")
+            .arg(1000)
             .query_async(redis)
             .await?;
-        for bytes in items {
-            let decoded = decode_bytes(&route.format, bytes.into());
-            let KeySource::ContentHash(hash) = &decoded.key else {
-                continue;
-            };
-            let hash = hash.clone();
-            texts.entry(hash).or_insert((decoded, 0)).1 += 1;
+        found.extend(
+            keys.into_iter()
+                .filter_map(|list| Some((inflight_beside(&list)?, list)))
+                .map(|(inflight, list)| (list, inflight)),
+        );
+        if next == 0 {
+            return Ok(found);
         }
+        cursor = next;
+    }
+}
+
+/// Each text without an id that Redis holds for the route and no pop has
+/// numbered, with how many copies: the route's lists and the items of
+/// `processing` whose pop is not numbered, read in one Lua step.
+async fn read_texts(
+    tx: &mut sqlx::PgConnection,
+    redis: &mut ConnectionManager,
+    route: &Route,
+    processing: &[(String, String)],
+) -> Result<HashMap<String, (Decoded, usize)>> {
+    let lists = route.lists();
+    let read_lua = redis::Script::new(READ_LUA);
+    let mut script = read_lua.prepare_invoke();
+    for list in &lists {
+        script.key(list.as_ref()).arg("");
+    }
+    for (list, inflight) in processing {
+        script.key(list).arg(inflight);
+    }
+    let read: Vec<Vec<Vec<u8>>> = script.invoke_async(redis).await?;
+    let mut waiting: Vec<Vec<u8>> = Vec::new();
+    let mut popped: Vec<(String, Vec<Vec<u8>>)> = Vec::new();
+    for (i, mut items) in read.into_iter().enumerate() {
+        if i < lists.len() {
+            waiting.extend(items);
+        } else {
+            let pop = String::from_utf8_lossy(&items.pop().unwrap_or_default()).into_owned();
+            popped.push((pop, items));
+        }
+    }
+    let ids: Vec<&str> = popped
+        .iter()
+        .map(|(pop, _)| pop.as_str())
+        .filter(|p| !p.is_empty())
+        .collect();
+    let numbered: Vec<String> = sqlx::query_scalar(NUMBERED_SQL)
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await?;
+    for (pop, items) in popped {
+        if !numbered.contains(&pop) {
+            waiting.extend(items);
+        }
+    }
+    let mut texts: HashMap<String, (Decoded, usize)> = HashMap::new();
+    for bytes in waiting {
+        let decoded = decode_bytes(&route.format, bytes.into());
+        let KeySource::ContentHash(hash) = &decoded.key else {
+            continue;
+        };
+        let hash = hash.clone();
+        texts.entry(hash).or_insert((decoded, 0)).1 += 1;
     }
     Ok(texts)
 }

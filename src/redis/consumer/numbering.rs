@@ -27,8 +27,19 @@ use sqlx::PgPool;
 use crate::model::formats::{Decoded, KeySource};
 use crate::model::Phase;
 
-/// The key a pop numbered before, if any.
-const KNOWN_SQL: &str = "SELECT key FROM qbridge.numbered_writes WHERE write_id = $1";
+/// The key a pop numbered before, if any; first the queue's pop lock,
+/// shared: numbering pops of a queue goes on in parallel, and stops while
+/// [`PAUSE_POPS_SQL`] holds it.
+const KNOWN_SQL: &str = r#"
+SELECT (SELECT key FROM qbridge.numbered_writes WHERE write_id = $1)
+  FROM pg_advisory_xact_lock_shared(hashtext('qbridge.pops'), hashtext($2))
+"#;
+
+/// Holds every pop of queue `$1` from being numbered until the transaction
+/// ends: what counts the copies Redis holds (`ops::backlog`) reads the
+/// numbering and Redis at one point that way.
+pub const PAUSE_POPS_SQL: &str =
+    "SELECT pg_advisory_xact_lock(hashtext('qbridge.pops'), hashtext($1))";
 
 /// The lowest hole of the hash, taken.
 const HOLE_SQL: &str = r#"
@@ -107,7 +118,8 @@ async fn number(
     let mut tx = db.begin().await?;
     let known: Option<String> = sqlx::query_scalar(KNOWN_SQL)
         .bind(pop)
-        .fetch_optional(&mut *tx)
+        .bind(queue)
+        .fetch_one(&mut *tx)
         .await?;
     if let Some(key) = known {
         return Ok(classify(key));

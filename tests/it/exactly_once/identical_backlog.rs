@@ -157,3 +157,64 @@ async fn a_rollback_below_dual_write_and_back_counts_only_the_new_copies(pool: P
     let (repushed, left, verdict) = mirrored_pushes_then_restart(&pool, &mut server, conn, 2).await;
     assert_eq!((repushed, left), (2, 2), "{verdict}");
 }
+
+/// A copy qbridge's consumer had popped but not numbered yet when the route
+/// entered `dual_write` (it waits in a processing list, its pop id stored):
+/// Redis still holds it and its pop will take a number, so the count takes
+/// it too. Counting the list alone, its pop later took the number of a
+/// mirrored push, and that push's loss in a restart went unseen (the oracle
+/// found it once its walks started in `redis_only` under load).
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_copy_popped_but_not_yet_numbered_is_counted(pool: PgPool) {
+    let mut server = ThrowawayRedis::start();
+    let mut conn = connect_redis(&server.url()).await.unwrap();
+    operate::state_of(&pool, &route(), "test@ops")
+        .await
+        .unwrap();
+    push_direct(&mut conn, 2).await;
+    let consumer = qbridge::redis::keys::RouteKeys::of(&route()).consumer("w1");
+    let _: i64 = ::redis::cmd("LPUSH")
+        .arg(consumer.processing(0))
+        .arg(TEXT)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: i64 = ::redis::cmd("HSET")
+        .arg(consumer.inflight(0))
+        .arg("pop")
+        .arg("p-unnumbered")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    advance_to_dual_write(&pool, &mut conn).await;
+    // The consumer numbers the pop it held, then pops the list's two.
+    let decoded = qbridge::model::formats::decode_bytes(&route().format, Bytes::from_static(TEXT));
+    let held = qbridge::redis::consumer::numbering::pop_key(
+        &pool,
+        "q",
+        Phase::DualWrite,
+        &decoded,
+        "p-unnumbered",
+    )
+    .await;
+    let qbridge::redis::consumer::numbering::PopKey::Numbered(key) = held else {
+        panic!("{held:?}")
+    };
+    sqlx::query(
+        "INSERT INTO qbridge.outcomes (queue, key, side, mode, outcome) \
+         VALUES ('q', $1, 'redis', 'live', 'ok')",
+    )
+    .bind(&key)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let _: i64 = ::redis::cmd("DEL")
+        .arg(consumer.processing(0))
+        .arg(consumer.inflight(0))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    pop_and_number(&pool, &mut conn, &route(), 0..2, true).await;
+    let (repushed, left, verdict) = mirrored_pushes_then_restart(&pool, &mut server, conn, 2).await;
+    assert_eq!((repushed, left), (2, 2), "{verdict}");
+}
