@@ -128,6 +128,8 @@ pub(super) enum Cmd {
     /// A command that may take members out of a framework's set
     /// (`super::set_pop`).
     SetPop(super::set_pop::SetPop),
+    /// A pop from a routed list (`super::list_pop`).
+    ListPop(super::list_pop::ListPop),
     Multi,
     Exec,
     Discard,

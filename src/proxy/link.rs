@@ -52,6 +52,9 @@ pub(super) struct Link {
     /// here (`redis::epoch::record_acks`). A splice never reconnects, so it
     /// holds for the connection's life.
     pub server: Option<Arc<str>>,
+    /// The jobs this connection took off routed lists (`super::list_pop`),
+    /// written by the reply side, read by the reader when it pushes.
+    pub taken: super::list_pop::Taken,
 }
 
 /// The selected database as of the `done`-th tag the reply side finished.
@@ -73,6 +76,7 @@ impl Link {
     pub(super) fn new(authed: bool, server: Option<Arc<str>>) -> Link {
         Link {
             server,
+            taken: Default::default(),
             attention: Notify::new(),
             pubsub_sent: AtomicU64::new(0),
             db: watch::Sender::new(Selected {

@@ -76,6 +76,7 @@ mod command;
 mod connection;
 pub mod frame;
 mod link;
+mod list_pop;
 mod pop_scripts;
 mod push_scripts;
 mod reader;

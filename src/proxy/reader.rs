@@ -30,7 +30,9 @@ use super::command::{is_push, Cmd, LocalPush, LocalStore, MirrorPush, ReplyMode,
 use super::frame::{command_name, parse_command};
 use super::link::{Link, Selected, Shared};
 use crate::metrics as m;
+use crate::model::formats::decode_bytes;
 use crate::model::Phase;
+use crate::routes::Route;
 
 mod scripts;
 mod sets;
@@ -331,9 +333,14 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
                         .map_err(|_| std::io::Error::other("local store limiter closed"))?
                 }
             };
+            let given_back = self.given_back(&route, &items);
             let (mirror, route) = (self.shared.mirror.clone(), Arc::clone(&route));
             LocalStore::Started(tokio::spawn(async move {
                 let _permit = permit;
+                if !given_back.is_empty() {
+                    // Before the store, which judges the push by it.
+                    mirror.record_releases(given_back).await;
+                }
                 mirror
                     .store_live(route, items)
                     .await
@@ -346,6 +353,27 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             items: count,
             store,
         })))
+    }
+
+    /// The items of a push this connection took off the route's list itself
+    /// (`super::list_pop`): it gives them back, and Redis holds them no
+    /// more. As `(queue, key, structure)` release rows.
+    fn given_back(&self, route: &Route, items: &[Bytes]) -> Vec<(String, String, String)> {
+        if self.link.taken.is_empty() {
+            return Vec::new();
+        }
+        let list = String::from_utf8_lossy(&route.redis_key).into_owned();
+        items
+            .iter()
+            .filter_map(|item| {
+                let key = decode_bytes(&route.format, item.clone()).key;
+                let key = (!key.is_content_hash()).then(|| key.with_occurrence(0))?;
+                self.link.taken.give_back(&route.name, &key).then(|| {
+                    let by = format!("{list} (handed back by the client that took it)");
+                    (route.queue.clone(), key, by)
+                })
+            })
+            .collect()
     }
 
     /// The database the next command runs in and whether Redis has the

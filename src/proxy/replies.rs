@@ -311,6 +311,10 @@ impl<R: AsyncRead + Unpin> Replies<R> {
                         self.record_released(pop, members, db).await;
                         self.forward(len);
                     }
+                    Action::Taken(items, db) => {
+                        self.remember_taken(items, db);
+                        self.forward(len);
+                    }
                 }
                 if moves_state {
                     self.publish_db();

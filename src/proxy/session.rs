@@ -14,6 +14,7 @@ use bytes::Bytes;
 
 use super::command::{Cmd, Family, LocalPush, MirrorPush, ReplyMode};
 use super::frame::Frame;
+use super::list_pop::popped;
 use super::set_pop::{handed_out, SetPop};
 
 /// How the command at the head of the line is answered.
@@ -65,6 +66,10 @@ pub(super) enum Action {
     /// Redis took these members out of the set (in this database, when
     /// known): record that, then forward (`super::set_pop`).
     Released(SetPop, Vec<Bytes>, Option<i64>),
+    /// Redis handed these (list, item) pairs to the client (in this
+    /// database, when known): remember them, then forward
+    /// (`super::list_pop`).
+    Taken(Vec<(Bytes, Bytes)>, Option<i64>),
 }
 
 /// See the module docs.
@@ -277,6 +282,7 @@ impl Session {
                 cmd,
                 Cmd::Push(_)
                     | Cmd::SetPop(_)
+                    | Cmd::ListPop(_)
                     | Cmd::Select(_)
                     | Cmd::Multi
                     | Cmd::Reset
@@ -407,6 +413,12 @@ impl Session {
                 let members = frame.map(|f| handed_out(&pop, f)).unwrap_or_default();
                 if !members.is_empty() {
                     return Action::Released(pop, members, self.db);
+                }
+            }
+            Cmd::ListPop(pop) => {
+                let items = frame.map(|f| popped(&pop, f)).unwrap_or_default();
+                if !items.is_empty() {
+                    return Action::Taken(items, self.db);
                 }
             }
             _ => {}

@@ -8,6 +8,7 @@ mod before_mirroring;
 mod both_sides;
 pub(crate) mod fleet;
 mod fleet_rollback;
+mod handed_back;
 mod identical_backlog;
 mod identical_under_load;
 mod in_flight_at_flip;

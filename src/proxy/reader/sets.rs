@@ -14,7 +14,7 @@ use crate::metrics as m;
 use crate::model::structures::score_time;
 use crate::model::Phase;
 use crate::proxy::command::{classify, zadd_members, Cmd, MirrorPush};
-use crate::proxy::set_pop;
+use crate::proxy::{list_pop, set_pop};
 
 impl<W: AsyncWrite + Unpin> Reader<W> {
     /// A `ZADD` to a framework's schedule or retry set (Sidekiq's are shared
@@ -81,7 +81,10 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             routes.is_mirrored_set(key)
         }) {
             Some(pop) => Cmd::SetPop(pop),
-            None => classify(name, args),
+            None => match list_pop::classify(name, args, |key| routes.is_routed_key(key)) {
+                Some(pop) => Cmd::ListPop(pop),
+                None => classify(name, args),
+            },
         }
     }
 }

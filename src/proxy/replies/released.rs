@@ -46,4 +46,25 @@ impl<R: AsyncRead + Unpin> Replies<R> {
         self.flush().await;
         self.shared.mirror.record_releases(rows).await;
     }
+
+    /// Remembers the jobs Redis handed this client off routed lists, by
+    /// route and key, so the same client pushing one back is known to give
+    /// it up (`super::super::list_pop`).
+    pub(super) fn remember_taken(&mut self, items: Vec<(Bytes, Bytes)>, db: Option<i64>) {
+        let Some(db) = db else {
+            return;
+        };
+        for (list, item) in items {
+            let Some(route) = self.shared.routes.by_db_key(db, &list) else {
+                continue;
+            };
+            let decoded = decode_bytes(&route.format, item);
+            if decoded.key.is_content_hash() {
+                // Identical texts are counted, not named: nothing to match.
+                continue;
+            }
+            let key = decoded.key.with_occurrence(0);
+            self.link.taken.add(route.name.clone(), key);
+        }
+    }
 }

@@ -1,0 +1,112 @@
+//! A job a worker took off the list before the flip and hands back after it
+//! (a raw `BRPOP`, then an `RPUSH` of the same bytes): its push is answered
+//! by the proxy in `postgres_only` and never reaches Redis. Before the fix it
+//! was held as a re-push of a mirrored key for ever, and a forced
+//! decommission then lost it.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use qbridge::model::Phase;
+
+use super::{delete_keys, ProxySide, REDIS};
+
+async fn through(side: &ProxySide) -> ::redis::aio::MultiplexedConnection {
+    ::redis::Client::open(side.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn count(pool: &PgPool, sql: &str, key: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The client that popped a job pushing it back gives it up: it runs live
+/// in Postgres. The same push from another client may be a retry while the
+/// worker runs the job, and stays held.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_job_handed_back_by_the_client_that_took_it_runs_live(pool: PgPool) {
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let (route, list) = (format!("h{id}"), format!("qbt:{id}:jobs"));
+    let toml = format!(
+        "[[routes]]\nname = \"{route}\"\nredis_key = \"{list}\"\nqueue = \"q\"\n\
+         format = \"json:/id\"\nphase = \"shadow\"\nredis_side = \"fleet\"\n"
+    );
+    let side = ProxySide::start(&pool, &toml).await;
+    let (taken, retried) = (&br#"{"id":"k-taken"}"#[..], &br#"{"id":"k-other"}"#[..]);
+    let mut producer = through(&side).await;
+    for item in [taken, retried] {
+        let _: i64 = ::redis::cmd("LPUSH")
+            .arg(&list)
+            .arg(item)
+            .query_async(&mut producer)
+            .await
+            .unwrap();
+    }
+    let started = std::time::Instant::now();
+    while count(
+        &pool,
+        "SELECT count(*) FROM qbridge.job_keys WHERE queue = $1",
+        "q",
+    )
+    .await
+        < 2
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "mirrored");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Two workers each take one job.
+    let (mut worker, mut other_worker) = (through(&side).await, through(&side).await);
+    for conn in [&mut worker, &mut other_worker] {
+        let popped: Option<(String, Vec<u8>)> = ::redis::cmd("BRPOP")
+            .arg(&list)
+            .arg(2)
+            .query_async(conn)
+            .await
+            .unwrap();
+        assert!(popped.is_some());
+    }
+    side.force_to(&route, REDIS, Phase::PostgresOnly).await;
+
+    // The first worker hands its job back; a third client pushes the
+    // second worker's job again.
+    let _: i64 = ::redis::cmd("RPUSH")
+        .arg(&list)
+        .arg(taken)
+        .query_async(&mut worker)
+        .await
+        .unwrap();
+    let _: i64 = ::redis::cmd("RPUSH")
+        .arg(&list)
+        .arg(retried)
+        .query_async(&mut producer)
+        .await
+        .unwrap();
+    let live = "SELECT count(*) FROM qbridge.jobs WHERE key = $1 AND copy = 'live'";
+    let held = "SELECT count(*) FROM qbridge.held_repushes WHERE key = $1";
+    assert_eq!(
+        (
+            count(&pool, live, "k-taken").await,
+            count(&pool, held, "k-taken").await
+        ),
+        (1, 0),
+        "handed back by the client that took it"
+    );
+    assert_eq!(
+        (
+            count(&pool, live, "k-other").await,
+            count(&pool, held, "k-other").await
+        ),
+        (0, 1),
+        "pushed by another client"
+    );
+    side.stop().await;
+    delete_keys(&[&list, &format!("qbridge:*:{route}*")]).await;
+}
