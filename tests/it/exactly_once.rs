@@ -191,10 +191,49 @@ pub async fn diff_and_repair(
 /// `dual_write`, run by qbridge's consumer, judged at once (`settle` 0):
 /// the route every restart-evidence test repairs.
 pub fn restart_route_config(format: &str) -> qbridge::config::Config {
+    route_config_in(format, "dual_write")
+}
+
+/// [`restart_route_config`] registered in `phase`.
+pub fn route_config_in(format: &str, phase: &str) -> qbridge::config::Config {
     let toml = format!(
         "[[routes]]\nname = \"r\"\nredis_key = \"jobs\"\nqueue = \"q\"\nformat = \"{format}\"\n\
-         phase = \"dual_write\"\nredis_side = \"qbridge\"\ndiff = {{ settle = \"0s\" }}\n"
+         phase = \"{phase}\"\nredis_side = \"qbridge\"\ndiff = {{ settle = \"0s\" }}\n"
     );
     qbridge::config::Config::from_toml(&toml, &qbridge::config::Overrides::default())
         .expect("route config")
+}
+
+/// Route `r` of [`route_config_in`] as a process in `phase` sees it.
+pub fn routes_in(format: &str, phase: &str) -> qbridge::routes::Routes {
+    qbridge::routes::Routes::from_config(&route_config_in(format, phase).routes)
+}
+
+/// A forced step, as `cutover advance|rollback --force --reason` takes it.
+pub const FORCED: qbridge::ops::operate::Request<'static> = qbridge::ops::operate::Request {
+    by: "test@ops",
+    reason: Some("the test's walk"),
+    force: true,
+    percent: None,
+};
+
+/// Registers `route` if needed and forces it forward until it is in `phase`.
+pub async fn force_to(
+    pool: &PgPool,
+    conn: &mut ::redis::aio::ConnectionManager,
+    route: &qbridge::routes::Route,
+    phase: qbridge::model::Phase,
+) {
+    use qbridge::ops::operate;
+    while operate::state_of(pool, route, "test@ops")
+        .await
+        .unwrap()
+        .phase
+        != phase
+    {
+        operate::advance(pool, Some(&mut *conn), route, &FORCED, 1 << 20)
+            .await
+            .map_err(|e| format!("{e:?}"))
+            .expect("advance");
+    }
 }

@@ -7,9 +7,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use sqlx::PgPool;
 
-use qbridge::config::{Config, Overrides};
 use qbridge::model::Phase;
-use qbridge::ops::operate::{self, Request};
+use qbridge::ops::operate;
 use qbridge::redis::connect::connect_redis;
 use qbridge::redis::keys::RouteKeys;
 use qbridge::redis::producer::Producer;
@@ -17,42 +16,16 @@ use qbridge::routes::{Route, Routes};
 
 use crate::servers::ThrowawayRedis;
 
-/// Route `r` (JSON with ids in list `jobs`, queue `q`, run by qbridge's
-/// consumer, judged at once) as a process in `phase` sees it.
 fn routes_in(phase: &str) -> Routes {
-    let toml = format!(
-        "[[routes]]\nname = \"r\"\nredis_key = \"jobs\"\nqueue = \"q\"\nformat = \"json:/id\"\n\
-         phase = \"{phase}\"\nredis_side = \"qbridge\"\ndiff = {{ settle = \"0s\" }}\n"
-    );
-    let cfg = Config::from_toml(&toml, &Overrides::default()).expect("route config");
-    Routes::from_config(&cfg.routes)
+    super::routes_in("json:/id", phase)
 }
 
 fn route() -> Arc<Route> {
     routes_in("redis_only").by_name("r").unwrap().clone()
 }
 
-const FORCED: Request<'static> = Request {
-    by: "test@ops",
-    reason: Some("the test's walk"),
-    force: true,
-    percent: None,
-};
-
 async fn advance_to(pool: &PgPool, conn: &mut ::redis::aio::ConnectionManager, phase: Phase) {
-    let route = route();
-    operate::state_of(pool, &route, "test@ops").await.unwrap();
-    while operate::state_of(pool, &route, "test@ops")
-        .await
-        .unwrap()
-        .phase
-        != phase
-    {
-        operate::advance(pool, Some(&mut *conn), &route, &FORCED, 1 << 20)
-            .await
-            .map_err(|e| format!("{e:?}"))
-            .expect("advance");
-    }
+    super::force_to(pool, conn, &route(), phase).await;
 }
 
 /// A job ran on the Redis side in `redis_only` (its outcome reported, no

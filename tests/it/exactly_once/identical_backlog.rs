@@ -13,9 +13,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use sqlx::PgPool;
 
-use qbridge::config::{Config, Overrides};
 use qbridge::model::Phase;
-use qbridge::ops::operate::{self, Request};
+use qbridge::ops::operate;
 use qbridge::redis::connect::connect_redis;
 use qbridge::redis::producer::Producer;
 use qbridge::routes::{Route, Routes};
@@ -25,28 +24,15 @@ use crate::servers::ThrowawayRedis;
 
 const TEXT: &[u8] = b"send the weekly digest";
 
-/// Route `r` (raw items in list `jobs`, queue `q`, run by qbridge's
-/// consumer, judged at once) as a process in `phase` sees it.
+/// Route `r` (raw items) as a process in `phase` sees it.
 fn routes_in(phase: &str) -> Routes {
-    let toml = format!(
-        "[[routes]]\nname = \"r\"\nredis_key = \"jobs\"\nqueue = \"q\"\nformat = \"raw\"\n\
-         phase = \"{phase}\"\nredis_side = \"qbridge\"\ndiff = {{ settle = \"0s\" }}\n"
-    );
-    let cfg = Config::from_toml(&toml, &Overrides::default()).expect("route config");
-    Routes::from_config(&cfg.routes)
+    super::routes_in("raw", phase)
 }
 
 /// The route as registered: in `redis_only` until the test advances it.
 fn route() -> Arc<Route> {
     routes_in("redis_only").by_name("r").unwrap().clone()
 }
-
-const FORCED: Request<'static> = Request {
-    by: "test@ops",
-    reason: Some("the test's walk"),
-    force: true,
-    percent: None,
-};
 
 async fn push_direct(conn: &mut ::redis::aio::ConnectionManager, copies: usize) {
     for _ in 0..copies {
@@ -60,12 +46,7 @@ async fn push_direct(conn: &mut ::redis::aio::ConnectionManager, copies: usize) 
 }
 
 async fn advance_to_dual_write(pool: &PgPool, conn: &mut ::redis::aio::ConnectionManager) {
-    let route = route();
-    let advanced = operate::advance(pool, Some(conn), &route, &FORCED, 1 << 20)
-        .await
-        .map_err(|e| format!("{e:?}"))
-        .expect("advance");
-    assert_eq!(advanced.state.phase, Phase::DualWrite);
+    super::force_to(pool, conn, &route(), Phase::DualWrite).await;
 }
 
 /// Pushes `copies` of the text through the producer (Redis and the mirror),
@@ -148,7 +129,7 @@ async fn a_rollback_below_dual_write_and_back_counts_only_the_new_copies(pool: P
     .expect("producer");
     let one = vec![Bytes::from_static(TEXT)];
     assert_eq!(producer.enqueue("r", one).await.unwrap().pushed, 1);
-    operate::rollback(&pool, Some(&mut conn), &route(), &FORCED)
+    operate::rollback(&pool, Some(&mut conn), &route(), &super::FORCED)
         .await
         .expect("rollback");
     push_direct(&mut conn, 2).await;
