@@ -2,7 +2,7 @@
 //! its copy, path, flag, push time, due time and (for a mirror copy) bytes;
 //! the keys not seen before are the new jobs.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use sqlx::PgConnection;
 
@@ -31,8 +31,9 @@ SELECT t.queue, t.key,
             THEN t.original END
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
               $7::timestamptz[], $8::timestamptz[])
-       AS t(queue, key, copy, via, flagged, original, pushed_at, due_at)
- ORDER BY t.queue, t.key
+       WITH ORDINALITY AS t(queue, key, copy, via, flagged, original, pushed_at, due_at, ord)
+ -- The batch's first item of a key is the one inserted (as `store` claims).
+ ORDER BY t.queue, t.key, t.ord
 ON CONFLICT (queue, key) DO NOTHING
 RETURNING queue, key, copy
 "#;
@@ -71,16 +72,19 @@ pub(super) async fn known_keys(
         .bind(items.iter().map(Item::due_at).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await?;
-    let live: HashSet<(&str, &str)> = items
-        .iter()
-        .zip(keys)
-        .filter(|(i, _)| i.copy == JobCopy::Live)
-        .map(|(i, k)| (i.route.queue.as_str(), k.as_str()))
-        .collect();
+    // The copy the batch's first item of each key asked for: a row stored
+    // as `mirror` for a first item that asked `live` was converted.
+    let mut first: HashMap<(&str, &str), JobCopy> = HashMap::new();
+    for (item, key) in items.iter().zip(keys) {
+        first
+            .entry((item.route.queue.as_str(), key.as_str()))
+            .or_insert(item.copy);
+    }
     Ok(rows
         .into_iter()
         .filter(|(queue, key, copy)| {
-            copy != JobCopy::Mirror.as_str() || !live.contains(&(queue.as_str(), key.as_str()))
+            let asked = first.get(&(queue.as_str(), key.as_str()));
+            !(copy == JobCopy::Mirror.as_str() && asked == Some(&JobCopy::Live))
         })
         .map(|(queue, key, _)| (queue, key))
         .collect())

@@ -62,39 +62,61 @@ pub async fn repair_gaps_once(
 /// is left to the periodic pass).
 const DRAIN_BATCHES: usize = 20;
 
+/// What [`drain_route`] found.
+pub(super) enum Drained {
+    /// Nothing is parked for the route (any more).
+    Empty,
+    /// Parked copies are left (the reason, one line): another process is
+    /// writing them, Postgres failed, or too many are parked.
+    Left(String),
+    /// Redis did not answer (the reason): whether anything is parked is not
+    /// known. The Redis side cannot run the originals through qbridge
+    /// either, and Postgres must keep taking live pushes without Redis.
+    RedisAway(String),
+}
+
+/// How long the gap list's length may take before Redis counts as away.
+const LLEN_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// Writes everything parked in `route`'s gap list now, before a live copy
 /// of the route is stored: a parked mirror copy not yet in `job_keys` would
 /// let a re-push of its key run as a new job while Redis runs the original.
-/// An error (the reason, one line) when it cannot: another process is
-/// writing them, Redis or Postgres failed, or too many are parked.
 pub(super) async fn drain_route(
     pool: &PgPool,
     conn: &mut ConnectionManager,
     route: &Route,
     payload_limit: usize,
-) -> std::result::Result<(), String> {
+) -> Drained {
     let keys = RouteKeys::of(route);
-    let parked: i64 = conn.llen(keys.gap()).await.map_err(|e| e.to_string())?;
-    if parked == 0 {
-        return Ok(());
-    }
-    let Some(token) = lock(conn, &keys).await.map_err(|e| e.to_string())? else {
-        return Err(format!(
-            "{parked} mirror copies parked during a Postgres outage are being written by another process"
-        ));
+    let parked: i64 = match tokio::time::timeout(LLEN_TIMEOUT, conn.llen(keys.gap())).await {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => return Drained::RedisAway(e.to_string()),
+        Err(_) => return Drained::RedisAway("no answer within 500 ms".into()),
     };
-    let mut result = Err(format!(
+    if parked == 0 {
+        return Drained::Empty;
+    }
+    let token = match lock(conn, &keys).await {
+        Ok(Some(token)) => token,
+        Ok(None) => {
+            return Drained::Left(format!(
+                "{parked} mirror copies parked during a Postgres outage are being written by another process"
+            ))
+        }
+        Err(e) => return Drained::RedisAway(e.to_string()),
+    };
+    let mut result = Drained::Left(format!(
         "{parked} parked mirror copies are still being written"
     ));
     for _ in 0..DRAIN_BATCHES {
         match repair_route(pool, conn, route, &keys.gap(), payload_limit).await {
             Ok(0) => {
-                result = Ok(());
+                result = Drained::Empty;
                 break;
             }
             Ok(_) => {}
             Err(e) => {
-                result = Err(e.to_string());
+                result = Drained::Left(e.to_string());
                 break;
             }
         }

@@ -24,19 +24,27 @@
 //! less what Postgres already counts as waiting (pushes no pop took,
 //! numbers repair pushed back), are stored. A mirror write still parked in
 //! the route's gap list (Postgres was away) would be counted twice: the step
-//! waits for gap repair instead. What it cannot see: a consumer that starts
-//! its first processing list while the count runs, and items pushed by a
-//! producer not behind qbridge after the count (both leave copies
-//! uncounted).
+//! waits for gap repair instead; so would a push a process still mirrors
+//! just after a rollback to `redis_only`: the count waits until the route
+//! has held `redis_only` for a few poll intervals, and checks the phase
+//! (locked) in its transaction, so a concurrent advance cannot count after
+//! its flip. What it cannot see: an item a slot pops between the scan for
+//! processing lists and the read when the slot's list did not exist at the
+//! scan (an idle slot's list is deleted by Redis when empty), a consumer
+//! starting meanwhile, and items pushed by a producer not behind qbridge
+//! after the count: all leave copies uncounted (a later loss of them can go
+//! unseen; nothing is pushed back that was not lost).
 
 use std::collections::HashMap;
 
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 
+use crate::cutover::watch;
 use crate::error::{Error, Result};
 use crate::ingest::{self, Item, Via};
 use crate::model::formats::{decode_bytes, Decoded, KeySource};
+use crate::model::Phase;
 use crate::queue::JobCopy;
 use crate::redis::consumer::numbering::PAUSE_POPS_SQL;
 use crate::redis::keys::{inflight_beside, RouteKeys};
@@ -51,6 +59,42 @@ SELECT COALESCE((SELECT n FROM qbridge.key_occurrences
                   WHERE queue = $1 AND side = 'pop' AND hash = $2), 0)
      + (SELECT count(*) FROM qbridge.pop_holes WHERE queue = $1 AND hash = $2)
 "#;
+
+/// The route's stored phase, locked, and whether it has held for `$2`
+/// seconds.
+const PHASE_SQL: &str = r#"
+SELECT phase, since < now() - make_interval(secs => $2) FROM qbridge.route_phases
+ WHERE route = $1 FOR UPDATE
+"#;
+
+/// How long after its last change a route in `redis_only` is sure to be
+/// mirrored by no process: each follows the flag within a poll interval,
+/// and a mirror write in flight then commits (or parks in the gap list,
+/// which the count checks).
+fn settle() -> std::time::Duration {
+    watch::INTERVAL * 3 + std::time::Duration::from_millis(500)
+}
+
+fn settle_secs() -> f64 {
+    settle().as_secs_f64()
+}
+
+/// Waits until the route has been in `redis_only` for [`settle`] (after a
+/// rollback a process may still mirror a push, whose copy would be counted
+/// twice: once here, once when its mirror write commits).
+async fn wait_until_nothing_mirrors(db: &PgPool, route: &Route) -> Result<()> {
+    let held_for: Option<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM now() - since)::float8 FROM qbridge.route_phases WHERE route = $1",
+    )
+    .bind(&route.name)
+    .fetch_optional(db)
+    .await?;
+    let left = settle().as_secs_f64() - held_for.unwrap_or(0.0);
+    if left > 0.0 {
+        tokio::time::sleep(std::time::Duration::from_secs_f64(left + 0.05)).await;
+    }
+    Ok(())
+}
 
 /// Which of `$1` (pop ids) were numbered already.
 const NUMBERED_SQL: &str =
@@ -92,11 +136,26 @@ pub async fn count_identical(
         )));
     }
     let processing = processing_lists(redis, route).await?;
+    wait_until_nothing_mirrors(db, route).await?;
     let mut tx = db.begin().await?;
     sqlx::query(PAUSE_POPS_SQL)
         .bind(&route.queue)
         .execute(&mut *tx)
         .await?;
+    // Held until the count commits: a second advance counts after this one
+    // (and finds nothing new), never after its flip, while mirroring runs.
+    let (phase, settled): (String, bool) = sqlx::query_as(PHASE_SQL)
+        .bind(&route.name)
+        .bind(settle_secs())
+        .fetch_one(&mut *tx)
+        .await?;
+    if phase != Phase::RedisOnly.as_str() || !settled {
+        return Err(Error::Refused(format!(
+            "route {:?} is {phase} now (another advance?): the items without an id Redis holds \
+             are counted only in redis_only, once no process mirrors",
+            route.name
+        )));
+    }
     let texts = read_texts(&mut tx, redis, route, &processing).await?;
     let mut items = Vec::new();
     for (hash, (decoded, held)) in &texts {

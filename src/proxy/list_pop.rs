@@ -40,8 +40,13 @@ pub(super) fn classify(
     is_routed: impl Fn(&[u8]) -> bool,
 ) -> Option<ListPop> {
     match name {
-        "LPOP" | "RPOP" | "LMOVE" | "BLMOVE" | "RPOPLPUSH" | "BRPOPLPUSH"
-            if args.len() >= 2 && is_routed(&args[1]) =>
+        "LPOP" | "RPOP" if args.len() >= 2 && is_routed(&args[1]) => Some(ListPop {
+            list: Some(args[1].clone()),
+        }),
+        // A move into a routed list (a rotation) leaves the job in Redis:
+        // its push back would run it twice.
+        "LMOVE" | "BLMOVE" | "RPOPLPUSH" | "BRPOPLPUSH"
+            if args.len() >= 3 && is_routed(&args[1]) && !is_routed(&args[2]) =>
         {
             Some(ListPop {
                 list: Some(args[1].clone()),
@@ -134,6 +139,7 @@ mod tests {
         )
         .is_some());
         assert!(classify("LRANGE", &args(&["LRANGE", "jobs", "0", "-1"]), routed).is_none());
+        assert!(classify("RPOPLPUSH", &args(&["RPOPLPUSH", "jobs", "jobs"]), routed).is_none());
     }
 
     #[test]

@@ -7,12 +7,16 @@
 //! now), and the route's gap list, where any process parked what it could
 //! not write during a Postgres outage (written now, under the gap repair's
 //! lock). What cannot be settled is not guessed at: the live copies of
-//! that route are refused with the reason, and the client retries.
+//! that route are refused with the reason, and the client retries. One
+//! exception: when Redis does not answer, the gap list cannot be read, and
+//! the live push is stored without it — `postgres_only` must not depend on
+//! Redis, and the Redis side cannot run the originals through qbridge then
+//! either.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::super::gap_repair::drain_route;
+use super::super::gap_repair::{drain_route, Drained};
 use super::super::options::StoreError;
 use super::super::request::Request;
 use super::Writer;
@@ -34,15 +38,19 @@ impl Writer {
         routes.sort();
         routes.dedup();
         self.gather.order.wait_before(place, &routes).await;
-        let mut refused: HashMap<String, String> = HashMap::new();
         if !self.retained.is_empty() {
             self.write_kept().await;
-            for route in self.retained.routes() {
-                refused.insert(
-                    route,
-                    "mirror copies parked during a Postgres outage are not written yet".into(),
-                );
-            }
+        }
+        // Another writer may have taken the parked copies between the wait
+        // and the look above: it took its ticket before them, so waiting
+        // again covers its write. What is still parked after that stays so.
+        self.gather.order.wait_before(place, &routes).await;
+        let mut refused: HashMap<String, String> = HashMap::new();
+        for route in self.retained.routes() {
+            refused.insert(
+                route,
+                "mirror copies parked during a Postgres outage are not written yet".into(),
+            );
         }
         let mut live_routes: Vec<Arc<Route>> = Vec::new();
         for request in batch.iter().filter(|r| r.copy == JobCopy::Live) {
@@ -55,10 +63,15 @@ impl Writer {
                 if refused.contains_key(&route.name) {
                     continue;
                 }
-                if let Err(why) =
-                    drain_route(&self.pool, conn, &route, self.opts.payload_limit).await
-                {
-                    refused.insert(route.name.clone(), why);
+                match drain_route(&self.pool, conn, &route, self.opts.payload_limit).await {
+                    Drained::Empty => {}
+                    Drained::Left(why) => {
+                        refused.insert(route.name.clone(), why);
+                    }
+                    Drained::RedisAway(why) => {
+                        tracing::warn!(route = %route.name, error = %why,
+                            "cannot read the gap list; storing the live push without it");
+                    }
                 }
             }
         }

@@ -49,6 +49,10 @@ pub(super) struct Slot {
     check_own: bool,
     /// Items found in the own list at start-up count as recovered.
     starting: bool,
+    /// One of this slot's own lists whose item holds the running claim an
+    /// item of another of its lists waits for: handled next, or the slot
+    /// would wait on itself.
+    holder_next: Option<usize>,
     pub(super) report: ConsumerReport,
 }
 
@@ -65,6 +69,7 @@ impl Slot {
             orphans,
             check_own: true,
             starting: true,
+            holder_next: None,
             report,
         }
     }
@@ -112,6 +117,16 @@ impl Slot {
         }
         let mut conn = self.connection().await?;
         let keys = &self.ctx.keys;
+        if let Some(list) = self.holder_next.take() {
+            let item: Option<Vec<u8>> = ::redis::cmd("LINDEX")
+                .arg(keys.processing(list))
+                .arg(-1)
+                .query_async(&mut conn)
+                .await?;
+            if let Some(item) = item {
+                return self.handle(&mut conn, list, item, true, token).await;
+            }
+        }
         if self.check_own {
             let item: Option<Vec<u8>> = ::redis::cmd("LINDEX")
                 .arg(keys.processing(self.index))
@@ -259,6 +274,13 @@ impl Slot {
             // processing list until that run ends (then the ran set drops it).
             tracing::debug!(route = %ctx.route.name, key = %key_hash(&key), holder = %holder,
                 "redis consumer: the job runs in another item; this one waits");
+            // The holder may be one of this slot's own lists (an orphan left
+            // by a larger concurrency, or its own list after a restart): only
+            // this slot runs it, so it goes next.
+            self.holder_next = ctx
+                .keys
+                .slot_of(&holder)
+                .filter(|i| *i == self.index || self.orphans.contains(i));
             self.check_own = true;
             tokio::select! {
                 _ = token.cancelled() => return Ok(Step::Stop),

@@ -413,3 +413,44 @@ async fn a_second_push_of_a_key_still_running_waits_and_is_dropped_unrun(pool: P
     );
     fx.cleanup().await;
 }
+
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn an_item_waiting_on_a_claim_its_own_slot_holds_does_not_wait_for_ever(pool: PgPool) {
+    // After a restart with a lower concurrency, the item that holds a job's
+    // running claim sits in a former slot's list, which this slot drains,
+    // while a second item of the job waits in this slot's own list. Before
+    // the fix the slot retried its own item for ever and never reached the
+    // holder (found in review).
+    let fx = Fixture::new(
+        "json:/id",
+        Phase::DualWrite,
+        PushEnd::Lpush,
+        sh("exit 0", &[]),
+        1,
+        3,
+    );
+    let item = r#"{"id":"k-orphan"}"#;
+    let keys = qbridge::redis::keys::RouteKeys::of(&fx.route);
+    let mut conn = redis().await;
+    let _: i64 = conn.lpush(fx.processing(1), item).await.unwrap();
+    let _: i64 = conn.lpush(fx.processing(0), item).await.unwrap();
+    let _: i64 = conn
+        .hset(keys.running(), "k-orphan", fx.processing(1))
+        .await
+        .unwrap();
+    let running = fx.start(&pool).await;
+    wait_for("both items handled", Duration::from_secs(10), || async {
+        let mut conn = redis().await;
+        conn.llen::<_, i64>(fx.processing(0)).await.unwrap()
+            + conn.llen::<_, i64>(fx.processing(1)).await.unwrap()
+            == 0
+    })
+    .await;
+    let report = running.stop().await;
+    assert_eq!(
+        (report.ok, report.dropped_already_ran),
+        (1, 1),
+        "{report:?}"
+    );
+    fx.cleanup().await;
+}
