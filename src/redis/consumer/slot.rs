@@ -15,6 +15,7 @@ use super::numbering::numbered;
 use super::postgres_owns::{claim, owner, Claim, Owner};
 use super::{ConsumerReport, Ctx};
 
+mod finish;
 mod skip;
 use crate::config::PushEnd;
 use crate::handler::HandlerResult;
@@ -22,8 +23,7 @@ use crate::metrics as m;
 use crate::model::formats::{decode_bytes, Decoded};
 use crate::model::Phase;
 use crate::queue::{ClaimedJob, JobCopy};
-use crate::redis::keys::RAN_RETENTION_MS;
-use crate::shadow::{digest_hex, Mode, Outcome, OutcomeKind, Side};
+use crate::shadow::{digest_hex, Mode, OutcomeKind};
 
 /// What one [`Slot::run_once`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -415,70 +415,6 @@ impl Slot {
                 }
             }
         }
-    }
-
-    /// Runs the ack or dead script on the item.
-    async fn finish(
-        &self,
-        conn: &mut MultiplexedConnection,
-        script: &::redis::Script,
-        processing: &str,
-        inflight: &str,
-        decoded: &Decoded,
-        key: &str,
-    ) -> RedisResult<()> {
-        let now = chrono::Utc::now().timestamp_millis();
-        let mut call = script.key(processing);
-        call.key(inflight)
-            .key(self.ctx.route_keys.dead())
-            .key(self.ctx.route_keys.ran())
-            .key(self.ctx.route_keys.running())
-            .arg(&decoded.original[..])
-            .arg(key)
-            .arg(now)
-            .arg(now - RAN_RETENTION_MS);
-        let removed: i64 = call.invoke_async(conn).await?;
-        if removed == 0 {
-            // Someone removed it by hand; nothing to undo.
-            tracing::warn!(route = %self.ctx.route.name, slot = self.index,
-                "redis consumer: the finished item was no longer in its processing list");
-        }
-        Ok(())
-    }
-
-    /// Hands the attempt's outcome to the kept recorder, waiting for room
-    /// (see [`crate::shadow::OutcomeRecorder::record_kept`]): callers ack
-    /// only after it, so an acked job's outcome is held by this process
-    /// until Postgres takes it, whatever happens to Redis.
-    async fn record(
-        &mut self,
-        key: &str,
-        outcome: OutcomeKind,
-        class: Option<&'static str>,
-        digest: Option<String>,
-        attempt: i64,
-    ) {
-        let route = &self.ctx.route;
-        match outcome {
-            OutcomeKind::Ok => self.report.ok += 1,
-            OutcomeKind::Failed => self.report.failed += 1,
-            OutcomeKind::Dead => self.report.dead += 1,
-        }
-        metrics::counter!(m::REDIS_OUTCOMES, "route" => route.name.clone(), "outcome" => outcome.as_str())
-            .increment(1);
-        self.ctx
-            .outcomes
-            .record_kept(Outcome {
-                queue: route.queue.clone(),
-                key: key.to_string(),
-                side: Side::Redis,
-                mode: Mode::Live,
-                outcome,
-                error_class: class,
-                digest,
-                attempt: Some(i32::try_from(attempt).unwrap_or(i32::MAX)),
-            })
-            .await;
     }
 }
 
