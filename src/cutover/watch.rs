@@ -23,6 +23,9 @@ use crate::model::{Phase, PhaseView};
 
 /// How often [`run`] reads the stored phases.
 pub const INTERVAL: Duration = Duration::from_millis(500);
+/// How long after a flip every running process has seen it (a few polls):
+/// what decommission, the identical-item count and the oracle wait for.
+pub const FOLLOWED: Duration = Duration::from_millis(INTERVAL.as_millis() as u64 * 3 + 500);
 /// How long a lost LISTEN connection waits before it is tried again.
 const RELISTEN_EVERY: Duration = Duration::from_secs(5);
 

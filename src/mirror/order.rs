@@ -21,6 +21,15 @@ use crate::queue::JobCopy;
 /// parked copies taken before they are read).
 type InProgress = (u64, u64, Option<Vec<String>>);
 
+/// The mirror copies a ticket's write holds.
+enum Holds {
+    Nothing,
+    /// Copies of these routes.
+    Routes(Vec<String>),
+    /// Parked copies, of any route (not yet read when the ticket is taken).
+    Any,
+}
+
 /// The mirror writes in progress, shared by a mirror's writers.
 #[derive(Default)]
 pub(super) struct Order {
@@ -58,8 +67,8 @@ impl Order {
         routes.sort();
         routes.dedup();
         match routes.is_empty() {
-            true => self.ticket(place, None),
-            false => self.ticket(place, Some(Some(routes))),
+            true => self.ticket(place, Holds::Nothing),
+            false => self.ticket(place, Holds::Routes(routes)),
         }
     }
 
@@ -67,14 +76,18 @@ impl Order {
     /// (place 0). Taken before the parked copies are, so no live batch
     /// finds them neither parked nor in progress.
     pub(super) fn kept(self: &Arc<Order>) -> Ticket {
-        self.ticket(0, Some(None))
+        self.ticket(0, Holds::Any)
     }
 
-    /// A ticket at `place`; `entry` is what it holds in progress, if
-    /// anything (`Some(None)`: copies of any route).
-    fn ticket(self: &Arc<Order>, place: u64, entry: Option<Option<Vec<String>>>) -> Ticket {
+    /// A ticket at `place` for a write that `holds` mirror copies.
+    fn ticket(self: &Arc<Order>, place: u64, holds: Holds) -> Ticket {
         let id = self.next.fetch_add(1, Ordering::SeqCst) + 1;
-        if let Some(routes) = entry {
+        let routes = match holds {
+            Holds::Nothing => None,
+            Holds::Routes(routes) => Some(Some(routes)),
+            Holds::Any => Some(None),
+        };
+        if let Some(routes) = routes {
             let mut writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
             writing.push((id, place, routes));
         }
@@ -127,9 +140,9 @@ mod tests {
     #[tokio::test]
     async fn a_live_batch_waits_for_earlier_mirror_writes_of_its_routes_only() {
         let order = Arc::new(Order::default());
-        let earlier = order.ticket(1, Some(Some(vec!["r".into()])));
-        let other_route = order.ticket(2, Some(Some(vec!["s".into()])));
-        let later = order.ticket(5, Some(Some(vec!["r".into()])));
+        let earlier = order.ticket(1, Holds::Routes(vec!["r".into()]));
+        let other_route = order.ticket(2, Holds::Routes(vec!["s".into()]));
+        let later = order.ticket(5, Holds::Routes(vec!["r".into()]));
         let live = waiting(&order, 3, "r");
         settle().await;
         assert!(

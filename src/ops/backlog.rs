@@ -45,6 +45,7 @@ use crate::error::{Error, Result};
 use crate::ingest::{self, Item, Via};
 use crate::model::formats::{decode_bytes, Decoded, KeySource};
 use crate::model::Phase;
+use crate::ops::redis_view::scan;
 use crate::queue::JobCopy;
 use crate::redis::consumer::numbering::PAUSE_POPS_SQL;
 use crate::redis::keys::{inflight_beside, RouteKeys};
@@ -67,21 +68,11 @@ SELECT phase, since < now() - make_interval(secs => $2) FROM qbridge.route_phase
  WHERE route = $1 FOR UPDATE
 "#;
 
-/// How long after its last change a route in `redis_only` is sure to be
-/// mirrored by no process: each follows the flag within a poll interval,
-/// and a mirror write in flight then commits (or parks in the gap list,
-/// which the count checks).
-fn settle() -> std::time::Duration {
-    watch::INTERVAL * 3 + std::time::Duration::from_millis(500)
-}
-
-fn settle_secs() -> f64 {
-    settle().as_secs_f64()
-}
-
-/// Waits until the route has been in `redis_only` for [`settle`] (after a
-/// rollback a process may still mirror a push, whose copy would be counted
-/// twice: once here, once when its mirror write commits).
+/// Waits until the route has been in `redis_only` for
+/// [`watch::FOLLOWED`]: every process has stopped mirroring by then, and a
+/// mirror write in flight has committed or parked in the gap list (after a
+/// rollback a process may still mirror a push, whose copy would otherwise
+/// be counted twice: here, and when its mirror write commits).
 async fn wait_until_nothing_mirrors(db: &PgPool, route: &Route) -> Result<()> {
     let held_for: Option<f64> = sqlx::query_scalar(
         "SELECT extract(epoch FROM now() - since)::float8 FROM qbridge.route_phases WHERE route = $1",
@@ -89,7 +80,7 @@ async fn wait_until_nothing_mirrors(db: &PgPool, route: &Route) -> Result<()> {
     .bind(&route.name)
     .fetch_optional(db)
     .await?;
-    let left = settle().as_secs_f64() - held_for.unwrap_or(0.0);
+    let left = watch::FOLLOWED.as_secs_f64() - held_for.unwrap_or(0.0);
     if left > 0.0 {
         tokio::time::sleep(std::time::Duration::from_secs_f64(left + 0.05)).await;
     }
@@ -146,7 +137,7 @@ pub async fn count_identical(
     // (and finds nothing new), never after its flip, while mirroring runs.
     let (phase, settled): (String, bool) = sqlx::query_as(PHASE_SQL)
         .bind(&route.name)
-        .bind(settle_secs())
+        .bind(watch::FOLLOWED.as_secs_f64())
         .fetch_one(&mut *tx)
         .await?;
     if phase != Phase::RedisOnly.as_str() || !settled {
@@ -188,27 +179,12 @@ async fn processing_lists(
     redis: &mut ConnectionManager,
     route: &Route,
 ) -> Result<Vec<(String, String)>> {
-    let mut found = Vec::new();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(RouteKeys::of(route).any_processing())
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(redis)
-            .await?;
-        found.extend(
-            keys.into_iter()
-                .filter_map(|list| Some((inflight_beside(&list)?, list)))
-                .map(|(inflight, list)| (list, inflight)),
-        );
-        if next == 0 {
-            return Ok(found);
-        }
-        cursor = next;
-    }
+    let lists = scan(redis, &RouteKeys::of(route).any_processing()).await?;
+    Ok(lists
+        .into_iter()
+        .filter_map(|list| Some((inflight_beside(&list)?, list)))
+        .map(|(inflight, list)| (list, inflight))
+        .collect())
 }
 
 /// Each text without an id that Redis holds for the route and no pop has

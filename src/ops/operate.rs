@@ -3,8 +3,6 @@
 //! numbers in the audit log, and — on the way into `decommissioned` — archive
 //! and delete the route's Redis keys once every process has seen the flip.
 
-use std::time::Duration;
-
 use redis::aio::ConnectionManager;
 use serde::Serialize;
 use sqlx::PgPool;
@@ -171,7 +169,7 @@ pub async fn advance(
         // what makes a consumer that has not beaten yet (one starting right
         // now) see `decommissioned` before it touches a list, so that a
         // missing heartbeat then means a consumer that is gone.
-        tokio::time::sleep(watch::INTERVAL * 3 + Duration::from_millis(500)).await;
+        tokio::time::sleep(watch::FOLLOWED).await;
         Some(decommission::archive_and_delete(db, redis, route, payload_limit).await?)
     } else {
         None

@@ -192,7 +192,7 @@ async fn advance(rig: &Rig, h: &Harness, percent: u8, pause: &Pause) -> Result<S
     let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
     let advanced = operate::advance(&rig.operator, Some(&mut redis), route, &req, 1 << 20).await;
     if out_of_redis_only {
-        tokio::time::sleep(watch::INTERVAL * 3 + Duration::from_millis(500)).await;
+        tokio::time::sleep(watch::FOLLOWED).await;
     }
     pause.release();
     let advanced = advanced.map_err(|r| match r {

@@ -27,16 +27,16 @@ impl Writer {
     /// Settles what `batch`'s live copies (if any) must come after; returns
     /// the batch without the live requests it had to refuse (answered).
     pub(super) async fn before_live(&mut self, batch: Vec<Request>, place: u64) -> Vec<Request> {
-        let mut routes: Vec<&str> = batch
-            .iter()
-            .filter(|r| r.copy == JobCopy::Live)
-            .map(|r| r.route.name.as_str())
-            .collect();
-        if routes.is_empty() {
+        let mut live_routes: Vec<Arc<Route>> = Vec::new();
+        for request in batch.iter().filter(|r| r.copy == JobCopy::Live) {
+            if !live_routes.iter().any(|r| r.name == request.route.name) {
+                live_routes.push(Arc::clone(&request.route));
+            }
+        }
+        if live_routes.is_empty() {
             return batch;
         }
-        routes.sort();
-        routes.dedup();
+        let routes: Vec<&str> = live_routes.iter().map(|r| r.name.as_str()).collect();
         self.gather.order.wait_before(place, &routes).await;
         if !self.retained.is_empty() {
             self.write_kept().await;
@@ -52,18 +52,12 @@ impl Writer {
                 "mirror copies parked during a Postgres outage are not written yet".into(),
             );
         }
-        let mut live_routes: Vec<Arc<Route>> = Vec::new();
-        for request in batch.iter().filter(|r| r.copy == JobCopy::Live) {
-            if !live_routes.iter().any(|r| r.name == request.route.name) {
-                live_routes.push(Arc::clone(&request.route));
-            }
-        }
         if let Some(conn) = self.spool.as_mut() {
-            for route in live_routes {
+            for route in &live_routes {
                 if refused.contains_key(&route.name) {
                     continue;
                 }
-                match drain_route(&self.pool, conn, &route, self.opts.payload_limit).await {
+                match drain_route(&self.pool, conn, route, self.opts.payload_limit).await {
                     Drained::Empty => {}
                     Drained::Left(why) => {
                         refused.insert(route.name.clone(), why);
