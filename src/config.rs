@@ -213,6 +213,8 @@ struct FileConfig {
     #[serde(default)]
     shutdown_deadline: Option<Dur>,
     #[serde(default)]
+    state_dir: Option<std::path::PathBuf>,
+    #[serde(default)]
     payload_limit: Option<Bytes>,
     #[serde(default)]
     reaper_interval: Option<Dur>,
@@ -249,6 +251,10 @@ pub struct Config {
     pub worker_id: String,
     /// Longest a graceful shutdown waits for running handlers.
     pub shutdown_deadline: Duration,
+    /// Where this process keeps what must outlive it (the Redis consumer's
+    /// outcome spool): `state_dir`, else `$STATE_DIRECTORY` (systemd), else
+    /// `$XDG_STATE_HOME/qbridge`, else `~/.local/state/qbridge`.
+    pub state_dir: std::path::PathBuf,
     pub payload_limit: usize,
     pub reaper_interval: Duration,
     pub completer_batch: usize,

@@ -58,6 +58,7 @@ pub const REDIS_OUTCOMES: &str = "qbridge_redis_consumer_outcomes_total";
 pub const REDIS_RECOVERED: &str = "qbridge_redis_consumer_recovered_total";
 pub const REDIS_DROPPED_UNRUN: &str = "qbridge_redis_consumer_dropped_unrun_total";
 pub const OUTCOMES_DROPPED: &str = "qbridge_outcomes_dropped_total";
+pub const OUTCOMES_SPOOL_FAILURES: &str = "qbridge_outcomes_spool_failures_total";
 
 pub const SHADOW_CALLS: &str = "qbridge_shadow_calls_total";
 pub const ROUTE_PHASE: &str = "qbridge_route_phase";
@@ -117,6 +118,7 @@ pub const ALL: &[&str] = &[
     REDIS_RECOVERED,
     REDIS_DROPPED_UNRUN,
     OUTCOMES_DROPPED,
+    OUTCOMES_SPOOL_FAILURES,
     SHADOW_CALLS,
     ROUTE_PHASE,
     DIFF_JOBS,
@@ -294,6 +296,10 @@ fn describe_redis_side() {
     describe_counter!(
         OUTCOMES_DROPPED,
         "Outcome records dropped because the outcome buffer was full"
+    );
+    describe_counter!(
+        OUTCOMES_SPOOL_FAILURES,
+        "Redis consumer outcomes the local spool could not write (kept in memory only until Postgres has them)"
     );
     describe_cutover();
 }

@@ -9,11 +9,13 @@
 //! - [`redis_side`]: the Redis side both share (route table and phase
 //!   watch, producer, proxy and mirror writers, Redis consumers, the
 //!   route maintenance services).
+//! - [`outcome_spool`]: the Redis consumers' outcome spool and its replay.
 //! - [`pools`]: the Postgres consumer's pools, built from the config.
 //! - [`maintenance`]: the queue's background services (history, LISTEN,
 //!   reaper, schedules, tenant backfill, gauges).
 
 pub mod maintenance;
+pub mod outcome_spool;
 pub mod pools;
 pub mod proxy;
 pub mod redis_side;

@@ -139,13 +139,17 @@ impl RedisSide {
         // The writer outlives the consumers: it ends once they (and so every
         // recorder handle) are gone, after writing what they recorded.
         // Kept: a consumer acks an item once its outcome is handed over,
-        // so the writer never drops a batch Postgres refuses.
-        let (recorder, writer) = OutcomeRecorder::spawn(
+        // so the writer never drops a batch Postgres refuses; and spooled:
+        // handed over means synced to local disk, so the record outlives
+        // this process as well.
+        let spool = super::outcome_spool::open(cfg, db, intake).await?;
+        let (recorder, writer) = OutcomeRecorder::spawn_spooled(
             db.clone(),
             RecorderOptions {
                 keep: true,
                 ..RecorderOptions::default()
             },
+            Some(spool),
             CancellationToken::new(),
         );
         for route in &routes {

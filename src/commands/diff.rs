@@ -20,6 +20,14 @@ pub async fn run(config: &Config, args: &DiffArgs, as_json: bool) -> Result<()> 
     };
     let phase = routes.phase(&route);
     let mut redis = connect_redis_with(&config.redis_url, &config.redis_tls).await?;
+    if args.repair {
+        // Outcomes a stopped consumer synced to this host's spool are
+        // evidence that its jobs ran: into Postgres before repair judges.
+        let brought = crate::app::outcome_spool::bring_in(&config.state_dir, &db).await?;
+        if brought > 0 {
+            eprintln!("{brought} outcome(s) brought in from this host's consumer spools");
+        }
+    }
     let (d, held) = crate::ops::gates::diff_since(&db, &mut redis, &route, phase, since).await?;
     let repaired = if args.repair {
         let input = repair::RepairInput {

@@ -64,6 +64,7 @@ pub(super) fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<C
         database,
         worker_id,
         shutdown_deadline: or(file.shutdown_deadline, Duration::from_secs(30)),
+        state_dir: file.state_dir.unwrap_or_else(default_state_dir),
         payload_limit,
         reaper_interval: or(file.reaper_interval, Duration::from_secs(5)),
         completer_batch: file.completer_batch.unwrap_or(1000).max(1),
@@ -142,6 +143,22 @@ fn add_route_pools(pools: &mut Vec<PoolConfig>, route_pools: Vec<PoolConfig>) ->
         pools.push(route_pool);
     }
     Ok(())
+}
+
+/// The usual place for a service's state: systemd's `StateDirectory=`,
+/// then the XDG state folder, then the working directory.
+fn default_state_dir() -> std::path::PathBuf {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(dir) = var("STATE_DIRECTORY") {
+        return dir.into();
+    }
+    if let Some(dir) = var("XDG_STATE_HOME") {
+        return std::path::Path::new(&dir).join("qbridge");
+    }
+    match var("HOME") {
+        Some(home) => std::path::Path::new(&home).join(".local/state/qbridge"),
+        None => ".qbridge-state".into(),
+    }
 }
 
 fn default_worker_id() -> String {

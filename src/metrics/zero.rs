@@ -43,6 +43,7 @@ const BARE: &[&str] = &[
     LOCK_KEY_DEFERRED,
     PROXY_COMMANDS,
     PROXY_PROTOCOL_ERRORS,
+    OUTCOMES_SPOOL_FAILURES,
 ];
 
 /// Why an outcome record is dropped (`shadow::outcomes`).

@@ -5,6 +5,9 @@
 //!   `qbridge.report_outcome` or HTTP) write one row per attempt into
 //!   `qbridge.outcomes`, keyed by job key. Recording never blocks or fails
 //!   the job it describes.
+//! - [`spool`]: qbridge's Redis consumer syncs each outcome to local disk
+//!   before it acks the item, until Postgres has it; the records of a
+//!   process that died are replayed.
 //! - [`digest`]: response digests with a route's ignore rules.
 //!
 //! The diff that compares the two sides, and its repair, are operator tools
@@ -12,6 +15,7 @@
 
 pub mod digest;
 pub mod outcomes;
+pub mod spool;
 
 pub use digest::Digester;
 pub use outcomes::{

@@ -26,8 +26,13 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::spool::Spool;
 use crate::error::{Error, Result};
 use crate::metrics as m;
+use writer::Entry;
+pub use writer::{OutcomeWriter, WriterReport};
+
+mod writer;
 
 /// Which consumer ran the handler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -181,9 +186,10 @@ pub fn digest_hex(bytes: &[u8]) -> String {
 }
 
 const INSERT_SQL: &str = r#"
-INSERT INTO qbridge.outcomes (queue, key, side, mode, outcome, error_class, digest, attempt)
+INSERT INTO qbridge.outcomes (queue, key, side, mode, outcome, error_class, digest, attempt, spool_id)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                     $6::text[], $7::text[], $8::int4[])
+                     $6::text[], $7::text[], $8::int4[], $9::uuid[])
+ON CONFLICT (spool_id) WHERE spool_id IS NOT NULL DO NOTHING
 "#;
 
 /// Inserts `outcomes` in one statement (on a pool, a connection or the
@@ -191,10 +197,21 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
 /// want to wait for the write (the HTTP endpoint); the live path uses an
 /// [`OutcomeRecorder`] instead.
 pub async fn record<'e>(db: impl sqlx::PgExecutor<'e>, outcomes: &[Outcome]) -> Result<u64> {
+    let refs: Vec<&Outcome> = outcomes.iter().collect();
+    record_refs(db, &refs, &vec![None; refs.len()]).await
+}
+
+/// [`record`] over borrowed records (the writer's batches), each with its
+/// spool id when it was spooled (a record already in is not written again).
+async fn record_refs<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    outcomes: &[&Outcome],
+    spool_ids: &[Option<uuid::Uuid>],
+) -> Result<u64> {
     if outcomes.is_empty() {
         return Ok(0);
     }
-    let col = |f: fn(&Outcome) -> &str| outcomes.iter().map(f).collect::<Vec<_>>();
+    let col = |f: fn(&Outcome) -> &str| outcomes.iter().map(|o| f(o)).collect::<Vec<_>>();
     let done = sqlx::query(INSERT_SQL)
         .bind(col(|o| &o.queue))
         .bind(col(|o| &o.key))
@@ -209,6 +226,7 @@ pub async fn record<'e>(db: impl sqlx::PgExecutor<'e>, outcomes: &[Outcome]) -> 
                 .collect::<Vec<_>>(),
         )
         .bind(outcomes.iter().map(|o| o.attempt).collect::<Vec<_>>())
+        .bind(spool_ids)
         .execute(db)
         .await?;
     Ok(done.rows_affected())
@@ -254,39 +272,39 @@ impl Default for RecorderOptions {
 /// what was buffered.
 #[derive(Debug, Clone)]
 pub struct OutcomeRecorder {
-    tx: mpsc::Sender<Outcome>,
+    tx: mpsc::Sender<Entry>,
     drops: Arc<AtomicU64>,
-}
-
-/// What a writer did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WriterReport {
-    /// Rows inserted.
-    pub written: u64,
-    /// Records dropped because Postgres refused their batch.
-    pub dropped: u64,
-    /// Insert statements that succeeded.
-    pub batches: u64,
-}
-
-impl WriterReport {
-    fn add(&mut self, other: WriterReport) {
-        self.written += other.written;
-        self.dropped += other.dropped;
-        self.batches += other.batches;
-    }
+    /// A kept recorder's spool: [`OutcomeRecorder::record_kept`] puts each
+    /// record on local disk before it returns.
+    spool: Option<Spool>,
 }
 
 impl OutcomeRecorder {
     /// A recorder and its writer, not yet running: call
     /// [`OutcomeWriter::run`] (or [`OutcomeWriter::run_once`] in tests).
     pub fn new(pool: PgPool, opts: RecorderOptions) -> (OutcomeRecorder, OutcomeWriter) {
+        OutcomeRecorder::spooled(pool, opts, None)
+    }
+
+    /// [`OutcomeRecorder::new`], with `spool` holding each kept record on
+    /// local disk until Postgres has it.
+    pub fn spooled(
+        pool: PgPool,
+        opts: RecorderOptions,
+        spool: Option<Spool>,
+    ) -> (OutcomeRecorder, OutcomeWriter) {
         let (tx, rx) = mpsc::channel(opts.capacity.max(1));
         let recorder = OutcomeRecorder {
             tx,
             drops: Arc::new(AtomicU64::new(0)),
+            spool: spool.clone(),
         };
-        let writer = OutcomeWriter { rx, pool, opts };
+        let writer = OutcomeWriter {
+            rx,
+            pool,
+            opts,
+            spool,
+        };
         (recorder, writer)
     }
 
@@ -298,14 +316,25 @@ impl OutcomeRecorder {
         opts: RecorderOptions,
         token: CancellationToken,
     ) -> (OutcomeRecorder, JoinHandle<WriterReport>) {
-        let (recorder, writer) = OutcomeRecorder::new(pool, opts);
+        OutcomeRecorder::spawn_spooled(pool, opts, None, token)
+    }
+
+    /// [`OutcomeRecorder::spawn`] with a spool (see
+    /// [`OutcomeRecorder::spooled`]).
+    pub fn spawn_spooled(
+        pool: PgPool,
+        opts: RecorderOptions,
+        spool: Option<Spool>,
+        token: CancellationToken,
+    ) -> (OutcomeRecorder, JoinHandle<WriterReport>) {
+        let (recorder, writer) = OutcomeRecorder::spooled(pool, opts, spool);
         (recorder, tokio::spawn(writer.run(token)))
     }
 
     /// Hands `outcome` to the writer. Never waits: returns false when it was
     /// dropped (buffer full, or the writer has stopped), which is counted.
     pub fn record(&self, outcome: Outcome) -> bool {
-        let reason = match self.tx.try_send(outcome) {
+        let reason = match self.tx.try_send((outcome, None)) {
             Ok(()) => return true,
             Err(mpsc::error::TrySendError::Full(_)) => "full",
             Err(mpsc::error::TrySendError::Closed(_)) => "closed",
@@ -327,10 +356,24 @@ impl OutcomeRecorder {
     /// Hands `outcome` to a kept writer, waiting for room in the buffer
     /// rather than dropping it: the Redis consumer acks only after this
     /// returns, so while Postgres is away it slows down once the buffer is
-    /// full instead of acking jobs whose outcome nothing holds. Returns
-    /// false only when the writer has stopped (counted).
+    /// full instead of acking jobs whose outcome nothing holds. With a
+    /// spool, the record is first synced to local disk, so it outlives this
+    /// process too; a spool that cannot write is counted and the record is
+    /// kept in memory only. Returns false only when the writer has stopped
+    /// (counted).
     pub async fn record_kept(&self, outcome: Outcome) -> bool {
-        if self.tx.send(outcome).await.is_ok() {
+        let spooled = match &self.spool {
+            Some(spool) => match spool.append(&outcome).await {
+                Ok(spooled) => Some(spooled),
+                Err(e) => {
+                    metrics::counter!(m::OUTCOMES_SPOOL_FAILURES).increment(1);
+                    tracing::warn!(error = %e, "outcome spool: could not write; this record is kept in memory only");
+                    None
+                }
+            },
+            None => None,
+        };
+        if self.tx.send((outcome, spooled)).await.is_ok() {
             return true;
         }
         metrics::counter!(m::OUTCOMES_DROPPED, "reason" => "closed").increment(1);
@@ -349,108 +392,6 @@ fn is_power_of_ten(mut n: u64) -> bool {
         n /= 10;
     }
     n == 1
-}
-
-/// The background side of a recorder: takes records off the channel and
-/// inserts them in batches.
-#[derive(Debug)]
-pub struct OutcomeWriter {
-    rx: mpsc::Receiver<Outcome>,
-    pool: PgPool,
-    opts: RecorderOptions,
-}
-
-impl OutcomeWriter {
-    /// Writes everything buffered right now, in batches, with retries; does
-    /// not wait for more. The testable pass of [`OutcomeWriter::run`].
-    pub async fn run_once(&mut self) -> WriterReport {
-        self.drain(self.opts.retries).await
-    }
-
-    /// Writes records as they come until every recorder is dropped or
-    /// `token` is cancelled; see [`OutcomeRecorder::spawn`].
-    pub async fn run(mut self, token: CancellationToken) -> WriterReport {
-        let mut report = WriterReport::default();
-        let limit = self.opts.batch.max(1);
-        let mut batch = Vec::with_capacity(limit);
-        loop {
-            let got = tokio::select! {
-                biased;
-                _ = token.cancelled() => break,
-                n = self.rx.recv_many(&mut batch, limit) => n,
-            };
-            if got == 0 {
-                // Every recorder is gone and the channel is empty.
-                return report;
-            }
-            report.add(self.write(&batch, self.opts.retries).await);
-            batch.clear();
-        }
-        // Shutdown: one last pass over what is buffered, no retries, so a
-        // down Postgres cannot hold the process up.
-        report.add(self.drain(0).await);
-        report
-    }
-
-    async fn drain(&mut self, retries: u32) -> WriterReport {
-        let mut report = WriterReport::default();
-        let limit = self.opts.batch.max(1);
-        loop {
-            let mut batch = Vec::with_capacity(limit);
-            while batch.len() < limit {
-                match self.rx.try_recv() {
-                    Ok(o) => batch.push(o),
-                    Err(_) => break,
-                }
-            }
-            if batch.is_empty() {
-                return report;
-            }
-            report.add(self.write(&batch, retries).await);
-        }
-    }
-
-    /// Inserts one batch, trying again `retries` times; drops it after that
-    /// (a kept writer goes on trying, outside its shutdown pass).
-    async fn write(&self, batch: &[Outcome], retries: u32) -> WriterReport {
-        let mut tries = 0;
-        let mut delay = self.opts.retry_delay;
-        loop {
-            match record(&self.pool, batch).await {
-                Ok(n) => {
-                    return WriterReport {
-                        written: n,
-                        dropped: 0,
-                        batches: 1,
-                    }
-                }
-                Err(e) if tries < retries => {
-                    tries += 1;
-                    tracing::debug!(error = %e, tries, "outcome batch refused; trying again");
-                    tokio::time::sleep(self.opts.retry_delay).await;
-                }
-                Err(e) if self.opts.keep && retries > 0 => {
-                    tries += 1;
-                    if is_power_of_ten(u64::from(tries)) {
-                        tracing::warn!(error = %e, tries, kept = batch.len(),
-                            "outcome batch refused; kept, trying again until Postgres takes it");
-                    }
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(KEPT_RETRY_MAX);
-                }
-                Err(e) => {
-                    let n = batch.len() as u64;
-                    metrics::counter!(m::OUTCOMES_DROPPED, "reason" => "db").increment(n);
-                    tracing::warn!(error = %e, dropped = n, "outcome batch dropped: Postgres refused it (the shadow diff will miss these)");
-                    return WriterReport {
-                        written: 0,
-                        dropped: n,
-                        batches: 0,
-                    };
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,9 @@
 //! Outcome recording: the recorder's batches, its bounded buffer (drops are
 //! counted, never waited for), the writer's shutdown flush, and the
-//! `qbridge.report_outcome` SQL function for workers qbridge does not run.
+//! `qbridge.report_outcome` SQL function for workers qbridge does not run;
+//! [`spool`]: the kept recorder's local spool and its replay.
+
+mod spool;
 
 use std::time::Duration;
 
@@ -13,7 +16,7 @@ use qbridge::shadow::{
 
 use crate::support;
 
-fn outcome(i: usize) -> Outcome {
+pub(crate) fn outcome(i: usize) -> Outcome {
     Outcome {
         queue: "q".into(),
         key: format!("k-{i}"),
@@ -34,7 +37,7 @@ fn outcome(i: usize) -> Outcome {
     }
 }
 
-fn opts(capacity: usize, batch: usize) -> RecorderOptions {
+pub(crate) fn opts(capacity: usize, batch: usize) -> RecorderOptions {
     RecorderOptions {
         capacity,
         batch,
