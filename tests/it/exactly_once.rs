@@ -18,6 +18,7 @@ mod promotion;
 mod pushback_race;
 mod repush_markers;
 mod restart_evidence;
+mod restored;
 mod spooled_outcome;
 
 use std::net::SocketAddr;

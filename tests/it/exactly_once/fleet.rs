@@ -18,7 +18,12 @@ use crate::support;
 
 const APP_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
 
-fn fleet_env(cmd: &mut tokio::process::Command, broker: &str, queue: &str, ledger: &str) {
+pub(crate) fn fleet_env(
+    cmd: &mut tokio::process::Command,
+    broker: &str,
+    queue: &str,
+    ledger: &str,
+) {
     cmd.current_dir(APP_DIR)
         .env("QBT_BROKER", broker)
         .env("QBT_QUEUE", queue)
