@@ -23,6 +23,7 @@ use crate::support::{sh, wait_for_count};
 mod celery_priorities;
 mod decommission;
 mod phases;
+mod ran_on_record;
 mod recovery;
 
 const REDIS: &str = "redis://127.0.0.1:6379";

@@ -26,20 +26,38 @@ use redis::aio::MultiplexedConnection;
 use sqlx::PgPool;
 
 use crate::model::formats::{Decoded, KeySource};
-use crate::redis::keys::RouteKeys;
+use crate::redis::keys::{RouteKeys, RAN_RETENTION_MS};
 use crate::redis::live_guard::{self, Guard};
 
 /// How long the consumer waits for Postgres's answer.
 const ASK_TIMEOUT: Duration = Duration::from_secs(2);
 
-const LIVE_SQL: &str =
-    "SELECT EXISTS (SELECT 1 FROM qbridge.job_keys WHERE queue = $1 AND key = $2 AND copy = 'live')";
+/// `live` when Postgres holds the key live; `ran` when the route's Redis
+/// side ran it to an end on record (an `ok` or `dead` outcome within the
+/// ran set's retention: what the ran set says, kept where a Redis restart
+/// cannot erase it); else `none`.
+const OWNER_SQL: &str = r#"
+SELECT CASE
+  WHEN EXISTS (SELECT 1 FROM qbridge.job_keys WHERE queue = $1 AND key = $2 AND copy = 'live')
+    THEN 'live'
+  WHEN EXISTS (SELECT 1 FROM qbridge.outcomes
+                WHERE queue = $1 AND key = $2 AND side = 'redis' AND mode = 'live'
+                  AND outcome IN ('ok', 'dead')
+                  AND recorded_at > now() - make_interval(secs => $3::float8 / 1000))
+    THEN 'ran'
+  ELSE 'none' END
+"#;
 
 /// What the guard and Postgres said about a popped item's key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Owner {
     /// Postgres holds the key live: do not run the item on Redis.
     Postgres,
+    /// The route's Redis side already ran the job to an end, on record in
+    /// Postgres: a client's retry that reached Redis after it lost its ran
+    /// set (a restart without persistence). Dropped unrun, as the ran set
+    /// would have.
+    RanOnRecord,
     /// Postgres holds no live copy of it (or it is a content hash).
     NotPostgres,
     /// Neither could say (the reason): the item waits, unrun.
@@ -47,7 +65,7 @@ pub enum Owner {
 }
 
 /// Asks the guard, then Postgres, whether `key` (the job key of `decoded`)
-/// is live in Postgres.
+/// is live in Postgres, or ran to an end on the Redis side already.
 pub async fn owner(
     db: &PgPool,
     conn: &mut MultiplexedConnection,
@@ -63,13 +81,15 @@ pub async fn owner(
     if let Ok(Guard::Live) = guard {
         return Owner::Postgres;
     }
-    let ask = sqlx::query_scalar::<_, bool>(LIVE_SQL)
+    let ask = sqlx::query_scalar::<_, String>(OWNER_SQL)
         .bind(queue)
         .bind(key)
+        .bind(RAN_RETENTION_MS as f64)
         .fetch_one(db);
     let why = match tokio::time::timeout(ASK_TIMEOUT, ask).await {
-        Ok(Ok(true)) => return Owner::Postgres,
-        Ok(Ok(false)) => return Owner::NotPostgres,
+        Ok(Ok(owner)) if owner == "live" => return Owner::Postgres,
+        Ok(Ok(owner)) if owner == "ran" => return Owner::RanOnRecord,
+        Ok(Ok(_)) => return Owner::NotPostgres,
         Ok(Err(e)) => e.to_string(),
         Err(_) => "Postgres timed out".into(),
     };

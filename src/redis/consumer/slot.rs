@@ -321,6 +321,18 @@ impl Slot {
                 .await?;
                 return Ok(Step::Handled);
             }
+            Owner::RanOnRecord => {
+                self.report.dropped_already_ran += 1;
+                self.skip_unrun(
+                    conn,
+                    (&processing, &inflight),
+                    &decoded,
+                    &key,
+                    "already_ran",
+                )
+                .await?;
+                return Ok(Step::Handled);
+            }
             Owner::NotPostgres => {}
             Owner::Unknown(reason) => {
                 // Running it would act on silence: it may be a re-push of a
