@@ -9,8 +9,9 @@
 //!   promise allows: a Postgres attempt whose lease had expired (or was gone
 //!   when the handler was called), or a Redis-side re-run, counted by
 //!   cause: the same item with its attempt counter continued (its consumer
-//!   died, or its ack was lost), a job whose report the walk dropped, or a
-//!   second item of the key (still accepted: see [`REDIS_SECOND_ITEM`]);
+//!   died, or its ack was lost), or a second item of a key whose first
+//!   run never reached the record (see [`REDIS_RUN_UNRECORDED`]); a second
+//!   item after the first run was on record is a violation;
 //!   never on both sides — except a Redis attempt on record
 //!   as interrupted (its consumer died holding the item, and decommission
 //!   archived it into Postgres, which ran it: at least once under a crash,
@@ -172,8 +173,9 @@ struct Run {
     /// The attempt the handler was told (a Redis item's counter lives in its
     /// inflight hash, so a run after a crash continues it).
     attempt: i32,
-    /// The walk deleted a Redis-side report of this key (`DropReports`).
-    report_dropped: bool,
+    /// This Redis-side run (job id 0) has its `ok` on record: qbridge knew
+    /// it ran, so nothing may run it again.
+    on_record: bool,
     /// When this Redis-side run (job id 0) was put on record as interrupted:
     /// its consumer died holding the item, and decommission, archiving it,
     /// recorded this attempt (`ops/decommission/interrupted.rs`).
@@ -182,7 +184,9 @@ struct Run {
 
 const REPEATS_SQL: &str = r#"
 SELECT l.key, l.job_id, l.lease_until, l.at, l.attempt,
-       EXISTS (SELECT 1 FROM chaos.dropped_reports d WHERE d.key = l.key) AS report_dropped,
+       EXISTS (SELECT 1 FROM qbridge.outcomes o
+                WHERE l.job_id = 0 AND o.queue = $1 AND o.key = l.key AND o.side = 'redis'
+                  AND o.mode = 'live' AND o.outcome = 'ok' AND o.attempt = l.attempt) AS on_record,
        (SELECT min(o.recorded_at) FROM qbridge.outcomes o
          WHERE l.job_id = 0 AND o.queue = $1 AND o.key = l.key AND o.side = 'redis'
            AND o.mode = 'live' AND o.error_class = 'interrupted'
@@ -329,17 +333,13 @@ async fn whereabouts(db: &PgPool, key: &str) -> Result<String> {
 pub const REDIS_ATTEMPT_UNFINISHED: &str =
     "Redis item run again: its attempt did not finish (consumer killed or ack lost)";
 
-/// The reason a Redis job may run twice as two items: the walk deleted its
-/// outcome report (a process that died holding it), a Redis restart then
-/// erased its ran-set entry, and repair, finding no trace that it ran, pushed
-/// it back. The one path left open: see ARCHITECTURE.md, "Durable outcomes".
-pub const REPORT_LOST_THEN_PUSHED_BACK: &str =
-    "Redis job run again: its report was lost with its process and Redis lost its data";
-
-/// A Redis job run again as a second item, for no reason the walk can name
-/// yet (see the match in [`classify_repeats`]).
-pub const REDIS_SECOND_ITEM: &str =
-    "Redis job run again as a second item (pushed back or retried while its run was not yet on record)";
+/// The reason a Redis job may run twice as two items: its first run's
+/// outcome never reached the record (its consumer was killed between the
+/// handler's end and the outcome's sync to its spool), a Redis restart then
+/// erased its item, and repair, finding no trace that it ran, pushed it
+/// back. At least once under a crash; nothing can know that run ended.
+pub const REDIS_RUN_UNRECORDED: &str =
+    "Redis job run again as a second item: its first run's consumer was killed before the outcome was on record";
 
 /// The reason a job may run on both sides: its Redis attempt is on record
 /// as interrupted by a crash, and Postgres ran it from the archive.
@@ -364,13 +364,11 @@ async fn classify_repeats(db: &PgPool, v: &mut Verdict) -> Result<()> {
             // lost). A second item of the key starts again at 1: a
             // duplicate the Redis side was handed, not at-least-once.
             (0, 0) if b.attempt > a.attempt => Ok(REDIS_ATTEMPT_UNFINISHED),
-            (0, 0) if a.report_dropped => Ok(REPORT_LOST_THEN_PUSHED_BACK),
-            // Still accepted, but counted apart so campaigns show it: a
-            // second item of the key (repair's push-back after a Redis
-            // restart erased the ran set while the run's outcome was not
-            // yet in Postgres, e.g. held by a worker the walk killed; or a
-            // client retry that reached Redis while the first item ran).
-            (0, 0) => Ok(REDIS_SECOND_ITEM),
+            (0, 0) if !a.on_record => Ok(REDIS_RUN_UNRECORDED),
+            // qbridge knew the first run ended (its outcome is in Postgres,
+            // or was in a spool repair replays): a second item must not
+            // run, whether a client's retry or repair pushed it.
+            (0, 0) => Err("Redis job ran again as a second item after its run was on record"),
             // At least once under a crash, and on record before Postgres ran
             // it: the diff counts it as run on both sides (the walk checks
             // that it does).

@@ -249,10 +249,18 @@ impl Rig {
         Ok(port)
     }
 
+    /// The processes' shared state folder (one host: a killed worker's
+    /// outcome spool is replayed by its restart, a sibling, or repair).
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
     fn write_config(&self, name: &str, phase: Phase, proxy_port: u16) -> Result<PathBuf> {
+        let state_dir = self.state_dir();
         let text = format!(
             r#"# written by the fault suite for process {name}
 worker_id = "{name}"
+state_dir = {state_dir:?}
 max_connections = 6
 shutdown_deadline = "5s"
 reaper_interval = "500ms"
@@ -420,5 +428,4 @@ CREATE TABLE chaos.pushes (hash text NOT NULL, via text NOT NULL);
 CREATE TABLE chaos.aborted (key text PRIMARY KEY);
 -- Keys whose Redis-side outcome report the walk deleted (a process that
 -- died holding its unsent reports).
-CREATE TABLE chaos.dropped_reports (key text PRIMARY KEY);
 "#;

@@ -32,7 +32,8 @@ pub enum Step {
     Advance { percent: u8 },
     /// One phase back (also below `dual_write`, where nothing is mirrored).
     Rollback,
-    /// A new flipped share in `postgres_only`.
+    /// A new flipped share in `postgres_only`, higher or lower (a lower
+    /// one writes the live-key guard first, as the runbook's fallback does).
     Ramp { percent: u8 },
     /// SIGKILL a worker (both consumers inside) and start it again.
     KillWorker { worker: usize },
@@ -40,9 +41,12 @@ pub enum Step {
     RestartRedis,
     /// Crash Postgres (immediate stop) and start it again.
     RestartPostgres,
-    /// Lose the Redis side's last outcome reports (as the recorder drops a
-    /// batch it cannot write).
-    DropReports { reports: i64 },
+    /// Crash Postgres, let the consumers ack what finishes meanwhile (their
+    /// outcomes only in memory and in their spool), SIGKILL a worker, bring
+    /// Postgres back, maybe restart Redis without persistence (the ran set
+    /// gone: only the spool says those jobs ran) and repair, then start the
+    /// worker again.
+    KillWorkerWhilePostgresAway { worker: usize, restart_redis: bool },
     /// Push an acknowledged job's item again (a client retry), through the
     /// proxy or the producer API.
     Repush { index: usize, via_proxy: bool },
@@ -60,15 +64,16 @@ pub fn draw(rng: &mut StdRng, phase: Phase, percent: u8) -> Step {
             },
             15..=22 => Step::Rollback,
             23..=30 => Step::Ramp {
-                percent: rng.random_range(percent.max(1)..=100),
+                percent: rng.random_range(0..=100),
             },
             31..=42 => Step::KillWorker {
                 worker: rng.random_range(0..2),
             },
             43..=49 => Step::RestartRedis,
             50..=55 => Step::RestartPostgres,
-            56..=65 => Step::DropReports {
-                reports: rng.random_range(1..20),
+            56..=65 => Step::KillWorkerWhilePostgresAway {
+                worker: rng.random_range(0..2),
+                restart_redis: rng.random_bool(0.5),
             },
             66..=89 => Step::Repush {
                 index: rng.random_range(0..usize::MAX / 2),
@@ -79,11 +84,14 @@ pub fn draw(rng: &mut StdRng, phase: Phase, percent: u8) -> Step {
         let possible = match step {
             Step::Advance { .. } => phase < Phase::PostgresOnly,
             Step::Rollback => phase > Phase::RedisOnly,
-            Step::Ramp { .. } => phase == Phase::PostgresOnly && percent < 100,
+            Step::Ramp { percent: to } => phase == Phase::PostgresOnly && to != percent,
             // In `redis_only` Redis alone holds what is pushed, and qbridge
             // promises nothing about a Redis that loses it; there is no
             // mirror to repair either.
             Step::RestartRedis | Step::Repair => phase != Phase::RedisOnly,
+            Step::KillWorkerWhilePostgresAway { restart_redis, .. } => {
+                !restart_redis || phase != Phase::RedisOnly
+            }
             _ => true,
         };
         if possible {
@@ -129,20 +137,25 @@ pub async fn take(
             rig.pg.try_resume().map_err(Error::Config)?;
             Ok("Postgres crashed and restarted".into())
         }
-        Step::DropReports { reports } => {
-            // Kept for the oracle: a job whose report is gone and whose
-            // ran-set entry a Redis restart then erases has no evidence
-            // left that it ran, and repair may push it back.
-            let dropped = sqlx::query(
-                "WITH gone AS (DELETE FROM qbridge.outcomes WHERE id IN (SELECT id FROM qbridge.outcomes \
-                  WHERE side = 'redis' ORDER BY id DESC LIMIT $1) RETURNING key) \
-                 INSERT INTO chaos.dropped_reports SELECT DISTINCT key FROM gone ON CONFLICT DO NOTHING",
-            )
-            .bind(reports)
-            .execute(&rig.db)
-            .await?
-            .rows_affected();
-            Ok(format!("{dropped} Redis-side reports lost"))
+        Step::KillWorkerWhilePostgresAway {
+            worker,
+            restart_redis: then_redis,
+        } => {
+            rig.pg.kill();
+            // Jobs that finish now are acked with their outcomes kept.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            rig.workers[worker].kill();
+            rig.pg.try_resume().map_err(Error::Config)?;
+            let redis = match then_redis {
+                true => format!("; {}", restart_redis(rig, h).await?),
+                false => String::new(),
+            };
+            rig.restart_worker(worker)?;
+            Ok(format!(
+                "Postgres crashed, SIGKILL w{} meanwhile, Postgres back{redis}; w{} restarted",
+                worker + 1,
+                worker + 1
+            ))
         }
         Step::Repush { index, via_proxy } => {
             let Some(key) = acked.pick(index) else {
@@ -301,6 +314,9 @@ async fn repair_once(
     assume: Option<&repair::Assumption>,
 ) -> Result<String> {
     let route = &h.route;
+    // As `qbridge diff --repair` does: outcomes a killed worker synced to
+    // its spool are on record before repair judges.
+    crate::app::outcome_spool::bring_in(&rig.state_dir(), &rig.operator).await?;
     let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
     let state = operate::state_of(&rig.operator, route, BY).await?;
     let since = chrono::Utc::now() - chrono::Duration::hours(1);

@@ -10,6 +10,11 @@
 //! is Postgres's. Outside fleets ask the same question of the live-key
 //! guard (`redis::live_guard`) through their adapters.
 //!
+//! The same question to Postgres also asks whether the route's Redis side
+//! already ran the key to an end (an `ok` or `dead` outcome): what the ran
+//! set says, for when Redis lost it in a restart without persistence and a
+//! client's retry of the job arrives after.
+//!
 //! The consumer asks the guard first (one round trip to the Redis it pops
 //! from), then Postgres. When Postgres does not answer, a guard that is
 //! current (its watermark is there) answers alone: while Postgres is down
