@@ -61,7 +61,7 @@ impl Route {
 
 /// A route owning members of a framework's set, and that set as the route
 /// sees it (which members are its own).
-pub type SetOwner = (Arc<Route>, Structure);
+type SetOwner = (Arc<Route>, Structure);
 
 /// All routes of a process and their phases. Cheap to clone.
 #[derive(Debug, Clone, Default)]
@@ -72,10 +72,6 @@ pub struct Routes {
     /// Framework sets whose additions are mirrored, by key, with the routes
     /// that own members of them.
     by_set: Arc<HashMap<Bytes, Vec<SetOwner>>>,
-    /// kombu's `unacked` hashes (a Celery route's taken messages), by key:
-    /// their entries are not mirrored, but an entry a restore takes out is
-    /// evidence that the worker gave the task back (`proxy::unacked`).
-    unacked: Arc<HashMap<Bytes, Vec<SetOwner>>>,
     phases: PhaseView,
 }
 
@@ -117,24 +113,10 @@ impl Routes {
                     .push((Arc::clone(route), set));
             }
         }
-        let mut unacked: HashMap<Bytes, Vec<SetOwner>> = HashMap::new();
-        for route in &list {
-            for hash in structures::of_route(&route.format, &route.redis_key, &route.config.keys)
-                .into_iter()
-                .filter(|s| matches!(s.shape, structures::Shape::UnackedHash { .. }))
-            {
-                let key = Bytes::copy_from_slice(hash.key.as_bytes());
-                unacked
-                    .entry(key)
-                    .or_default()
-                    .push((Arc::clone(route), hash));
-            }
-        }
         Routes {
             list: Arc::new(list),
             by_key: Arc::new(by_key),
             by_set: Arc::new(by_set),
-            unacked: Arc::new(unacked),
             phases,
         }
     }
@@ -166,23 +148,11 @@ impl Routes {
     /// to (Sidekiq's `schedule` and `retry` are shared by every queue: the
     /// member's `queue` says whose it is).
     pub fn set_route(&self, db: i64, key: &[u8], member: &[u8]) -> Option<&Arc<Route>> {
-        self.set_owner(db, key, member).map(|(route, _)| route)
-    }
-
-    /// The route a member of the mirrored set or kombu `unacked` hash `key`
-    /// in database `db` belongs to, and that structure as the route sees
-    /// it (for [`Structure::job_of`]).
-    pub fn set_owner(&self, db: i64, key: &[u8], member: &[u8]) -> Option<&SetOwner> {
         self.by_set
-            .get(key)
-            .or_else(|| self.unacked.get(key))?
+            .get(key)?
             .iter()
             .find(|(route, set)| route.db == db && set.owns(member))
-    }
-
-    /// Whether `key` is a Celery route's kombu `unacked` hash.
-    pub fn is_unacked_hash(&self, key: &[u8]) -> bool {
-        self.unacked.contains_key(key)
+            .map(|(route, _)| route)
     }
 
     /// The route with this name.

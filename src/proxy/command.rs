@@ -130,8 +130,6 @@ pub(super) enum Cmd {
     SetPop(super::set_pop::SetPop),
     /// A pop from a routed list (`super::list_pop`).
     ListPop(super::list_pop::ListPop),
-    /// A read of an entry of kombu's `unacked` hash (`super::unacked`).
-    UnackedRead(super::unacked::UnackedRead),
     Multi,
     Exec,
     Discard,

@@ -55,9 +55,6 @@ pub(super) struct Link {
     /// The jobs this connection took off routed lists (`super::list_pop`),
     /// written by the reply side, read by the reader when it pushes.
     pub taken: super::list_pop::Taken,
-    /// The kombu `unacked` entries this connection read (`super::unacked`),
-    /// written and read by the reply side.
-    pub unacked: super::unacked::Seen,
 }
 
 /// The selected database as of the `done`-th tag the reply side finished.
@@ -80,7 +77,6 @@ impl Link {
         Link {
             server,
             taken: Default::default(),
-            unacked: Default::default(),
             attention: Notify::new(),
             pubsub_sent: AtomicU64::new(0),
             db: watch::Sender::new(Selected {

@@ -84,7 +84,6 @@ mod replies;
 mod server;
 mod session;
 mod set_pop;
-mod unacked;
 mod upstream;
 
 pub use server::{ProxyDeps, ProxyServer};

@@ -315,10 +315,6 @@ impl<R: AsyncRead + Unpin> Replies<R> {
                         self.remember_taken(items, db);
                         self.forward(len);
                     }
-                    Action::UnackedEntry(read, entry) => {
-                        self.link.unacked.add(read.hash, read.tag, entry);
-                        self.forward(len);
-                    }
                 }
                 if moves_state {
                     self.publish_db();

@@ -16,7 +16,6 @@ use super::command::{Cmd, Family, LocalPush, MirrorPush, ReplyMode};
 use super::frame::Frame;
 use super::list_pop::popped;
 use super::set_pop::{handed_out, SetPop};
-use super::unacked::UnackedRead;
 
 /// How the command at the head of the line is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,9 +70,6 @@ pub(super) enum Action {
     /// database, when known): remember them, then forward
     /// (`super::list_pop`).
     Taken(Vec<(Bytes, Bytes)>, Option<i64>),
-    /// Redis answered this read of a kombu `unacked` entry: remember the
-    /// entry, then forward (`super::unacked`).
-    UnackedEntry(UnackedRead, Bytes),
 }
 
 /// See the module docs.
@@ -287,7 +283,6 @@ impl Session {
                 Cmd::Push(_)
                     | Cmd::SetPop(_)
                     | Cmd::ListPop(_)
-                    | Cmd::UnackedRead(_)
                     | Cmd::Select(_)
                     | Cmd::Multi
                     | Cmd::Reset
@@ -424,11 +419,6 @@ impl Session {
                 let items = frame.map(|f| popped(&pop, f)).unwrap_or_default();
                 if !items.is_empty() {
                     return Action::Taken(items, self.db);
-                }
-            }
-            Cmd::UnackedRead(read) => {
-                if let Some(Frame::Bulk(entry)) = frame {
-                    return Action::UnackedEntry(read, entry.clone());
                 }
             }
             _ => {}

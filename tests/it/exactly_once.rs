@@ -18,7 +18,6 @@ mod promotion;
 mod pushback_race;
 mod repush_markers;
 mod restart_evidence;
-mod restored;
 mod spooled_outcome;
 
 use std::net::SocketAddr;

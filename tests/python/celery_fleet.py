@@ -1,9 +1,7 @@
 """A Celery application for the integration tests: producers call
 `python celery_fleet.py produce N [PRIORITY]` (through qbridge's proxy),
 `python celery_fleet.py produce_in N SECONDS` (countdown tasks) or
-`python celery_fleet.py produce_retry ID RETRIES SECONDS` (a retry's push),
-`python celery_fleet.py take_and_restore GO_FILE` (a worker's channel that
-takes one task and gives it back with kombu's restore), and a real
+`python celery_fleet.py produce_retry ID RETRIES SECONDS` (a retry's push), and a real
 Celery worker runs `celery -A celery_fleet worker` against Redis itself.
 
 Every task run appends "<task id> <args>" to the Redis list named by
@@ -23,7 +21,6 @@ QBT_LEDGER_URL.
 
 import os
 import sys
-import time
 
 import redis
 from celery import Celery
@@ -68,28 +65,7 @@ def produce_retry(task_id, retries, seconds):
     print(add.apply_async((1, 1), task_id=task_id, retries=retries, countdown=seconds).id, flush=True)
 
 
-def take_and_restore(go_file):
-    """Takes one task off the queue as a worker's channel does (kombu keeps
-    it in its `unacked` hash until it is acked), prints its id, waits until
-    `go_file` exists, then gives it back unacked with kombu's own restore
-    (`basic_recover(requeue=True)`, what a channel does at shutdown: WATCH,
-    HGET of the `unacked` entry, then MULTI, ZREM, HDEL, RPUSH, EXEC)."""
-    with app.connection_for_read() as conn:
-        channel = conn.default_channel
-        message = None
-        while message is None:
-            message = channel.basic_get(os.environ["QBT_QUEUE"], no_ack=False)
-            time.sleep(0.05)
-        print(message.headers["id"], flush=True)
-        while not os.path.exists(go_file):
-            time.sleep(0.05)
-        channel.basic_recover(requeue=True)
-        print("restored", flush=True)
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["take_and_restore"]:
-    take_and_restore(sys.argv[2])
-elif __name__ == "__main__" and sys.argv[1:2] == ["produce_retry"]:
+if __name__ == "__main__" and sys.argv[1:2] == ["produce_retry"]:
     produce_retry(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
 elif __name__ == "__main__" and sys.argv[1:2] == ["produce"]:
     produce(int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)

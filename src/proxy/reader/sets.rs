@@ -14,7 +14,6 @@ use crate::metrics as m;
 use crate::model::structures::score_time;
 use crate::model::Phase;
 use crate::proxy::command::{classify, zadd_members, Cmd, MirrorPush};
-use crate::proxy::unacked::{self, Unacked};
 use crate::proxy::{list_pop, set_pop};
 
 impl<W: AsyncWrite + Unpin> Reader<W> {
@@ -78,12 +77,6 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
     /// set is tagged for the reply side, anything else as pairing needs.
     pub(super) fn classify_forwarded(&self, name: &str, args: &[Bytes]) -> Cmd {
         let routes = &self.shared.routes;
-        if let Some(found) = unacked::classify(name, args, |key| routes.is_unacked_hash(key)) {
-            return match found {
-                Unacked::Read(read) => Cmd::UnackedRead(read),
-                Unacked::Delete(pop) => Cmd::SetPop(pop),
-            };
-        }
         match set_pop::classify(name, args, &self.shared.pop_scripts, |key| {
             routes.is_mirrored_set(key)
         }) {

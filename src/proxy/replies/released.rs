@@ -24,27 +24,13 @@ impl<R: AsyncRead + Unpin> Replies<R> {
             return;
         };
         let routes = &self.shared.routes;
-        let mut structure = String::from_utf8_lossy(&pop.set).into_owned();
-        let members = match routes.is_unacked_hash(&pop.set) {
-            // The tags kombu deleted, as the entries this connection read.
-            true => {
-                structure.push_str(" (restored by kombu)");
-                members
-                    .iter()
-                    .filter_map(|tag| self.link.unacked.take(&pop.set, tag))
-                    .collect()
-            }
-            false => members,
-        };
+        let structure = String::from_utf8_lossy(&pop.set).into_owned();
         let mut rows = Vec::new();
         for member in members {
-            let Some((route, set)) = routes.set_owner(db, &pop.set, &member) else {
+            let Some(route) = routes.set_route(db, &pop.set, &member) else {
                 continue;
             };
-            let Some(job) = set.job_of(&member) else {
-                continue;
-            };
-            let decoded = decode_bytes(&route.format, Bytes::from(job));
+            let decoded = decode_bytes(&route.format, member);
             if matches!(
                 routes.item_phase(route, &decoded),
                 Phase::PostgresOnly | Phase::Decommissioned

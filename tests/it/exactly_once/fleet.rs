@@ -18,12 +18,7 @@ use crate::support;
 
 const APP_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
 
-pub(crate) fn fleet_env(
-    cmd: &mut tokio::process::Command,
-    broker: &str,
-    queue: &str,
-    ledger: &str,
-) {
+fn fleet_env(cmd: &mut tokio::process::Command, broker: &str, queue: &str, ledger: &str) {
     cmd.current_dir(APP_DIR)
         .env("QBT_BROKER", broker)
         .env("QBT_QUEUE", queue)
