@@ -21,7 +21,11 @@ const REPLAY_EVERY: Duration = Duration::from_secs(5);
 /// [`REPLAY_EVERY`] until `intake` is cancelled.
 pub async fn open(cfg: &Config, db: &PgPool, intake: &CancellationToken) -> Result<Spool> {
     let folder = spool::folder(&cfg.state_dir, db).await?;
-    spool::replay(&folder, db).await?;
+    // A run that cannot be replayed now is left for the next pass: it must
+    // not keep this process's consumers from starting.
+    if let Err(e) = spool::replay(&folder, db).await {
+        tracing::warn!(error = %e, "outcome spool: replay at start failed; trying again later");
+    }
     let opened = Spool::open(&folder)?;
     let (db, intake) = (db.clone(), intake.clone());
     tokio::spawn(async move {
@@ -38,13 +42,37 @@ pub async fn open(cfg: &Config, db: &PgPool, intake: &CancellationToken) -> Resu
     Ok(opened)
 }
 
+/// What [`bring_in`] read and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BroughtIn {
+    /// The folder read.
+    pub folder: std::path::PathBuf,
+    /// Whether it exists (no consumer ever ran here with this `state_dir`).
+    pub found: bool,
+    /// Records inserted.
+    pub inserted: u64,
+}
+
 /// Puts every spooled outcome on this host into Postgres (for repair,
 /// before it judges what Redis lost): replays the runs that are gone, and
 /// copies the records of live ones (which may still wait for their
-/// writer's next try after an outage). Returns the records inserted.
-pub async fn bring_in(state_dir: &std::path::Path, db: &PgPool) -> Result<u64> {
+/// writer's next try after an outage). Refuses when a stopped run could
+/// not be replayed: repair would judge on part of the evidence.
+pub async fn bring_in(state_dir: &std::path::Path, db: &PgPool) -> Result<BroughtIn> {
     let folder = spool::folder(state_dir, db).await?;
+    let found = folder.is_dir();
     let gone = spool::replay(&folder, db).await?;
+    if gone.failed > 0 {
+        return Err(crate::error::Error::Config(format!(
+            "{} stopped consumer run(s) in {} could not be replayed (see the log); repair would judge without their outcomes",
+            gone.failed,
+            folder.display()
+        )));
+    }
     let live = spool::copy_live(&folder, db).await?;
-    Ok(gone.inserted + live.inserted)
+    Ok(BroughtIn {
+        folder,
+        found,
+        inserted: gone.inserted + live.inserted,
+    })
 }

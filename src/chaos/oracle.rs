@@ -173,9 +173,9 @@ struct Run {
     /// The attempt the handler was told (a Redis item's counter lives in its
     /// inflight hash, so a run after a crash continues it).
     attempt: i32,
-    /// This Redis-side run (job id 0) has its `ok` on record: qbridge knew
-    /// it ran, so nothing may run it again.
-    on_record: bool,
+    /// When this Redis-side run's (job id 0) `ok` reached the record: from
+    /// then on qbridge knew it ran, and nothing may run it again.
+    on_record_at: Option<chrono::DateTime<chrono::Utc>>,
     /// When this Redis-side run (job id 0) was put on record as interrupted:
     /// its consumer died holding the item, and decommission, archiving it,
     /// recorded this attempt (`ops/decommission/interrupted.rs`).
@@ -184,9 +184,9 @@ struct Run {
 
 const REPEATS_SQL: &str = r#"
 SELECT l.key, l.job_id, l.lease_until, l.at, l.attempt,
-       EXISTS (SELECT 1 FROM qbridge.outcomes o
-                WHERE l.job_id = 0 AND o.queue = $1 AND o.key = l.key AND o.side = 'redis'
-                  AND o.mode = 'live' AND o.outcome = 'ok' AND o.attempt = l.attempt) AS on_record,
+       (SELECT min(o.recorded_at) FROM qbridge.outcomes o
+         WHERE l.job_id = 0 AND o.queue = $1 AND o.key = l.key AND o.side = 'redis'
+           AND o.mode = 'live' AND o.outcome = 'ok' AND o.attempt = l.attempt) AS on_record_at,
        (SELECT min(o.recorded_at) FROM qbridge.outcomes o
          WHERE l.job_id = 0 AND o.queue = $1 AND o.key = l.key AND o.side = 'redis'
            AND o.mode = 'live' AND o.error_class = 'interrupted'
@@ -334,12 +334,22 @@ pub const REDIS_ATTEMPT_UNFINISHED: &str =
     "Redis item run again: its attempt did not finish (consumer killed or ack lost)";
 
 /// The reason a Redis job may run twice as two items: its first run's
-/// outcome never reached the record (its consumer was killed between the
-/// handler's end and the outcome's sync to its spool), a Redis restart then
-/// erased its item, and repair, finding no trace that it ran, pushed it
-/// back. At least once under a crash; nothing can know that run ended.
+/// outcome was not on record when the second ran, a Redis restart erased
+/// its item, and repair, finding no trace that it ran, pushed it back. The
+/// first run was still going (a live consumer's item goes with Redis; the
+/// consumer does not record what it runs in the new Redis), or its
+/// consumer was killed between the handler's end and the outcome's sync.
+/// At least once under a crash: nothing on record said that run had ended.
 pub const REDIS_RUN_UNRECORDED: &str =
-    "Redis job run again as a second item: its first run's consumer was killed before the outcome was on record";
+    "Redis job run again as a second item: its first run was not on record yet (still running, or its consumer killed before the sync)";
+
+/// Identical texts are jobs told apart only by a pop's number: a number
+/// run twice after a Redis restart (repair pushed a copy of the text back)
+/// says nothing about which push ran twice. Their runs are judged per text
+/// (none short of its pushes, none under more keys than pushed); a double
+/// run within the pushed count of one text is not yet refused.
+pub const IDENTICAL_TEXT_NUMBER_AGAIN: &str =
+    "identical text: a copy run again under a number already run (judged per text)";
 
 /// The reason a job may run on both sides: its Redis attempt is on record
 /// as interrupted by a crash, and Postgres ran it from the archive.
@@ -364,7 +374,10 @@ async fn classify_repeats(db: &PgPool, v: &mut Verdict) -> Result<()> {
             // lost). A second item of the key starts again at 1: a
             // duplicate the Redis side was handed, not at-least-once.
             (0, 0) if b.attempt > a.attempt => Ok(REDIS_ATTEMPT_UNFINISHED),
-            (0, 0) if !a.on_record => Ok(REDIS_RUN_UNRECORDED),
+            // Not on record when the second item ran: still running, or
+            // its consumer killed before the sync.
+            (0, 0) if a.on_record_at.is_none_or(|t| t > b.at) => Ok(REDIS_RUN_UNRECORDED),
+            (0, 0) if a.key.starts_with("sha256:") => Ok(IDENTICAL_TEXT_NUMBER_AGAIN),
             // qbridge knew the first run ended (its outcome is in Postgres,
             // or was in a spool repair replays): a second item must not
             // run, whether a client's retry or repair pushed it.

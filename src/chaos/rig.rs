@@ -426,6 +426,4 @@ CREATE TABLE chaos.acked (key text PRIMARY KEY, via text NOT NULL);
 -- (`sha256:<hex>`, the key without its occurrence number).
 CREATE TABLE chaos.pushes (hash text NOT NULL, via text NOT NULL);
 CREATE TABLE chaos.aborted (key text PRIMARY KEY);
--- Keys whose Redis-side outcome report the walk deleted (a process that
--- died holding its unsent reports).
 "#;

@@ -24,8 +24,16 @@ pub async fn run(config: &Config, args: &DiffArgs, as_json: bool) -> Result<()> 
         // Outcomes a stopped consumer synced to this host's spool are
         // evidence that its jobs ran: into Postgres before repair judges.
         let brought = crate::app::outcome_spool::bring_in(&config.state_dir, &db).await?;
-        if brought > 0 {
-            eprintln!("{brought} outcome(s) brought in from this host's consumer spools");
+        match (brought.found, brought.inserted) {
+            (false, _) => eprintln!(
+                "no consumer outcome spool at {} (state_dir): run repair where the consumers run, with their state_dir",
+                brought.folder.display()
+            ),
+            (true, 0) => {}
+            (true, n) => eprintln!(
+                "{n} outcome(s) brought in from the consumer spools at {}",
+                brought.folder.display()
+            ),
         }
     }
     let (d, held) = crate::ops::gates::diff_since(&db, &mut redis, &route, phase, since).await?;

@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::spool::Spool;
+use super::spool::{Spool, Spooled};
 use crate::error::{Error, Result};
 use crate::metrics as m;
 use writer::Entry;
@@ -363,14 +363,19 @@ impl OutcomeRecorder {
     /// (counted).
     pub async fn record_kept(&self, outcome: Outcome) -> bool {
         let spooled = match &self.spool {
-            Some(spool) => match spool.append(&outcome).await {
-                Ok(spooled) => Some(spooled),
-                Err(e) => {
-                    metrics::counter!(m::OUTCOMES_SPOOL_FAILURES).increment(1);
-                    tracing::warn!(error = %e, "outcome spool: could not write; this record is kept in memory only");
-                    None
+            Some(spool) => {
+                let id = uuid::Uuid::new_v4();
+                match spool.append(id, &outcome).await {
+                    Ok(spooled) => Some(spooled),
+                    Err(_) => {
+                        // Counted; the thread logged the error. Still
+                        // inserted under its id: a failed sync may have
+                        // left the line in the file for a replay.
+                        metrics::counter!(m::OUTCOMES_SPOOL_FAILURES).increment(1);
+                        Some(Spooled { segment: None, id })
+                    }
                 }
-            },
+            }
             None => None,
         };
         if self.tx.send((outcome, spooled)).await.is_ok() {

@@ -22,6 +22,7 @@
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -56,6 +57,8 @@ pub struct SpoolRecord {
     pub error_class: Option<String>,
     pub digest: Option<String>,
     pub attempt: Option<i32>,
+    /// When it was spooled: its `recorded_at` when a replay inserts it.
+    pub at: chrono::DateTime<chrono::Utc>,
 }
 
 impl SpoolRecord {
@@ -70,6 +73,7 @@ impl SpoolRecord {
             error_class: o.error_class.map(Into::into),
             digest: o.digest.clone(),
             attempt: o.attempt,
+            at: chrono::Utc::now(),
         }
     }
 }
@@ -82,10 +86,11 @@ pub async fn folder(state_dir: &Path, db: &PgPool) -> Result<PathBuf> {
     Ok(state_dir.join("outcomes").join(id.to_string()))
 }
 
-/// Where a record went: its segment and its id.
+/// Where a record went: its segment (`None` when the write failed) and
+/// its id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Spooled {
-    pub segment: u64,
+    pub segment: Option<u64>,
     pub id: uuid::Uuid,
 }
 
@@ -126,11 +131,21 @@ impl Spool {
         let io_err = |what: &str, e: io::Error| {
             Error::Config(format!("outcome spool {folder:?}: {what}: {e}"))
         };
-        fs::create_dir_all(folder).map_err(|e| io_err("create", e))?;
+        // Job keys are in here: for this user only.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(folder)
+            .map_err(|e| io_err("create", e))?;
         let run = uuid::Uuid::new_v4().simple().to_string();
-        let lock = File::create(folder.join(format!("{run}.lock")))
+        // Locked before it has the name a replay looks for, or a replay
+        // could take the new run for a gone one between create and lock.
+        let unnamed = folder.join(format!("{run}.lock.new"));
+        let lock = private_file(OpenOptions::new().write(true).create_new(true), &unnamed)
             .map_err(|e| io_err("create lock", e))?;
         lock.try_lock().map_err(|e| io_err("lock", e.into()))?;
+        fs::rename(&unnamed, folder.join(format!("{run}.lock")))
+            .map_err(|e| io_err("name lock", e))?;
         let files = Arc::new(Files {
             folder: folder.to_path_buf(),
             run,
@@ -149,9 +164,11 @@ impl Spool {
         Ok(Spool { appends, files })
     }
 
-    /// Puts `outcome` on disk; returns where once it is synced.
-    pub async fn append(&self, outcome: &Outcome) -> io::Result<Spooled> {
-        let id = uuid::Uuid::new_v4();
+    /// Puts `outcome` on disk as record `id`; returns where once it is
+    /// synced. The caller chose `id` and inserts the record under it
+    /// whether or not this succeeds: a record whose write failed after all
+    /// is then still inserted once.
+    pub async fn append(&self, id: uuid::Uuid, outcome: &Outcome) -> io::Result<Spooled> {
         let mut line =
             serde_json::to_vec(&SpoolRecord::new(id, outcome)).map_err(io::Error::other)?;
         line.push(b'\n');
@@ -162,7 +179,10 @@ impl Spool {
             .await
             .map_err(|_| gone())?;
         let segment = synced.await.map_err(|_| gone())??;
-        Ok(Spooled { segment, id })
+        Ok(Spooled {
+            segment: Some(segment),
+            id,
+        })
     }
 
     /// Says `n` records of `segment` are in Postgres; deletes the segment
@@ -193,10 +213,10 @@ impl Files {
     }
 
     fn segment_file(&self, n: u64) -> io::Result<File> {
-        let file = OpenOptions::new()
-            .create_new(true)
-            .append(true)
-            .open(self.segment_path(n))?;
+        let file = private_file(
+            OpenOptions::new().create_new(true).append(true),
+            &self.segment_path(n),
+        )?;
         // The new name must survive a crash too.
         File::open(&self.folder)?.sync_all()?;
         Ok(file)
@@ -222,9 +242,17 @@ impl Drop for Files {
     }
 }
 
+/// Opens `path` with `opts`, readable and writable by this user only.
+fn private_file(opts: &mut OpenOptions, path: &Path) -> io::Result<File> {
+    opts.mode(0o600).open(path)
+}
+
 /// The appending thread: takes what waits, writes it, syncs once, answers.
+/// A group that fails is cut off the file again (a partial line would
+/// swallow the next group's first record) and answered with the error.
 fn append_loop(files: &Files, mut file: File, mut rx: mpsc::Receiver<Append>) {
     let mut in_segment = 0usize;
+    let mut good_len = 0u64;
     while let Some(first) = rx.blocking_recv() {
         let mut group = vec![first];
         while group.len() < GROUP {
@@ -238,6 +266,16 @@ fn append_loop(files: &Files, mut file: File, mut rx: mpsc::Receiver<Append>) {
             buf.extend_from_slice(&a.line);
         }
         let synced = file.write_all(&buf).and_then(|()| file.sync_data());
+        match &synced {
+            Ok(()) => good_len += buf.len() as u64,
+            Err(e) => {
+                tracing::warn!(error = %e, "outcome spool: a write failed; its records are kept in memory only");
+                if let Err(e) = file.set_len(good_len).and_then(|()| file.sync_data()) {
+                    tracing::warn!(error = %e, "outcome spool: could not cut a failed write off; starting a new segment");
+                    in_segment = SEGMENT_RECORDS;
+                }
+            }
+        }
         let segment = {
             let mut s = files.lock();
             if synced.is_ok() {
@@ -255,11 +293,12 @@ fn append_loop(files: &Files, mut file: File, mut rx: mpsc::Receiver<Append>) {
             let _ = a.done.send(answer);
         }
         in_segment += n;
-        if synced.is_ok() && in_segment >= SEGMENT_RECORDS {
+        if in_segment >= SEGMENT_RECORDS {
             match files.segment_file(segment + 1) {
                 Ok(next) => {
                     file = next;
                     in_segment = 0;
+                    good_len = 0;
                     let mut s = files.lock();
                     s.current = segment + 1;
                     if s.pending.get(&segment).is_none_or(|&n| n == 0) {

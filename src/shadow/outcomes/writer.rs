@@ -128,7 +128,12 @@ impl OutcomeWriter {
                     let n = batch.len() as u64;
                     metrics::counter!(m::OUTCOMES_DROPPED, "reason" => "db").increment(n);
                     // A spooled record stays in its segment, for replay.
-                    tracing::warn!(error = %e, dropped = n, "outcome batch dropped: Postgres refused it (the shadow diff will miss these)");
+                    let spooled = entries
+                        .iter()
+                        .filter(|(_, s)| s.is_some_and(|s| s.segment.is_some()))
+                        .count();
+                    tracing::warn!(error = %e, dropped = n, spooled,
+                        "outcome batch not written: Postgres refused it (spooled ones are replayed later; the diff misses the rest)");
                     return WriterReport {
                         written: 0,
                         dropped: n,
@@ -144,7 +149,10 @@ impl OutcomeWriter {
     fn spooled_written(&self, entries: &[Entry]) {
         let Some(spool) = &self.spool else { return };
         let mut run: Option<(u64, usize)> = None;
-        for segment in entries.iter().filter_map(|(_, s)| s.map(|s| s.segment)) {
+        for segment in entries
+            .iter()
+            .filter_map(|(_, s)| s.and_then(|s| s.segment))
+        {
             match &mut run {
                 Some((seg, n)) if *seg == segment => *n += 1,
                 _ => {

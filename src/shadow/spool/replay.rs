@@ -29,12 +29,16 @@ pub struct Replayed {
     /// Lines that were not a whole record (a write the crash cut short:
     /// never synced, so never acked).
     pub torn: u64,
+    /// Gone runs that could not be replayed (Postgres refused, a file
+    /// could not be read): their files stay for the next pass.
+    pub failed: usize,
 }
 
 const INSERT_MISSING_SQL: &str = r#"
-INSERT INTO qbridge.outcomes (queue, key, side, mode, outcome, error_class, digest, attempt, spool_id)
+INSERT INTO qbridge.outcomes (queue, key, side, mode, outcome, error_class, digest, attempt,
+                             spool_id, recorded_at)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                     $6::text[], $7::text[], $8::int4[], $9::uuid[])
+                     $6::text[], $7::text[], $8::int4[], $9::uuid[], $10::timestamptz[])
 ON CONFLICT (spool_id) WHERE spool_id IS NOT NULL DO NOTHING
 "#;
 
@@ -49,13 +53,14 @@ pub async fn replay(folder: &Path, db: &PgPool) -> Result<Replayed> {
         let Some(lock) = take_if_gone(&lock_path) else {
             continue;
         };
-        for segment in segments(folder, &stem(&lock_path))? {
-            insert_segment(db, &segment, &mut done).await?;
-            fs::remove_file(&segment)?;
+        match replay_run(folder, &lock_path, db, &mut done).await {
+            Ok(()) => done.runs += 1,
+            Err(e) => {
+                done.failed += 1;
+                tracing::warn!(error = %e, "outcome spool: a stopped run could not be replayed; its files stay for the next pass");
+            }
         }
-        fs::remove_file(&lock_path)?;
         drop(lock);
-        done.runs += 1;
     }
     if done.runs > 0 {
         tracing::info!(
@@ -67,6 +72,31 @@ pub async fn replay(folder: &Path, db: &PgPool) -> Result<Replayed> {
         );
     }
     Ok(done)
+}
+
+/// One gone run: its segments in order, each deleted once in Postgres,
+/// then its lock file. A file another replay deleted meanwhile is no error.
+async fn replay_run(
+    folder: &Path,
+    lock_path: &Path,
+    db: &PgPool,
+    done: &mut Replayed,
+) -> Result<()> {
+    for segment in segments(folder, &stem(lock_path))? {
+        match insert_segment(db, &segment, done).await {
+            Err(crate::error::Error::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
+            other => other?,
+        }
+        remove_if_there(&segment)?;
+    }
+    remove_if_there(lock_path)
+}
+
+fn remove_if_there(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 /// Inserts the records of the runs in `folder` that still live, leaving
@@ -172,6 +202,7 @@ async fn insert_missing(db: &PgPool, records: &[SpoolRecord]) -> Result<u64> {
         .bind(opt(|r| r.digest.as_deref()))
         .bind(records.iter().map(|r| r.attempt).collect::<Vec<_>>())
         .bind(records.iter().map(|r| r.id).collect::<Vec<_>>())
+        .bind(records.iter().map(|r| r.at).collect::<Vec<_>>())
         .execute(db)
         .await?;
     Ok(done.rows_affected())
