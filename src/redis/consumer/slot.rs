@@ -287,50 +287,35 @@ impl Slot {
                 _ = tokio::time::sleep(self.ctx.opts.reconnect_delay) => return Ok(Step::Idle),
             }
         }
-        if claim == Claim::Ran {
-            self.report.dropped_already_ran += 1;
-            self.skip_unrun(
-                conn,
-                (&processing, &inflight),
-                &decoded,
-                &key,
-                "already_ran",
-            )
-            .await?;
-            return Ok(Step::Handled);
-        }
-        match owner(
-            &ctx.db,
-            conn,
-            &ctx.route_keys,
-            &ctx.route.queue,
-            &decoded,
-            &key,
-        )
-        .await
-        {
-            Owner::Postgres => {
-                self.report.dropped_live_in_postgres += 1;
-                self.skip_unrun(
+        let owner = match claim {
+            // The ran set knows it: no need to ask further.
+            Claim::Ran => Owner::RanOnRecord,
+            _ => {
+                owner(
+                    &ctx.db,
                     conn,
-                    (&processing, &inflight),
+                    &ctx.route_keys,
+                    &ctx.route.queue,
                     &decoded,
                     &key,
-                    "live_in_postgres",
                 )
-                .await?;
-                return Ok(Step::Handled);
+                .await
             }
-            Owner::RanOnRecord => {
-                self.report.dropped_already_ran += 1;
-                self.skip_unrun(
-                    conn,
-                    (&processing, &inflight),
-                    &decoded,
-                    &key,
-                    "already_ran",
-                )
-                .await?;
+        };
+        match owner {
+            Owner::Postgres | Owner::RanOnRecord => {
+                let reason = match owner {
+                    Owner::Postgres => {
+                        self.report.dropped_live_in_postgres += 1;
+                        "live_in_postgres"
+                    }
+                    _ => {
+                        self.report.dropped_already_ran += 1;
+                        "already_ran"
+                    }
+                };
+                self.skip_unrun(conn, (&processing, &inflight), &decoded, &key, reason)
+                    .await?;
                 return Ok(Step::Handled);
             }
             Owner::NotPostgres => {}
