@@ -24,7 +24,6 @@ seq 1 "$N" | awk -v l="$list" '{printf "*3\r\n$5\r\nLPUSH\r\n$%d\r\n%s\r\n", len
   | redis-cli -u "$REDIS_URL" --pipe >/dev/null
 cat >"$tmp/rc.toml" <<TOML
 redis_url = "$REDIS_URL"
-state_dir = "$tmp/state"
 [http]
 listen = "127.0.0.1:0"
 [[routes]]
