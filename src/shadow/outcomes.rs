@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::spool::{Spool, Spooled};
+use super::spool::{Spool, SpoolRecord, Spooled};
 use crate::error::{Error, Result};
 use crate::metrics as m;
 use writer::Entry;
@@ -170,6 +170,24 @@ impl Outcome {
             digest: detail.map(|d| digest_hex(d.as_bytes())),
             attempt: None,
         })
+    }
+}
+
+impl Outcome {
+    /// This outcome as the spool writes it, under record `id`.
+    fn spool_record(&self, id: uuid::Uuid) -> SpoolRecord {
+        SpoolRecord {
+            id,
+            queue: self.queue.clone(),
+            key: self.key.clone(),
+            side: self.side.as_str().into(),
+            mode: self.mode.as_str().into(),
+            outcome: self.outcome.as_str().into(),
+            error_class: self.error_class.map(Into::into),
+            digest: self.digest.clone(),
+            attempt: self.attempt,
+            at: chrono::Utc::now(),
+        }
     }
 }
 
@@ -365,7 +383,7 @@ impl OutcomeRecorder {
         let spooled = match &self.spool {
             Some(spool) => {
                 let id = uuid::Uuid::new_v4();
-                match spool.append(id, &outcome).await {
+                match spool.append(&outcome.spool_record(id)).await {
                     Ok(spooled) => Some(spooled),
                     Err(_) => {
                         // Counted; the thread logged the error. Still

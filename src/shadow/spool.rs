@@ -30,7 +30,6 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 
-use super::outcomes::Outcome;
 use crate::error::{Error, Result};
 
 mod replay;
@@ -59,23 +58,6 @@ pub struct SpoolRecord {
     pub attempt: Option<i32>,
     /// When it was spooled: its `recorded_at` when a replay inserts it.
     pub at: chrono::DateTime<chrono::Utc>,
-}
-
-impl SpoolRecord {
-    fn new(id: uuid::Uuid, o: &Outcome) -> SpoolRecord {
-        SpoolRecord {
-            id,
-            queue: o.queue.clone(),
-            key: o.key.clone(),
-            side: o.side.as_str().into(),
-            mode: o.mode.as_str().into(),
-            outcome: o.outcome.as_str().into(),
-            error_class: o.error_class.map(Into::into),
-            digest: o.digest.clone(),
-            attempt: o.attempt,
-            at: chrono::Utc::now(),
-        }
-    }
 }
 
 /// The folder of this installation's spools under `state_dir`.
@@ -164,13 +146,13 @@ impl Spool {
         Ok(Spool { appends, files })
     }
 
-    /// Puts `outcome` on disk as record `id`; returns where once it is
-    /// synced. The caller chose `id` and inserts the record under it
-    /// whether or not this succeeds: a record whose write failed after all
-    /// is then still inserted once.
-    pub async fn append(&self, id: uuid::Uuid, outcome: &Outcome) -> io::Result<Spooled> {
-        let mut line =
-            serde_json::to_vec(&SpoolRecord::new(id, outcome)).map_err(io::Error::other)?;
+    /// Puts `record` on disk; returns where once it is synced. The caller
+    /// chose its id and inserts it under that id whether or not this
+    /// succeeds: a record whose write failed after all is still inserted
+    /// once.
+    pub async fn append(&self, record: &SpoolRecord) -> io::Result<Spooled> {
+        let id = record.id;
+        let mut line = serde_json::to_vec(record).map_err(io::Error::other)?;
         line.push(b'\n');
         let (done, synced) = oneshot::channel();
         let gone = || io::Error::other("the spool thread has stopped");

@@ -76,9 +76,19 @@ async fn a_dead_runs_records_are_replayed_once_and_a_live_runs_are_left(pool: Pg
     let folder = spool::folder(dir.path(), &pool).await.unwrap();
     // A live run: its records are its own, replay leaves them.
     let live = Spool::open(&folder).unwrap();
-    live.append(uuid::Uuid::new_v4(), &outcome(100))
-        .await
-        .unwrap();
+    let record = spool::SpoolRecord {
+        id: uuid::Uuid::new_v4(),
+        queue: "q".into(),
+        key: "k-live".into(),
+        side: "redis".into(),
+        mode: "live".into(),
+        outcome: "ok".into(),
+        error_class: None,
+        digest: None,
+        attempt: Some(1),
+        at: chrono::Utc::now(),
+    };
+    live.append(&record).await.unwrap();
     // A run that dies before its writer runs: the recorder and its
     // writer are dropped unwritten (what SIGKILL leaves).
     let (recorder, mut writer) =
