@@ -221,6 +221,10 @@ fn code_defaults(c: &Config) -> Vec<(&'static str, Val)> {
 const IN_WORDS: &[(&str, &str)] = &[
     ("worker_id", "$HOSTNAME:pid, from the machine"),
     (
+        "state_dir",
+        "$STATE_DIRECTORY, else the XDG state folder, from the environment",
+    ),
+    (
         "redis_ca_file",
         "none: the system's CAs (a TLS setting, no value to read)",
     ),
