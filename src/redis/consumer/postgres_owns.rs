@@ -86,12 +86,7 @@ pub async fn owner(
     if let Ok(Guard::Live) = guard {
         return Owner::Postgres;
     }
-    let ask = sqlx::query_scalar::<_, String>(OWNER_SQL)
-        .bind(queue)
-        .bind(key)
-        .bind(RAN_RETENTION_MS as f64)
-        .fetch_one(db);
-    let why = match tokio::time::timeout(ASK_TIMEOUT, ask).await {
+    let why = match tokio::time::timeout(ASK_TIMEOUT, ask_postgres(db, queue, key)).await {
         Ok(Ok(owner)) if owner == "live" => return Owner::Postgres,
         Ok(Ok(owner)) if owner == "ran" => return Owner::RanOnRecord,
         Ok(Ok(_)) => return Owner::NotPostgres,
@@ -102,6 +97,27 @@ pub async fn owner(
         Ok(Guard::Absent) => Owner::NotPostgres,
         Ok(_) => Owner::Unknown(format!("{why}; the live-key guard is not written yet")),
         Err(e) => Owner::Unknown(format!("{why}; the live-key guard: {e}")),
+    }
+}
+
+/// [`OWNER_SQL`], asked again (within the caller's timeout) when it fails:
+/// right after Postgres restarts the pool still holds connections to the
+/// old server, and the first answer is a broken connection even though a
+/// fresh one would answer. Only a Postgres that stays silent leaves the
+/// question to the guard alone.
+async fn ask_postgres(db: &PgPool, queue: &str, key: &str) -> sqlx::Result<String> {
+    loop {
+        let asked = sqlx::query_scalar::<_, String>(OWNER_SQL)
+            .bind(queue)
+            .bind(key)
+            .bind(RAN_RETENTION_MS as f64)
+            .fetch_one(db)
+            .await;
+        match asked {
+            Ok(owner) => return Ok(owner),
+            Err(e) if matches!(e, sqlx::Error::PoolTimedOut) => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
     }
 }
 
