@@ -190,11 +190,11 @@ fn stamped(said: String) -> String {
 /// Waits (30 s at most) until the route's gap list is empty.
 async fn wait_for_empty_gap(rig: &Rig, h: &Harness) {
     let gap = crate::redis::keys::RouteKeys::of(&h.route).gap();
+    let Ok(mut redis) = crate::redis::connect::connect_redis(&rig.redis.url()).await else {
+        return;
+    };
     let until = Instant::now() + Duration::from_secs(30);
     while Instant::now() < until {
-        let Ok(mut redis) = crate::redis::connect::connect_redis(&rig.redis.url()).await else {
-            return;
-        };
         let left: i64 = ::redis::cmd("LLEN")
             .arg(&gap)
             .query_async(&mut redis)

@@ -151,6 +151,21 @@ impl Fixture {
         keys
     }
 
+    /// Waits (10 s at most) until the list and the first slot's processing
+    /// list are empty: every item pushed was run or dropped.
+    async fn wait_handled(&self, what: &str) {
+        crate::support::wait_for(what, Duration::from_secs(10), || async {
+            redis().await.llen::<_, i64>(&self.list).await.unwrap() == 0
+                && redis()
+                    .await
+                    .llen::<_, i64>(self.processing(0))
+                    .await
+                    .unwrap()
+                    == 0
+        })
+        .await;
+    }
+
     async fn cleanup(&self) {
         let mut keys = self.leftovers().await;
         keys.push(self.list.clone());

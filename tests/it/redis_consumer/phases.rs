@@ -351,20 +351,7 @@ async fn a_second_push_of_a_key_the_route_already_ran_is_dropped_unrun(pool: PgP
         .lpush(&fx.list, r#"{"id":"k-once"}"#)
         .await
         .unwrap();
-    wait_for(
-        "the second item handled",
-        Duration::from_secs(10),
-        || async {
-            redis().await.llen::<_, i64>(&fx.list).await.unwrap() == 0
-                && redis()
-                    .await
-                    .llen::<_, i64>(fx.processing(0))
-                    .await
-                    .unwrap()
-                    == 0
-        },
-    )
-    .await;
+    fx.wait_handled("the second item handled").await;
     let report = running.stop().await;
     assert_eq!(report.ok, 1, "{report:?}");
     assert_eq!(report.dropped_already_ran, 1, "{report:?}");

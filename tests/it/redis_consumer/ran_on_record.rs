@@ -4,8 +4,6 @@
 //! the second item unrun instead of running the job again (found by the
 //! randomized oracle once it refused second items after a run on record).
 
-use std::time::Duration;
-
 use ::redis::AsyncCommands;
 use sqlx::PgPool;
 
@@ -13,7 +11,7 @@ use qbridge::config::PushEnd;
 use qbridge::model::Phase;
 
 use super::{redis, Fixture};
-use crate::support::{sh, wait_for, wait_for_count};
+use crate::support::{sh, wait_for_count};
 
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn a_retry_of_a_job_that_ran_is_dropped_after_redis_lost_its_ran_set(pool: PgPool) {
@@ -36,26 +34,9 @@ async fn a_retry_of_a_job_that_ran_is_dropped_after_redis_lost_its_ran_set(pool:
     )
     .await;
     // What a Redis restart without persistence does to the ran set.
-    let _: i64 = redis()
-        .await
-        .del(format!("qbridge:ran:{}", fx.route.name))
-        .await
-        .unwrap();
+    let _: i64 = redis().await.del(fx.ran()).await.unwrap();
     let _: i64 = redis().await.lpush(&fx.list, item).await.unwrap();
-    wait_for(
-        "the second item handled",
-        Duration::from_secs(10),
-        || async {
-            redis().await.llen::<_, i64>(&fx.list).await.unwrap() == 0
-                && redis()
-                    .await
-                    .llen::<_, i64>(fx.processing(0))
-                    .await
-                    .unwrap()
-                    == 0
-        },
-    )
-    .await;
+    fx.wait_handled("the second item handled").await;
     let report = running.stop().await;
     assert_eq!(report.ok, 1, "ran once: {report:?}");
     assert_eq!(report.dropped_already_ran, 1, "{report:?}");
