@@ -14,6 +14,10 @@
 //! pushed back by repair — only with this evidence (never from silence):
 //! - a server that is not the current one acknowledged a push at or after
 //!   the copy's (so the copy went to that server or an earlier one), or
+//! - for a content-hash number a pop took, the server the pop took the item
+//!   from is not the current one (the item waited in that server's
+//!   processing list; the consumer names its server when it numbers the
+//!   pop, which may be after the server died), or
 //! - the current server started after the copy was mirrored (its push went
 //!   to an earlier server), or
 //! - another epoch was observed after the copy was mirrored (so the push
@@ -142,21 +146,30 @@ where
 
 /// The evidence per key, as one line (no key without evidence is returned).
 /// A key is judged by when Redis had it (the rule of [`HAD_AT_SQL`]).
-/// The most direct evidence first: a server that acknowledged a push at or
-/// after that time is gone (`redis_run_acks`), so the item went with it.
+/// The most direct evidence first: the server a pop of the key took the
+/// item from is gone (`numbered_writes.server`: the item waited in that
+/// server's processing list, and a pop may be numbered after its server
+/// died, so the pop's time proves nothing), or a server that acknowledged a
+/// push at or after that time is gone (`redis_run_acks`), so the item went
+/// with it.
 const LOSS_EVIDENCE_SQL: &str = r#"
 WITH cur AS (
     SELECT started_at, first_seen FROM qbridge.redis_epochs
      WHERE route = $1 AND run_id = $3 AND marker = $4),
 had AS (
-    SELECT k.key, (SELECT max(w.at) FROM qbridge.numbered_writes w
-                    WHERE w.queue = k.queue AND w.key = k.key AND w.side = 'pop') AS popped_at,
+    SELECT k.key, p.at AS popped_at, p.server AS popped_from,
            COALESCE(k.pushed_at, k.seen_at) AS pushed_at
       FROM qbridge.job_keys k
+      LEFT JOIN LATERAL (SELECT w.at, w.server FROM qbridge.numbered_writes w
+                          WHERE w.queue = k.queue AND w.key = k.key AND w.side = 'pop'
+                          ORDER BY w.at DESC LIMIT 1) p ON true
      WHERE k.queue = $2 AND k.key = ANY($5::text[])),
-judged AS (SELECT key, COALESCE(popped_at, pushed_at) AS at FROM had)
+judged AS (SELECT key, COALESCE(popped_at, pushed_at) AS at, popped_from FROM had)
 SELECT j.key,
-       CASE WHEN gone.last_ack IS NOT NULL
+       CASE WHEN j.popped_from IS NOT NULL AND j.popped_from <> $3
+            THEN 'Redis was replaced after the pop (the server that handed the item out, ' ||
+                 left(j.popped_from, 12) || ', is gone with the processing list that held it)'
+            WHEN gone.last_ack IS NOT NULL
             THEN 'Redis was replaced after the push (the server that acknowledged a push at ' ||
                  to_char(gone.last_ack AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') ||
                  ' is gone)'
@@ -178,6 +191,7 @@ SELECT j.key,
          WHERE a.route = $1 AND a.run_id <> $3
            AND a.last_ack >= j.at AND a.last_ack < cur.first_seen) gone ON true
  WHERE cur.started_at > j.at OR prev.last_seen IS NOT NULL OR gone.last_ack IS NOT NULL
+    OR (j.popped_from IS NOT NULL AND j.popped_from <> $3)
 "#;
 
 /// When Redis had a key's item, for judging it lost: for a number a pop

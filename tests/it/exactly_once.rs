@@ -14,6 +14,7 @@ mod identical_under_load;
 mod in_flight_at_flip;
 mod key_drift;
 mod lost_report;
+mod popped_then_lost;
 mod promotion;
 mod pushback_race;
 mod repush_markers;

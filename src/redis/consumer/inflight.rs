@@ -6,17 +6,19 @@
 use ::redis::aio::MultiplexedConnection;
 use ::redis::RedisResult;
 
-use super::numbering::{pop_key, PopKey};
+use super::numbering::{pop_key_from, PopKey};
 use super::Ctx;
 use crate::model::formats::Decoded;
 
 /// The job key of an item: the one its inflight hash remembers, else a new
 /// one stored there (a fresh item also starts at zero attempts). `None` when
 /// Postgres could not number it yet: the item stays where it is and is
-/// numbered on the next try, never run under a made-up key.
+/// numbered on the next try, never run under a made-up key. `server` is the
+/// `run_id` of the Redis server `conn` talks to, when known.
 pub(super) async fn item_key(
     ctx: &Ctx,
     conn: &mut MultiplexedConnection,
+    server: Option<&str>,
     inflight: &str,
     fresh: bool,
     decoded: &Decoded,
@@ -65,7 +67,16 @@ pub(super) async fn item_key(
                 .await?
         }
     };
-    let key = match pop_key(&ctx.db, &ctx.route.queue, ctx.phase(), decoded, &pop).await {
+    let key = match pop_key_from(
+        &ctx.db,
+        &ctx.route.queue,
+        ctx.phase(),
+        decoded,
+        &pop,
+        server,
+    )
+    .await
+    {
         PopKey::Numbered(key) | PopKey::Unmirrored(key) => key,
         PopKey::Retry(reason) => {
             tracing::warn!(route = %ctx.route.name, error = %reason,

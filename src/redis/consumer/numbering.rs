@@ -66,8 +66,10 @@ UPDATE qbridge.key_occurrences p
 RETURNING p.n
 "#;
 
+/// `$4`: the Redis server (`run_id`) the item was popped from, if known.
 const RECORD_SQL: &str =
-    "INSERT INTO qbridge.numbered_writes (write_id, queue, key, side) VALUES ($1, $2, $3, 'pop')";
+    "INSERT INTO qbridge.numbered_writes (write_id, queue, key, side, server) \
+                          VALUES ($1, $2, $3, 'pop', $4)";
 
 /// How long numbering a pop may wait for Postgres before the slot retries
 /// later (the item waits in its processing list meanwhile).
@@ -87,7 +89,7 @@ pub enum PopKey {
 }
 
 /// The job key of the item popped as `pop` (an id unique to this pop, kept
-/// in the inflight hash). See the module docs.
+/// in the inflight hash), from a server not named. See the module docs.
 pub async fn pop_key(
     db: &PgPool,
     queue: &str,
@@ -95,11 +97,25 @@ pub async fn pop_key(
     decoded: &Decoded,
     pop: &str,
 ) -> PopKey {
+    pop_key_from(db, queue, phase, decoded, pop, None).await
+}
+
+/// [`pop_key`] for an item popped from the Redis server `server` (its
+/// `run_id`, when known): the evidence that the item went with that server
+/// if it is gone and the item never ran.
+pub async fn pop_key_from(
+    db: &PgPool,
+    queue: &str,
+    phase: Phase,
+    decoded: &Decoded,
+    pop: &str,
+    server: Option<&str>,
+) -> PopKey {
     let KeySource::ContentHash(hash) = &decoded.key else {
         return PopKey::Numbered(decoded.key.with_occurrence(0));
     };
     let bounded = phase == Phase::RedisOnly;
-    let numbered = number(db, queue, hash, decoded, pop, bounded);
+    let numbered = number(db, queue, hash, decoded, (pop, server), bounded);
     match tokio::time::timeout(NUMBERING_TIMEOUT, numbered).await {
         Ok(Ok(key)) => key,
         Ok(Err(e)) => PopKey::Retry(e.to_string()),
@@ -112,7 +128,7 @@ async fn number(
     queue: &str,
     hash: &str,
     decoded: &Decoded,
-    pop: &str,
+    (pop, server): (&str, Option<&str>),
     bounded: bool,
 ) -> sqlx::Result<PopKey> {
     let mut tx = db.begin().await?;
@@ -153,6 +169,7 @@ async fn number(
         .bind(pop)
         .bind(queue)
         .bind(text)
+        .bind(server)
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;

@@ -41,6 +41,11 @@ pub(super) struct Slot {
     /// Its processing list is `processing(index)`.
     index: usize,
     conn: Option<MultiplexedConnection>,
+    /// The `run_id` of the Redis server `conn` reached (read once it
+    /// connects, before any pop on it), when INFO answers: a pop names it
+    /// when it is numbered, the evidence that the item went with that
+    /// server if it is gone and the item never ran.
+    server: Option<String>,
     /// Processing lists of a former, larger concurrency this slot drains
     /// before popping (their slots no longer run).
     orphans: Vec<usize>,
@@ -66,6 +71,7 @@ impl Slot {
             ctx,
             index,
             conn: None,
+            server: None,
             orphans,
             check_own: true,
             starting: true,
@@ -227,6 +233,17 @@ impl Slot {
             .arg(self.ctx.keys.client_name(self.index))
             .query_async(&mut conn)
             .await?;
+        // An ACL user may be denied INFO: the pops then name no server (no
+        // evidence, as before), and the slot still runs.
+        let info: Option<String> = ::redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await
+            .ok();
+        self.server = info
+            .as_deref()
+            .and_then(crate::redis::epoch::run_id_of)
+            .map(str::to_string);
         self.conn = Some(conn.clone());
         Ok(conn)
     }
@@ -253,7 +270,9 @@ impl Slot {
         // A freshly popped item has no state yet; one found in a processing
         // list may have its key and attempts from before.
         let fresh = !recovered && list == self.index && !self.check_own;
-        let Some(key) = item_key(&ctx, conn, &inflight, fresh, &decoded).await? else {
+        let server = self.server.clone();
+        let Some(key) = item_key(&ctx, conn, server.as_deref(), &inflight, fresh, &decoded).await?
+        else {
             // Left in its processing list: this slot looks there first next.
             self.check_own = true;
             tokio::select! {

@@ -1,0 +1,134 @@
+//! An identical item (a content-hash key) that qbridge's consumer popped
+//! and numbered just before Redis restarted without persistence, and never
+//! ran: the item was in the consumer's processing list, which went with
+//! Redis. Its number was taken by a pop, so it was judged by the time of
+//! that pop; the pop was numbered less than a second before the restart,
+//! inside the whole second Redis reports its uptime in, so nothing proved
+//! the loss and repair left the copy unaccounted (the randomized oracle's
+//! content-hash seeds lost it). The pop now names the server that handed
+//! the item out: that server being gone is the evidence.
+
+use std::path::Path;
+use std::time::Duration;
+
+use sqlx::postgres::PgPoolOptions;
+
+use crate::servers::{free_port, ThrowawayPostgres, ThrowawayRedis};
+use crate::support;
+
+const ROUTE: &str = "popped";
+const LIST: &str = "qbt:popped:jobs";
+const TEXT: &str = "the same text every time";
+
+fn config(dir: &Path, redis_url: &str, proxy_port: u16) -> String {
+    // The handler is slow: the process is killed while it runs, before any
+    // outcome exists.
+    format!(
+        r#"redis_url = "{redis_url}"
+state_dir = {state:?}
+shutdown_deadline = "1s"
+[proxy]
+enabled = true
+listen = "127.0.0.1:{proxy_port}"
+[[routes]]
+name = "{ROUTE}"
+redis_key = "{LIST}"
+queue = "{ROUTE}"
+format = "raw"
+phase = "dual_write"
+handler = {{ type = "command", program = "/bin/sh", args = ["-c", "sleep 30"] }}
+redis_consumer = {{ concurrency = 1, consumer_name = "popped-c1" }}
+diff = {{ settle = "0s" }}
+"#,
+        state = dir.join("state"),
+    )
+}
+
+#[tokio::test]
+async fn an_identical_item_popped_just_before_redis_restarted_is_pushed_back() {
+    let pg = ThrowawayPostgres::start();
+    let db = PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(&pg.url())
+        .await
+        .expect("throwaway Postgres");
+    qbridge::MIGRATOR.run(&db).await.expect("migrate");
+    let mut redis = ThrowawayRedis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = dir.path().join("qbridge.toml");
+    std::fs::write(&cfg, config(dir.path(), &redis.url(), port)).unwrap();
+    let mut process = support::spawn_run(&pg.url(), &cfg);
+    let proxy = ::redis::Client::open(format!("redis://127.0.0.1:{port}/0")).unwrap();
+    let mut producer = loop {
+        match proxy.get_multiplexed_async_connection().await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let _: i64 = ::redis::cmd("LPUSH")
+        .arg(LIST)
+        .arg(TEXT)
+        .query_async(&mut producer)
+        .await
+        .unwrap();
+    // The pop is numbered once the mirror copy is written; the process and
+    // Redis die at once after it, well inside Redis's uptime second.
+    support::wait_for("the numbered pop", Duration::from_secs(20), || async {
+        let pops: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM qbridge.numbered_writes WHERE queue = $1 AND side = 'pop'",
+        )
+        .bind(ROUTE)
+        .fetch_one(&db)
+        .await
+        .unwrap_or(0);
+        pops == 1
+    })
+    .await;
+    process.start_kill().unwrap();
+    let _ = process.wait().await;
+    redis.kill();
+    redis.resume();
+
+    let out = support::qbridge(&[
+        "diff",
+        "--route",
+        ROUTE,
+        "--repair",
+        "--json",
+        "--database-url",
+        &pg.url(),
+        "--config",
+        cfg.to_str().unwrap(),
+    ])
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(
+        report["repair"]["repushed"], 1,
+        "the copy the restart took is pushed back: {report}"
+    );
+    assert_eq!(
+        report["repair"]["unaccounted"], 0,
+        "nothing is left unaccounted: {report}"
+    );
+    let mut direct = ::redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let waiting: Vec<String> = ::redis::cmd("LRANGE")
+        .arg(LIST)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut direct)
+        .await
+        .unwrap();
+    assert_eq!(waiting, vec![TEXT.to_string()], "the text waits to run");
+}
