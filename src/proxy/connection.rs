@@ -134,7 +134,6 @@ async fn splice<R, W>(
         link: Arc::clone(&link),
         fence: Fence::default(),
         gate_passed: false,
-        maybe_silenced: false,
         shared: Arc::clone(&shared),
         stop: stop.clone(),
         closed: closed.clone(),

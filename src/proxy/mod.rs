@@ -42,19 +42,26 @@
 //! keeps it), so the same list name used by another application under
 //! another SELECT index passes through untouched.
 //!
+//! Replies: Redis answers every command the proxy forwards, so a push is
+//! mirrored only once Redis said it took it, for that connection and its
+//! user. A client's `CLIENT REPLY OFF|SKIP` reaches Redis as `CLIENT REPLY
+//! ON`: its `+OK` (Redis accepted it from this connection) turns the
+//! client's replies off in the session, which then withholds Redis's
+//! answers from the client and still acts on them; a refusal (NOAUTH,
+//! NOPERM) is forwarded and changes nothing, as in Redis.
+//!
 //! Known limits, by design or for later:
-//! - With `CLIENT REPLY OFF/SKIP`, Redis does not say whether it took a push,
-//!   so a routed push sent then is mirrored without waiting for a reply.
+//! - `CLIENT REPLY` inside MULTI is answered with an error and the
+//!   connection is closed: Redis would apply it during EXEC, in the middle
+//!   of EXEC's own reply, and the proxy does not model that.
 //! - After MONITOR the connection is passed through unparsed, so pushes on it
 //!   are no longer mirrored.
-//! - Commands that change the connection's state (HELLO, SUBSCRIBE, CLIENT
-//!   REPLY) queued *inside* MULTI are forwarded, but their effect at EXEC is
-//!   not tracked; neither are MULTI/EXEC sent while replies are off.
+//! - Commands that change the connection's state (HELLO, SUBSCRIBE) queued
+//!   *inside* MULTI are forwarded, but their effect at EXEC is not tracked.
 //! - A SELECT queued in MULTI is taken to succeed at EXEC for the pushes
 //!   queued after it (an out-of-range index fails only there, and those
 //!   pushes then run in the old database); the database after EXEC is read
-//!   from EXEC's array. Under CLIENT REPLY OFF/SKIP a SELECT with a numeric
-//!   index is taken to succeed.
+//!   from EXEC's array.
 //! - A routed push in `postgres_only` is answered even where Redis would
 //!   have refused it (RESP2 subscribe mode, a wrong-type key, an ACL user
 //!   denied the key: key permissions cannot be checked without Redis). An

@@ -71,9 +71,6 @@ pub(super) struct Reader<W> {
     /// Whether the client passed the proxy's own password (see `auth`);
     /// unused when the proxy has none.
     pub gate_passed: bool,
-    /// Set for good once the client used CLIENT REPLY OFF/SKIP: from then
-    /// on any command may go unanswered, so every tag wakes the reply side.
-    pub maybe_silenced: bool,
     pub shared: Arc<Shared>,
     /// The server is shutting down: stop reading new commands.
     pub stop: CancellationToken,
@@ -102,6 +99,11 @@ struct Batch {
     /// once the write is done.
     tags: Vec<Tag>,
 }
+
+/// The answer to CLIENT REPLY inside MULTI, before the proxy closes the
+/// connection.
+const REPLY_IN_MULTI: &[u8] =
+    b"-ERR qbridge: CLIENT REPLY inside MULTI is not supported through the proxy\r\n";
 
 /// How long telling Redis the client left may take (a TLS close_notify is
 /// a write, and a stuck upstream must not hold the task).
@@ -206,6 +208,24 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
                     Routing::Forward(push) => Cmd::Push(push),
                     Routing::NotRouted => self.classify_forwarded(&name, &args),
                 };
+                if let Cmd::ClientReply(mode) = cmd {
+                    if in_multi {
+                        // Redis would change what it answers at EXEC, in
+                        // the middle of EXEC's own reply: not modelled.
+                        self.flush(batch, read_at).await?;
+                        let _ = self.tags.send(Tag::Fatal(REPLY_IN_MULTI.into())).await;
+                        self.link.attention.notify_one();
+                        return Ok(false);
+                    }
+                    if mode != ReplyMode::On {
+                        // Redis keeps answering; the reply side withholds
+                        // the answers from the client and learns from each
+                        // one whether Redis took a push.
+                        bytes = BytesMut::from(
+                            &b"*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$2\r\nON\r\n"[..],
+                        );
+                    }
+                }
                 let moves_db = self.track_state(&cmd, &mut in_multi, &mut monitor);
                 batch.out.extend_from_slice(&bytes);
                 batch.tags.push(sent(cmd));
@@ -256,7 +276,6 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             _ => false,
         };
         match cmd {
-            Cmd::ClientReply(ReplyMode::Off | ReplyMode::Skip) => self.maybe_silenced = true,
             Cmd::Multi => *in_multi = true,
             Cmd::Exec | Cmd::Discard | Cmd::Reset => *in_multi = false,
             Cmd::Monitor => *monitor = true,
@@ -430,7 +449,7 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             self.upstream.write_all(&batch.out).await?;
         }
         let cost = read_at.elapsed();
-        let wake = self.maybe_silenced || batch.tags.iter().any(|t| !matches!(t, Tag::Sent { .. }));
+        let wake = batch.tags.iter().any(|t| !matches!(t, Tag::Sent { .. }));
         for tag in batch.tags {
             let tag = match tag {
                 Tag::Sent { cmd, .. } => Tag::Sent { cmd, cost },

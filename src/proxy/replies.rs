@@ -39,6 +39,9 @@ struct Head {
     /// The reader's share of the added latency.
     cost: Duration,
     expect: Expect,
+    /// The client's CLIENT REPLY withholds the answer: Redis's reply is
+    /// read and acted on, and not forwarded.
+    silent: bool,
 }
 
 /// Whether the connection goes on.
@@ -69,6 +72,9 @@ pub(super) struct Replies<R> {
     taken: u64,
     pubsub_taken: u64,
     client_gone: bool,
+    /// The reply being handled is withheld from the client (its head's
+    /// `silent`): [`Replies::forward`] and EXEC's splice drop it.
+    mute: bool,
     /// When the last upstream read returned: a reply is ready from then on.
     last_read: Instant,
     /// (reader's cost, reply ready) of commands answered since the last flush.
@@ -106,6 +112,7 @@ impl<R: AsyncRead + Unpin> Replies<R> {
             taken: 0,
             pubsub_taken: 0,
             client_gone: false,
+            mute: false,
             last_read: Instant::now(),
             answered: Vec::new(),
         }
@@ -181,7 +188,8 @@ impl<R: AsyncRead + Unpin> Replies<R> {
     }
 
     /// Takes the next command's tag. Commands that expect no reply from
-    /// Redis (locally answered pushes, silenced commands) are done here.
+    /// Redis (locally answered pushes, the proxy's own answers) are done
+    /// here.
     async fn begin(&mut self, tag: Tag) -> Flow {
         self.taken += 1;
         match tag {
@@ -203,21 +211,15 @@ impl<R: AsyncRead + Unpin> Replies<R> {
                 if matches!(cmd, Cmd::Subscribe { .. } | Cmd::Unsubscribe { .. }) {
                     self.pubsub_taken += 1;
                 }
-                let expect = self.session.start(&cmd);
-                if expect == Expect::Nothing && cmd.moves_state() {
-                    self.publish_db();
-                }
-                match (expect, cmd) {
-                    (Expect::Nothing, Cmd::Push(push)) => {
-                        // CLIENT REPLY OFF/SKIP: Redis will not say whether it
-                        // took the push, so it is mirrored as sent. Were Redis
-                        // to refuse it, the diff reports the extra mirror copy.
-                        self.mirror(push).await;
-                    }
-                    (Expect::Nothing, Cmd::Monitor) => return self.pass_through().await,
-                    (Expect::Nothing, _) => {}
-                    (expect, cmd) => self.head = Some(Head { cmd, cost, expect }),
-                }
+                // Redis answers every forwarded command (the proxy keeps its
+                // replies on), so a push is mirrored only on its answer.
+                let (expect, silent) = self.session.start(&cmd);
+                self.head = Some(Head {
+                    cmd,
+                    cost,
+                    expect,
+                    silent,
+                });
                 Flow::Continue
             }
         }
@@ -259,6 +261,20 @@ impl<R: AsyncRead + Unpin> Replies<R> {
             return Ok(Flow::Continue);
         };
         let ready = self.last_read;
+        self.mute = head.silent;
+        let flow = self.settle_head(head, len, parsed, ready).await;
+        self.mute = false;
+        flow
+    }
+
+    /// Handles the reply (of `len` bytes, `parsed` if it was) to `head`.
+    async fn settle_head(
+        &mut self,
+        head: Head,
+        len: usize,
+        mut parsed: Option<Frame>,
+        ready: Instant,
+    ) -> Result<Flow, frame::ProtocolError> {
         match head.expect {
             Expect::Confirmations {
                 family,
@@ -287,7 +303,7 @@ impl<R: AsyncRead + Unpin> Replies<R> {
                     });
                 }
             }
-            Expect::One | Expect::Nothing => {
+            Expect::One => {
                 if parsed.is_none() && self.session.inspects(&head.cmd) {
                     parsed = Some(self.parse(len)?);
                 }
@@ -295,6 +311,7 @@ impl<R: AsyncRead + Unpin> Replies<R> {
                 let moves_state = head.cmd.moves_state();
                 match self.session.on_reply(head.cmd, parsed.as_ref()) {
                     Action::Forward => self.forward(len),
+                    Action::Drop => drop(self.buf.split_to(len)),
                     Action::Mirror(push) => {
                         self.forward(len);
                         self.mirror(push).await;
@@ -371,8 +388,14 @@ impl<R: AsyncRead + Unpin> Replies<R> {
     /// Moves the first `len` bytes of the buffer to the client's output.
     fn forward(&mut self, len: usize) {
         let bytes = self.buf.split_to(len);
-        if !self.client_gone {
-            self.out.extend_from_slice(&bytes);
+        self.answer(&bytes);
+    }
+
+    /// Queues `bytes` for the client, unless it is gone or the reply is
+    /// withheld from it.
+    fn answer(&mut self, bytes: &[u8]) {
+        if !self.client_gone && !self.mute {
+            self.out.extend_from_slice(bytes);
         }
     }
 

@@ -17,12 +17,13 @@ use super::frame::Frame;
 use super::list_pop::popped;
 use super::set_pop::{handed_out, SetPop};
 
-/// How the command at the head of the line is answered.
+/// How the command at the head of the line is answered by Redis. Redis
+/// answers every forwarded command: the proxy keeps its replies on
+/// (`CLIENT REPLY OFF|SKIP` reach it as `CLIENT REPLY ON`) and withholds
+/// from the client what a client's own `CLIENT REPLY` silences
+/// ([`Session::start`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Expect {
-    /// No in-band reply (CLIENT REPLY OFF/SKIP, or one of the commands they
-    /// silence): the command is done as soon as it is at the head.
-    Nothing,
     /// One reply.
     One,
     /// `left` pub/sub confirmations of this family and direction, or one
@@ -63,6 +64,9 @@ pub(super) enum Action {
     Exec(Vec<Entry>),
     /// Forward, then pass every further byte through unparsed.
     Monitor,
+    /// Redis took the client's `CLIENT REPLY OFF|SKIP` (sent to it as
+    /// `CLIENT REPLY ON`): that answers nothing.
+    Drop,
     /// Redis took these members out of the set (in this database, when
     /// known): record that, then forward (`super::set_pop`).
     Released(SetPop, Vec<Bytes>, Option<i64>),
@@ -192,53 +196,34 @@ impl Session {
         self.subs.iter().any(|s| !s.is_empty())
     }
 
-    /// Applies CLIENT REPLY to the command now at the head and says whether
-    /// its reply is suppressed. Redis's rule: SKIP silences the next command,
-    /// OFF every command, and `CLIENT REPLY ON` always answers `+OK`.
-    fn silenced(&mut self, cmd: Option<&Cmd>) -> bool {
+    /// Whether the client's CLIENT REPLY state withholds the answer to the
+    /// command now at the head (Redis's rule: SKIP silences the next
+    /// command, OFF every command). The state itself changes only on
+    /// Redis's answer ([`Session::on_reply`]).
+    fn silenced(&mut self) -> bool {
         let skipped = std::mem::take(&mut self.skip_next);
-        if self.in_multi() {
-            // Queued, not run: CLIENT REPLY inside MULTI takes effect at EXEC,
-            // which the proxy does not model (see the module docs of `proxy`).
-            return self.replies_off || skipped;
-        }
-        match cmd {
-            Some(Cmd::ClientReply(ReplyMode::On)) => {
-                self.replies_off = false;
-                false
-            }
-            Some(Cmd::ClientReply(ReplyMode::Off)) => {
-                self.replies_off = true;
-                true
-            }
-            Some(Cmd::ClientReply(ReplyMode::Skip)) => {
-                self.skip_next = !self.replies_off;
-                true
-            }
-            _ => self.replies_off || skipped,
-        }
+        self.replies_off || skipped
     }
 
-    /// How the forwarded command now at the head will be answered.
-    pub(super) fn start(&mut self, cmd: &Cmd) -> Expect {
-        if let Cmd::Reset = cmd {
-            // RESET runs even in MULTI and turns CLIENT REPLY OFF back on, so
-            // it answers (and is applied then) unless a SKIP is on it.
-            if std::mem::take(&mut self.skip_next) {
-                self.reset();
-                return Expect::Nothing;
+    /// How the forwarded command now at the head will be answered, and
+    /// whether that answer is withheld from the client.
+    pub(super) fn start(&mut self, cmd: &Cmd) -> (Expect, bool) {
+        let silent = match cmd {
+            // RESET turns CLIENT REPLY OFF back on before it answers: only
+            // a SKIP on it silences it (SKIP is ignored while OFF).
+            Cmd::Reset => std::mem::take(&mut self.skip_next),
+            // ON clears both first, so it always answers (a refusal of it
+            // while replies are off would not: too rare to model).
+            Cmd::ClientReply(ReplyMode::On) => {
+                self.silenced();
+                false
             }
-            return Expect::One;
-        }
-        if self.silenced(Some(cmd)) {
-            if let (Cmd::Select(Some(db)), false) = (cmd, self.in_multi()) {
-                // No reply to tell: an index the proxy could read is one
-                // Redis accepts unless it is out of range, which only a
-                // misconfigured client sends.
-                self.db = Some(*db);
-            }
-            return Expect::Nothing;
-        }
+            _ => self.silenced(),
+        };
+        (self.expect(cmd), silent)
+    }
+
+    fn expect(&self, cmd: &Cmd) -> Expect {
         if self.in_multi() {
             // Everything is answered once while queuing (+QUEUED or an error).
             return Expect::One;
@@ -263,9 +248,9 @@ impl Session {
     }
 
     /// Like [`Session::start`] for a push the proxy answers: whether its
-    /// reply is suppressed.
+    /// reply is withheld.
     pub(super) fn start_local(&mut self) -> bool {
-        self.silenced(None)
+        self.silenced()
     }
 
     /// Queues a locally answered push in the current MULTI.
@@ -283,6 +268,7 @@ impl Session {
                 Cmd::Push(_)
                     | Cmd::SetPop(_)
                     | Cmd::ListPop(_)
+                    | Cmd::ClientReply(_)
                     | Cmd::Select(_)
                     | Cmd::Multi
                     | Cmd::Reset
@@ -396,6 +382,26 @@ impl Session {
             return Action::Forward;
         }
         match cmd {
+            // CLIENT REPLY ON clears OFF and SKIP before it answers `+OK`;
+            // OFF and SKIP (sent as ON) take effect once Redis took them,
+            // and answer nothing. A refusal (NOAUTH, NOPERM) changes
+            // nothing and is forwarded.
+            Cmd::ClientReply(mode) if simple(b"OK") => {
+                return match mode {
+                    ReplyMode::On => {
+                        (self.replies_off, self.skip_next) = (false, false);
+                        Action::Forward
+                    }
+                    ReplyMode::Off => {
+                        self.replies_off = true;
+                        Action::Drop
+                    }
+                    ReplyMode::Skip => {
+                        self.skip_next = !self.replies_off;
+                        Action::Drop
+                    }
+                };
+            }
             Cmd::Multi if simple(b"OK") => self.multi = Some(Vec::new()),
             Cmd::Select(db) if simple(b"OK") => self.db = db,
             Cmd::Reset if simple(b"RESET") => self.reset(),

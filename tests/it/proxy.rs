@@ -2,7 +2,9 @@
 //! to direct Redis, blocking commands, CLIENT REPLY, bad
 //! input (here); pub/sub pairing (`pubsub`); routed pushes by phase, MULTI/EXEC and killed clients
 //! (`phases`); routes matched by database and key (`select`); real client
-//! libraries (`clients`); AUTH, ACL users and the proxy's password (`auth`).
+//! libraries (`clients`); AUTH, ACL users and the proxy's password (`auth`);
+//! the connection state as a property over random command sequences
+//! (`state_props`).
 
 mod auth;
 mod clients;
@@ -10,6 +12,7 @@ pub(crate) mod harness;
 mod phases;
 mod pubsub;
 mod select;
+mod state_props;
 
 use std::time::Duration;
 

@@ -18,7 +18,7 @@ impl<R: tokio::io::AsyncRead + Unpin> Replies<R> {
     /// at their places in command order.
     pub(super) async fn exec(&mut self, entries: Vec<Entry>, frame: Option<Frame>, bytes: &[u8]) {
         let Some(Frame::Array(results)) = frame else {
-            self.out.extend_from_slice(bytes);
+            self.answer(bytes);
             return;
         };
         let queued = entries
@@ -34,7 +34,7 @@ impl<R: tokio::io::AsyncRead + Unpin> Replies<R> {
                 results = results.len(),
                 "EXEC reply does not match the queued commands; nothing mirrored"
             );
-            self.out.extend_from_slice(bytes);
+            self.answer(bytes);
             return;
         }
         let local = entries.iter().any(|e| matches!(e, Entry::Local(_)));
@@ -65,7 +65,7 @@ impl<R: tokio::io::AsyncRead + Unpin> Replies<R> {
             }
         }
         if !local {
-            self.out.extend_from_slice(bytes);
+            self.answer(bytes);
             return;
         }
         let mut array = Vec::with_capacity(spliced.len());
@@ -86,7 +86,9 @@ impl<R: tokio::io::AsyncRead + Unpin> Replies<R> {
                 }
             });
         }
-        frame::encode(&Frame::Array(array), &mut self.out);
+        let mut encoded = Vec::new();
+        frame::encode(&Frame::Array(array), &mut encoded);
+        self.answer(&encoded);
     }
 }
 

@@ -24,7 +24,7 @@ fn unsubscribe_all_expects_one_confirmation_per_channel_or_one() {
         count: 0,
     };
     assert_eq!(
-        s.start(&none),
+        s.start(&none).0,
         Expect::Confirmations {
             family: Family::Channel,
             subscribe: false,
@@ -36,7 +36,7 @@ fn unsubscribe_all_expects_one_confirmation_per_channel_or_one() {
     // Patterns are a separate set.
     assert!(s.confirm(&confirmation("psubscribe", "p*", 3), Family::Pattern, true));
     assert_eq!(
-        s.start(&none),
+        s.start(&none).0,
         Expect::Confirmations {
             family: Family::Channel,
             subscribe: false,
@@ -45,7 +45,7 @@ fn unsubscribe_all_expects_one_confirmation_per_channel_or_one() {
     );
     assert!(s.confirm(&confirmation("unsubscribe", "a", 2), Family::Channel, false));
     assert_eq!(
-        s.start(&none),
+        s.start(&none).0,
         Expect::Confirmations {
             family: Family::Channel,
             subscribe: false,
@@ -86,30 +86,81 @@ fn resp3_confirmations_pair_with_their_command_and_other_pushes_do_not() {
         count: 0,
     };
     assert!(matches!(
-        s.start(&all),
+        s.start(&all).0,
         Expect::Confirmations { left: 1, .. }
     ));
+}
+
+/// A push of one item on a route in `dual_write`.
+fn mirror_push() -> MirrorPush {
+    let toml = "[[routes]]\nname = \"r\"\nredis_key = \"q\"\nqueue = \"r\"\n\
+                format = \"json:/id\"\nphase = \"dual_write\"\n";
+    let config = crate::config::Config::from_toml(toml, &Default::default()).expect("config");
+    let routes = crate::routes::Routes::from_config(&config.routes);
+    let route = std::sync::Arc::clone(routes.by_name("r").expect("route"));
+    let item = Bytes::from_static(br#"{"id":"k"}"#);
+    MirrorPush::new(route, vec![item], crate::model::Phase::DualWrite)
+}
+
+/// Redis's answer to a CLIENT REPLY command (sent to Redis as ON), taken.
+fn took_reply(s: &mut Session, mode: ReplyMode) -> Action {
+    let cmd = Cmd::ClientReply(mode);
+    s.start(&cmd);
+    s.on_reply(cmd, Some(&simple("OK")))
+}
+
+/// Whether the answer to a plain command now would reach the client.
+fn answered(s: &mut Session) -> bool {
+    let (expect, silent) = s.start(&Cmd::Plain);
+    assert_eq!(expect, Expect::One, "Redis answers every command");
+    !silent
 }
 
 #[test]
 fn client_reply_skip_silences_exactly_the_next_command() {
     let mut s = Session::default();
-    assert_eq!(s.start(&Cmd::ClientReply(ReplyMode::Skip)), Expect::Nothing);
-    assert_eq!(s.start(&Cmd::Plain), Expect::Nothing);
-    assert_eq!(s.start(&Cmd::Plain), Expect::One);
+    assert!(matches!(took_reply(&mut s, ReplyMode::Skip), Action::Drop));
+    assert!(!answered(&mut s));
+    assert!(answered(&mut s));
 }
 
 #[test]
 fn client_reply_off_silences_all_until_on() {
     let mut s = Session::default();
-    assert_eq!(s.start(&Cmd::ClientReply(ReplyMode::Off)), Expect::Nothing);
-    assert_eq!(s.start(&Cmd::Plain), Expect::Nothing);
+    assert!(matches!(took_reply(&mut s, ReplyMode::Off), Action::Drop));
+    assert!(!answered(&mut s));
     assert!(s.start_local());
     // SKIP while OFF changes nothing; ON answers +OK.
-    assert_eq!(s.start(&Cmd::ClientReply(ReplyMode::Skip)), Expect::Nothing);
-    assert_eq!(s.start(&Cmd::ClientReply(ReplyMode::On)), Expect::One);
-    assert_eq!(s.start(&Cmd::Plain), Expect::One);
+    assert!(matches!(took_reply(&mut s, ReplyMode::Skip), Action::Drop));
+    let on = Cmd::ClientReply(ReplyMode::On);
+    assert_eq!(s.start(&on), (Expect::One, false));
+    assert!(matches!(
+        s.on_reply(on, Some(&simple("OK"))),
+        Action::Forward
+    ));
+    assert!(answered(&mut s));
     assert!(!s.start_local());
+}
+
+#[test]
+fn a_refused_client_reply_changes_nothing_and_is_answered() {
+    let mut s = Session::new(false);
+    let noauth = Frame::Error(Bytes::from_static(b"NOAUTH Authentication required."));
+    let off = Cmd::ClientReply(ReplyMode::Off);
+    assert_eq!(s.start(&off), (Expect::One, false));
+    assert!(matches!(s.on_reply(off, Some(&noauth)), Action::Forward));
+    assert!(answered(&mut s), "replies stay on");
+    // A push under replies off is mirrored on Redis's answer, not as sent.
+    assert!(matches!(took_reply(&mut s, ReplyMode::Off), Action::Drop));
+    let denied = Frame::Error(Bytes::from_static(b"NOPERM this user has no permissions"));
+    let push = || Cmd::Push(mirror_push());
+    assert_eq!(s.start(&push()), (Expect::One, true));
+    assert!(matches!(s.on_reply(push(), Some(&denied)), Action::Forward));
+    assert_eq!(s.start(&push()), (Expect::One, true));
+    assert!(matches!(
+        s.on_reply(push(), Some(&Frame::Integer(1))),
+        Action::Mirror(_)
+    ));
 }
 
 #[test]
@@ -122,7 +173,7 @@ fn multi_queues_only_what_redis_queued() {
         family: Family::Channel,
         count: 3,
     };
-    assert_eq!(s.start(&sub), Expect::One);
+    assert_eq!(s.start(&sub).0, Expect::One);
     s.on_reply(Cmd::Plain, Some(&simple("QUEUED")));
     s.on_reply(
         Cmd::Plain,
@@ -212,25 +263,27 @@ fn the_database_follows_redis_answers_to_select_reset_and_exec() {
         Action::Exec(entries) => assert!(matches!(entries[..], [Entry::Select(Some(5))])),
         other => panic!("{other:?}"),
     }
-    // With replies off, a readable index is taken as selected.
-    s.start(&Cmd::ClientReply(ReplyMode::Off));
-    assert_eq!(s.start(&Cmd::Select(Some(7))), Expect::Nothing);
+    // With replies off, Redis's withheld answer still selects.
+    took_reply(&mut s, ReplyMode::Off);
+    assert_eq!(s.start(&Cmd::Select(Some(7))), (Expect::One, true));
+    s.on_reply(Cmd::Select(Some(7)), Some(&ok));
     assert_eq!(s.next_db(), Some(7));
 }
 
 #[test]
 fn reset_answers_under_client_reply_off_but_not_after_skip() {
     let mut s = Session::default();
-    s.start(&Cmd::ClientReply(ReplyMode::Off));
-    assert_eq!(s.start(&Cmd::Reset), Expect::One);
+    took_reply(&mut s, ReplyMode::Off);
+    assert_eq!(s.start(&Cmd::Reset), (Expect::One, false));
     s.on_reply(Cmd::Reset, Some(&simple("RESET")));
-    assert_eq!(s.start(&Cmd::Plain), Expect::One);
+    assert!(answered(&mut s));
     // Skipped, it is still run: back to db 0 with replies on.
     s.on_reply(Cmd::Select(Some(3)), Some(&simple("OK")));
-    assert_eq!(s.start(&Cmd::ClientReply(ReplyMode::Skip)), Expect::Nothing);
-    assert_eq!(s.start(&Cmd::Reset), Expect::Nothing);
+    took_reply(&mut s, ReplyMode::Skip);
+    assert_eq!(s.start(&Cmd::Reset), (Expect::One, true));
+    s.on_reply(Cmd::Reset, Some(&simple("RESET")));
     assert_eq!(s.next_db(), Some(0));
-    assert_eq!(s.start(&Cmd::Plain), Expect::One);
+    assert!(answered(&mut s));
 }
 
 #[test]

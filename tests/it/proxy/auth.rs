@@ -18,13 +18,13 @@ use super::harness::{self, cmd, item, Harness, Raw};
 use crate::servers::ThrowawayRedis;
 use crate::support;
 
-const REDIS_PW: &str = "upstream-pw-51c0";
-const ALICE_PW: &str = "alice-pw-7d2e";
+pub(super) const REDIS_PW: &str = "upstream-pw-51c0";
+pub(super) const ALICE_PW: &str = "alice-pw-7d2e";
 const PROXY_PW: &str = "proxy-own-password-93ab";
 
 /// A redis-server that wants a password, with user `alice` allowed only
 /// the keys `<prefix>:jobs*`.
-async fn locked_redis(prefix: &str) -> ThrowawayRedis {
+pub(super) async fn locked_redis(prefix: &str) -> ThrowawayRedis {
     let redis = ThrowawayRedis::start_with(&["--requirepass", REDIS_PW]);
     let mut admin = Raw::connect(&format!("127.0.0.1:{}", redis.port)).await;
     assert_eq!(admin.call(&["AUTH", REDIS_PW]).await, b"+OK\r\n");
@@ -37,7 +37,7 @@ async fn locked_redis(prefix: &str) -> ThrowawayRedis {
     redis
 }
 
-fn config(upstream: String, password: Option<&str>) -> ProxyConfig {
+pub(super) fn config(upstream: String, password: Option<&str>) -> ProxyConfig {
     ProxyConfig {
         upstream,
         password: password.map(|p| Secret::new("proxy password", p).unwrap()),
@@ -46,7 +46,7 @@ fn config(upstream: String, password: Option<&str>) -> ProxyConfig {
 }
 
 /// Routes `jobs` (alice may push) and `secret` (she may not), both in `phase`.
-fn routes(prefix: &str, phase: Phase) -> Vec<qbridge::config::RouteConfig> {
+pub(super) fn routes(prefix: &str, phase: Phase) -> Vec<qbridge::config::RouteConfig> {
     vec![
         harness::route("jobs", &format!("{prefix}:jobs"), phase),
         harness::route("secret", &format!("{prefix}:secret"), phase),
@@ -310,4 +310,86 @@ async fn a_proxy_password_needs_upstream_credentials_when_redis_wants_them(pool:
     assert!(e.contains("requires a password"), "{e}");
     assert!(e.contains("[proxy] upstream"), "{e}");
     assert!(!e.contains(PROXY_PW) && !e.contains('\n'), "{e}");
+}
+
+/// `CLIENT REPLY OFF` then a push, from a client that never authenticated:
+/// Redis refuses both, and the proxy used to mirror the push anyway (it took
+/// replies as off without Redis's answer), so a restart's repair could push
+/// a planted job with qbridge's credentials. The same held for an ACL user
+/// denied the key. The proxy now keeps Redis's replies on, learns from each
+/// one, and only withholds them from the client.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_silenced_push_is_mirrored_only_when_redis_took_it(pool: PgPool) {
+    let prefix = harness::prefix();
+    let redis = locked_redis(&prefix).await;
+    let proxy = harness::start_with(
+        &pool,
+        &prefix,
+        routes(&prefix, Phase::DualWrite),
+        config(redis.url(), None),
+    )
+    .await;
+    let (jobs, secret) = (format!("{prefix}:jobs"), format!("{prefix}:secret"));
+
+    // Unauthenticated: every reply is Redis's own refusal, in step.
+    let planted = [
+        cmd(&["CLIENT", "REPLY", "OFF"]),
+        push(&jobs, "injected-1"),
+        cmd(&["PING"]),
+    ]
+    .concat();
+    let mut anon_direct = Raw::connect(&format!("127.0.0.1:{}", redis.port)).await;
+    anon_direct.send(&planted).await;
+    let expected = anon_direct.frames(3).await;
+    let mut anon = proxy.conn().await;
+    anon.send(&planted).await;
+    assert_eq!(anon.frames(3).await, expected);
+    assert!(expected[0].starts_with(b"-NOAUTH"), "{expected:?}");
+
+    // Alice with replies off: the push Redis takes is mirrored, the one it
+    // refuses is not, and neither answer reaches her; CLIENT REPLY ON's +OK
+    // and the PING after it arrive in step.
+    let mut alice = proxy.conn().await;
+    assert_eq!(alice.call(&["AUTH", "alice", ALICE_PW]).await, b"+OK\r\n");
+    let silent = [
+        cmd(&["CLIENT", "REPLY", "OFF"]),
+        push(&secret, "denied-1"),
+        push(&jobs, "silent-1"),
+        cmd(&["CLIENT", "REPLY", "ON"]),
+        cmd(&["PING"]),
+    ]
+    .concat();
+    alice.send(&silent).await;
+    assert_eq!(
+        alice.frames(2).await,
+        [b"+OK\r\n".to_vec(), b"+PONG\r\n".to_vec()]
+    );
+    // SKIP silences exactly the next command's answer.
+    let skip = [
+        cmd(&["CLIENT", "REPLY", "SKIP"]),
+        push(&secret, "denied-2"),
+        cmd(&["PING"]),
+    ]
+    .concat();
+    alice.send(&skip).await;
+    assert_eq!(alice.frames(1).await, [b"+PONG\r\n".to_vec()]);
+
+    // A last push, queued for the mirror after everything above.
+    assert_eq!(
+        alice.call(&["LPUSH", &jobs, &item("last-1")]).await,
+        b":2\r\n"
+    );
+    harness::wait_for_jobs(&pool, "jobs", 2).await;
+    let keys: Vec<String> = harness::jobs(&pool, "jobs")
+        .await
+        .into_iter()
+        .map(|(key, _, _)| key)
+        .collect();
+    assert_eq!(keys, ["last-1", "silent-1"]);
+    assert_eq!(
+        job_count(&pool).await,
+        2,
+        "nothing Redis refused was mirrored"
+    );
+    proxy.stop().await;
 }
