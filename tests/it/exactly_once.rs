@@ -15,6 +15,7 @@ mod in_flight_at_flip;
 mod key_drift;
 mod lost_report;
 mod popped_then_lost;
+mod process_rig;
 mod promotion;
 mod pushback_race;
 mod repush_markers;

@@ -11,9 +11,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
-
-use crate::servers::{free_port, ThrowawayPostgres, ThrowawayRedis};
+use super::process_rig::ProcessRig;
 use crate::support;
 
 const ROUTE: &str = "popped";
@@ -46,35 +44,11 @@ diff = {{ settle = "0s" }}
 
 #[tokio::test]
 async fn an_identical_item_popped_just_before_redis_restarted_is_pushed_back() {
-    let pg = ThrowawayPostgres::start();
-    let db = PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(2))
-        .connect(&pg.url())
-        .await
-        .expect("throwaway Postgres");
-    qbridge::MIGRATOR.run(&db).await.expect("migrate");
-    let mut redis = ThrowawayRedis::start();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let cfg = dir.path().join("qbridge.toml");
-    std::fs::write(&cfg, config(dir.path(), &redis.url(), port)).unwrap();
-    let mut process = support::spawn_run(&pg.url(), &cfg);
-    let proxy = ::redis::Client::open(format!("redis://127.0.0.1:{port}/0")).unwrap();
-    let mut producer = loop {
-        match proxy.get_multiplexed_async_connection().await {
-            Ok(c) => break c,
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    };
-    let _: i64 = ::redis::cmd("LPUSH")
-        .arg(LIST)
-        .arg(TEXT)
-        .query_async(&mut producer)
-        .await
-        .unwrap();
+    let mut rig = ProcessRig::start(config).await;
+    rig.push(LIST, TEXT).await;
     // The pop is numbered once the mirror copy is written; the process and
     // Redis die at once after it, well inside Redis's uptime second.
+    let db = rig.db.clone();
     support::wait_for("the numbered pop", Duration::from_secs(20), || async {
         let pops: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM qbridge.numbered_writes WHERE queue = $1 AND side = 'pop'",
@@ -86,30 +60,11 @@ async fn an_identical_item_popped_just_before_redis_restarted_is_pushed_back() {
         pops == 1
     })
     .await;
-    process.start_kill().unwrap();
-    let _ = process.wait().await;
-    redis.kill();
-    redis.resume();
+    rig.kill_process().await;
+    rig.redis.kill();
+    rig.redis.resume();
 
-    let out = support::qbridge(&[
-        "diff",
-        "--route",
-        ROUTE,
-        "--repair",
-        "--json",
-        "--database-url",
-        &pg.url(),
-        "--config",
-        cfg.to_str().unwrap(),
-    ])
-    .await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_str(&stdout).expect("json");
+    let report = rig.repair(ROUTE).await;
     assert_eq!(
         report["repair"]["repushed"], 1,
         "the copy the restart took is pushed back: {report}"
@@ -118,16 +73,11 @@ async fn an_identical_item_popped_just_before_redis_restarted_is_pushed_back() {
         report["repair"]["unaccounted"], 0,
         "nothing is left unaccounted: {report}"
     );
-    let mut direct = ::redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
     let waiting: Vec<String> = ::redis::cmd("LRANGE")
         .arg(LIST)
         .arg(0)
         .arg(-1)
-        .query_async(&mut direct)
+        .query_async(&mut rig.direct().await)
         .await
         .unwrap();
     assert_eq!(waiting, vec![TEXT.to_string()], "the text waits to run");

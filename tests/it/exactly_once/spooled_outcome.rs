@@ -9,9 +9,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
-
-use crate::servers::{free_port, ThrowawayPostgres, ThrowawayRedis};
+use super::process_rig::ProcessRig;
 use crate::support;
 
 const ROUTE: &str = "spooled";
@@ -45,53 +43,24 @@ diff = {{ settle = "0s" }}
 
 #[tokio::test]
 async fn a_job_acked_while_postgres_was_away_is_not_pushed_back_after_its_process_and_redis_die() {
-    let pg = ThrowawayPostgres::start();
-    let db = PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(2))
-        .connect(&pg.url())
-        .await
-        .expect("throwaway Postgres");
-    qbridge::MIGRATOR.run(&db).await.expect("migrate");
-    let mut redis = ThrowawayRedis::start();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let cfg = dir.path().join("qbridge.toml");
-    std::fs::write(&cfg, config(dir.path(), &redis.url(), port)).unwrap();
-    let mut process = support::spawn_run(&pg.url(), &cfg);
-    let proxy = ::redis::Client::open(format!("redis://127.0.0.1:{port}/0")).unwrap();
-    let mut producer = loop {
-        match proxy.get_multiplexed_async_connection().await {
-            Ok(c) => break c,
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    };
-    let _: i64 = ::redis::cmd("LPUSH")
-        .arg(LIST)
-        .arg(r#"{"id":"k1"}"#)
-        .query_async(&mut producer)
-        .await
-        .unwrap();
+    let mut rig = ProcessRig::start(config).await;
+    rig.push(LIST, r#"{"id":"k1"}"#).await;
     support::wait_for_count(
-        &db,
+        &rig.db,
         "the mirror copy",
         "SELECT count(*) FROM qbridge.job_keys",
         1,
     )
     .await;
-    let started = dir.path().join("started");
+    let started = rig.dir.path().join("started");
     support::wait_for("the handler to start", Duration::from_secs(20), || async {
         started.exists()
     })
     .await;
     // Postgres goes away while the job runs; the consumer acks it anyway
     // (its outcome is kept): the ran set holds the key once it is acked.
-    pg.kill();
-    let mut direct = ::redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    rig.pg.kill();
+    let direct = rig.direct().await;
     support::wait_for("the ack", Duration::from_secs(20), || {
         let mut direct = direct.clone();
         async move {
@@ -106,43 +75,19 @@ async fn a_job_acked_while_postgres_was_away_is_not_pushed_back_after_its_proces
     })
     .await;
     // The process dies holding the outcome; Redis loses everything.
-    process.start_kill().unwrap();
-    let _ = process.wait().await;
-    redis.kill();
-    redis.resume();
-    pg.resume();
+    rig.kill_process().await;
+    rig.redis.kill();
+    rig.redis.resume();
+    rig.pg.resume();
 
-    let out = support::qbridge(&[
-        "diff",
-        "--route",
-        ROUTE,
-        "--repair",
-        "--json",
-        "--database-url",
-        &pg.url(),
-        "--config",
-        cfg.to_str().unwrap(),
-    ])
-    .await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_str(&stdout).expect("json");
+    let report = rig.repair(ROUTE).await;
     assert_eq!(
         report["repair"]["repushed"], 0,
         "the job that ran was pushed back: {report}"
     );
-    direct = ::redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
     let waiting: i64 = ::redis::cmd("LLEN")
         .arg(LIST)
-        .query_async(&mut direct)
+        .query_async(&mut rig.direct().await)
         .await
         .unwrap();
     assert_eq!(waiting, 0, "nothing waits to run a second time");
@@ -150,14 +95,14 @@ async fn a_job_acked_while_postgres_was_away_is_not_pushed_back_after_its_proces
         "SELECT count(*) FROM qbridge.outcomes WHERE queue = $1 AND key = 'k1' AND outcome = 'ok'",
     )
     .bind(ROUTE)
-    .fetch_one(&db)
+    .fetch_one(&rig.db)
     .await
     .unwrap();
     assert_eq!(ran, 1, "the run is on record once");
-    let runs = std::fs::read_to_string(dir.path().join("ran")).unwrap_or_default();
+    let runs = std::fs::read_to_string(rig.dir.path().join("ran")).unwrap_or_default();
     assert_eq!(runs.lines().count(), 1, "the handler ran once");
     // Replayed runs leave nothing behind.
-    let left: Vec<_> = walk(&dir.path().join("state"));
+    let left: Vec<_> = walk(&rig.dir.path().join("state"));
     assert!(left.is_empty(), "spool files left: {left:?}");
 }
 
