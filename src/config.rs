@@ -57,10 +57,23 @@ pub struct HttpConfig {
     /// wins over it). Without either, the admin endpoints answer 403.
     #[serde(default)]
     pub admin_token_file: Option<PathBuf>,
-    /// Also require the admin token for enqueue and outcomes (open by
-    /// default: producers and worker fleets post there).
+    /// Also require the admin token for enqueue and outcomes when no token
+    /// of their own is set (open by default on loopback).
     #[serde(default)]
     pub enqueue_requires_token: bool,
+    /// A file holding the token fleets report outcomes with
+    /// (`QBRIDGE_REPORT_TOKEN` wins over it): `POST /v1/outcomes` then
+    /// needs it (or the admin token), and it opens nothing else.
+    #[serde(default)]
+    pub report_token_file: Option<PathBuf>,
+    /// A file holding the token producers enqueue with over HTTP
+    /// (`QBRIDGE_ENQUEUE_TOKEN` wins over it): `POST /v1/queues/{queue}/jobs`
+    /// then needs it (or the admin token), and it opens nothing else.
+    #[serde(default)]
+    pub enqueue_token_file: Option<PathBuf>,
+    /// The queues the enqueue token may enqueue to; empty: every queue.
+    #[serde(default)]
+    pub enqueue_queues: Vec<String>,
 }
 
 fn default_max_body() -> Bytes {
@@ -74,6 +87,9 @@ impl Default for HttpConfig {
             max_body: default_max_body(),
             admin_token_file: None,
             enqueue_requires_token: false,
+            report_token_file: None,
+            enqueue_token_file: None,
+            enqueue_queues: Vec::new(),
         }
     }
 }
@@ -263,6 +279,12 @@ pub struct Config {
     /// The admin API's bearer token (`QBRIDGE_ADMIN_TOKEN`, else
     /// `[http] admin_token_file`); `None` disables the admin API.
     pub admin_token: Option<Secret>,
+    /// The reporting token (`QBRIDGE_REPORT_TOKEN` or `[http]
+    /// report_token_file`).
+    pub report_token: Option<Secret>,
+    /// The enqueue token (`QBRIDGE_ENQUEUE_TOKEN` or `[http]
+    /// enqueue_token_file`), for `[http] enqueue_queues`.
+    pub enqueue_token: Option<Secret>,
     pub history: HistoryConfig,
     pub pools: Vec<PoolConfig>,
     pub schedules: Vec<Schedule>,
@@ -288,14 +310,21 @@ pub struct Overrides {
     pub admin_token: Option<Secret>,
     /// `QBRIDGE_PROXY_PASSWORD`: wins over `[proxy] password_file`.
     pub proxy_password: Option<Secret>,
+    /// `QBRIDGE_REPORT_TOKEN`: wins over `[http] report_token_file`.
+    pub report_token: Option<Secret>,
+    /// `QBRIDGE_ENQUEUE_TOKEN`: wins over `[http] enqueue_token_file`.
+    pub enqueue_token: Option<Secret>,
 }
 
 impl Overrides {
     /// The secrets of the environment (`QBRIDGE_ADMIN_TOKEN`,
+    /// `QBRIDGE_REPORT_TOKEN`, `QBRIDGE_ENQUEUE_TOKEN`,
     /// `QBRIDGE_PROXY_PASSWORD`). Environment only, never flags: a flag's
     /// value shows in `ps` to every user of the machine.
     pub fn with_env_secrets(mut self) -> Result<Overrides> {
         self.admin_token = Secret::from_env("QBRIDGE_ADMIN_TOKEN")?;
+        self.report_token = Secret::from_env("QBRIDGE_REPORT_TOKEN")?;
+        self.enqueue_token = Secret::from_env("QBRIDGE_ENQUEUE_TOKEN")?;
         self.proxy_password = Secret::from_env("QBRIDGE_PROXY_PASSWORD")?;
         Ok(self)
     }

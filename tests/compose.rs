@@ -235,6 +235,26 @@ fn listen_port(listen: &str) -> u16 {
         .unwrap_or_else(|| panic!("{listen:?} is not host:port"))
 }
 
+/// A listener beyond loopback starts only with a token for each write
+/// endpoint (`http::auth::open_write_endpoints`): the container's must.
+#[test]
+fn the_container_listener_has_a_token_for_each_write_endpoint() {
+    let cfg = load_compose_config();
+    let listen: std::net::SocketAddr = cfg.http.listen.parse().expect("an address");
+    // Published ports reach a container's listener only beyond its loopback.
+    assert!(
+        !listen.ip().is_loopback(),
+        "{listen}: unreachable from the host"
+    );
+    let env = environment(service(&compose(), "qbridge"));
+    for var in ["QBRIDGE_REPORT_TOKEN", "QBRIDGE_ENQUEUE_TOKEN"] {
+        let token = env
+            .get(var)
+            .unwrap_or_else(|| panic!("qbridge needs {var}"));
+        assert!(token.len() >= 16, "{var} is shorter than 16 characters");
+    }
+}
+
 fn load_compose_config() -> Config {
     Config::from_toml(&read(COMPOSE_CONFIG), &Overrides::default())
         .unwrap_or_else(|e| panic!("{COMPOSE_CONFIG} does not load: {e}"))

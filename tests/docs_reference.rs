@@ -120,6 +120,11 @@ fn code_defaults(c: &Config) -> Vec<(&'static str, Val)> {
             Bool(c.http.enqueue_requires_token),
         ),
         ("[http] admin_token_file", path(&c.http.admin_token_file)),
+        ("[http] report_token_file", path(&c.http.report_token_file)),
+        (
+            "[http] enqueue_token_file",
+            path(&c.http.enqueue_token_file),
+        ),
         (
             "[history] retention_days",
             Int(c.history.retention_days.into()),
@@ -229,6 +234,10 @@ const IN_WORDS: &[(&str, &str)] = &[
         "none: the system's CAs (a TLS setting, no value to read)",
     ),
     ("[proxy] upstream", "redis_url's value"),
+    (
+        "[http] enqueue_queues",
+        "empty: every queue (a list, not one value)",
+    ),
     ("[proxy] upstream_ca_file", "redis_ca_file's trust"),
     ("[[pools]] name", "poolN by position"),
     ("[[pools]] queues", "required"),

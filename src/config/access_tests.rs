@@ -99,3 +99,42 @@ fn enqueue_requires_token_without_a_token_is_refused() {
     .to_string();
     assert!(e.contains("http.enqueue_requires_token"), "{e}");
 }
+
+#[test]
+fn the_scoped_tokens_come_from_their_files_or_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = write(&dir, "report", "report-token-0123456789\n");
+    let enqueue = write(&dir, "enqueue", "enqueue-token-0123456789\n");
+    let text = format!(
+        "[http]\nreport_token_file = {report:?}\nenqueue_token_file = {enqueue:?}\nenqueue_queues = [\"emails\"]\n"
+    );
+    let cfg = Config::from_toml(&text, &Overrides::default()).unwrap();
+    assert!(cfg
+        .report_token
+        .unwrap()
+        .matches(b"report-token-0123456789"));
+    assert!(cfg
+        .enqueue_token
+        .unwrap()
+        .matches(b"enqueue-token-0123456789"));
+    assert_eq!(cfg.http.enqueue_queues, ["emails"]);
+    let env = Overrides {
+        report_token: Some(Secret::new("env", "from-the-environment-1").unwrap()),
+        ..Overrides::default()
+    };
+    let cfg = Config::from_toml(&text, &env).unwrap();
+    assert!(cfg.report_token.unwrap().matches(b"from-the-environment-1"));
+}
+
+#[test]
+fn enqueue_queues_without_an_enqueue_token_is_refused() {
+    let e = Config::from_toml(
+        "[http]\nenqueue_queues = [\"emails\"]\n",
+        &Overrides::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("http.enqueue_queues"), "{e}");
+    assert!(e.contains("QBRIDGE_ENQUEUE_TOKEN"), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+}

@@ -43,6 +43,21 @@ pub(super) fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<C
         .unwrap_or_else(proxy::default_redis_url);
     proxy::check_redis_url(&redis_url).map_err(|e| Error::Config(format!("redis_url: {e}")))?;
     let admin_token = admin_token(overrides, &http)?;
+    let report_token = scoped_token(
+        &overrides.report_token,
+        &http.report_token_file,
+        "http.report_token_file",
+    )?;
+    let enqueue_token = scoped_token(
+        &overrides.enqueue_token,
+        &http.enqueue_token_file,
+        "http.enqueue_token_file",
+    )?;
+    if !http.enqueue_queues.is_empty() && enqueue_token.is_none() {
+        return Err(Error::Config(
+            "http.enqueue_queues names the queues of the enqueue token: set QBRIDGE_ENQUEUE_TOKEN or [http] enqueue_token_file".into(),
+        ));
+    }
     let redis_tls = proxy::redis_tls(file.redis_ca_file.as_deref(), &redis_url)
         .map_err(|e| Error::Config(format!("redis_ca_file: {e}")))?;
     let proxy = proxy::validate_proxy(
@@ -71,6 +86,8 @@ pub(super) fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<C
         completer_tick: or(file.completer_tick, Duration::from_millis(2)),
         http,
         admin_token,
+        report_token,
+        enqueue_token,
         history: file.history,
         pools,
         schedules,
@@ -115,17 +132,31 @@ fn validate_schedules(files: Vec<ScheduleFile>, payload_limit: usize) -> Result<
 /// The admin token: `QBRIDGE_ADMIN_TOKEN` (the overrides) over
 /// `[http] admin_token_file`; required when enqueueing requires one.
 fn admin_token(overrides: &Overrides, http: &HttpConfig) -> Result<Option<Secret>> {
-    let token = match (&overrides.admin_token, &http.admin_token_file) {
-        (Some(token), _) => Some(token.clone()),
-        (None, Some(path)) => Some(Secret::from_file("http.admin_token_file", path)?),
-        (None, None) => None,
-    };
+    let token = scoped_token(
+        &overrides.admin_token,
+        &http.admin_token_file,
+        "http.admin_token_file",
+    )?;
     if http.enqueue_requires_token && token.is_none() {
         return Err(Error::Config(
             "http.enqueue_requires_token needs an admin token: set QBRIDGE_ADMIN_TOKEN or [http] admin_token_file".into(),
         ));
     }
     Ok(token)
+}
+
+/// A scoped token: the environment's (`env`) over the file at `file`
+/// (`setting` names it in errors).
+fn scoped_token(
+    env: &Option<Secret>,
+    file: &Option<std::path::PathBuf>,
+    setting: &str,
+) -> Result<Option<Secret>> {
+    match (env, file) {
+        (Some(token), _) => Ok(Some(token.clone())),
+        (None, Some(path)) => Ok(Some(Secret::from_file(setting, path)?)),
+        (None, None) => Ok(None),
+    }
 }
 
 /// A route with a handler brings its own pool; no queue may be served by two.

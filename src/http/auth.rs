@@ -1,12 +1,24 @@
-//! The bearer token in front of the admin API (and, with
-//! `[http] enqueue_requires_token`, in front of enqueue and outcomes).
+//! The bearer tokens in front of the HTTP listener, one per scope, so each
+//! caller holds only what it needs:
 //!
-//! - No token configured: the admin endpoints answer 403 and say how to
-//!   enable them. The API is never open by default.
-//! - No `Authorization: Bearer …` header, or a wrong token: 401 with
-//!   `WWW-Authenticate: Bearer`. The token is compared in constant time
-//!   ([`Secret::matches`]); neither the offered nor the configured token
-//!   ever reaches a log line or a reply.
+//! - admin (`QBRIDGE_ADMIN_TOKEN`): the admin API and the console, and it
+//!   passes the write endpoints too. No admin token: the admin endpoints
+//!   answer 403 and say how to enable them, never open by default.
+//! - report (`QBRIDGE_REPORT_TOKEN`): `POST /v1/outcomes` only — what a
+//!   fleet's reporter gets. A forged `ok` or `dead` would drop or release a
+//!   held re-push, so once it is set nothing else reports.
+//! - enqueue (`QBRIDGE_ENQUEUE_TOKEN`): `POST /v1/queues/{queue}/jobs`, for
+//!   the queues of `[http] enqueue_queues` (every queue when empty).
+//!
+//! A write endpoint without its token (and without `[http]
+//! enqueue_requires_token`) is open; [`open_write_endpoints`] names them, and
+//! a listener beyond loopback refuses to start while any is.
+//!
+//! No `Authorization: Bearer …` header, or a token of no scope: 401 with
+//! `WWW-Authenticate: Bearer`; a token of another scope (or a queue its
+//! token does not cover): 403. Tokens are compared in constant time
+//! ([`Secret::matches`]); neither an offered nor a configured token ever
+//! reaches a log line or a reply.
 //!
 //! A request that passes carries a [`Caller`] extension: who to write into
 //! the audit log when the body names nobody.
@@ -40,42 +52,122 @@ pub(super) async fn require_admin(
     }
 }
 
-/// Middleware of enqueue and outcomes: open unless
-/// `[http] enqueue_requires_token` (the config refuses that setting
-/// without a token, so a missing one here means open).
+/// Middleware of `POST /v1/outcomes`: the reporting token (or the admin
+/// token) once one is required.
+pub(super) async fn require_for_outcomes(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let scope = Scope {
+        token: state.report_token.as_ref(),
+        covers: true,
+        what: "report outcomes",
+    };
+    require_scope(&state, scope, req, next).await
+}
+
+/// Middleware of `POST /v1/queues/{queue}/jobs`: the enqueue token for that
+/// queue (or the admin token) once one is required.
 pub(super) async fn require_for_enqueue(
     State(state): State<AppState>,
     req: Request,
     next: Next,
 ) -> Response {
-    match state.admin_token.as_ref() {
-        Some(token) if state.enqueue_requires_token => check(token, req, next).await,
-        _ => next.run(req).await,
-    }
+    let queue = req.uri().path().split('/').nth(3).unwrap_or_default();
+    let covers = state.enqueue_queues.is_empty() || state.enqueue_queues.iter().any(|q| q == queue);
+    let scope = Scope {
+        token: state.enqueue_token.as_ref(),
+        covers,
+        what: "enqueue to this queue",
+    };
+    require_scope(&state, scope, req, next).await
 }
 
-async fn check(token: &Secret, mut req: Request, next: Next) -> Response {
-    let peer = req
-        .extensions()
+/// The token a write endpoint takes, whether it covers this request, and
+/// what it would allow (for the 403).
+struct Scope<'a> {
+    token: Option<&'a Secret>,
+    covers: bool,
+    what: &'static str,
+}
+
+/// The write endpoints a request can reach without any token, each with the
+/// setting that closes it.
+pub fn open_write_endpoints(state: &AppState) -> Vec<(&'static str, &'static str)> {
+    let closed = |token: &Option<Secret>| {
+        token.is_some() || (state.enqueue_requires_token && state.admin_token.is_some())
+    };
+    let mut open = Vec::new();
+    if !closed(&state.report_token) {
+        open.push((
+            "POST /v1/outcomes",
+            "QBRIDGE_REPORT_TOKEN or [http] report_token_file",
+        ));
+    }
+    if !closed(&state.enqueue_token) {
+        open.push((
+            "POST /v1/queues/{queue}/jobs",
+            "QBRIDGE_ENQUEUE_TOKEN or [http] enqueue_token_file",
+        ));
+    }
+    open
+}
+
+async fn require_scope(state: &AppState, scope: Scope<'_>, req: Request, next: Next) -> Response {
+    if scope.token.is_none() && !state.enqueue_requires_token {
+        return next.run(req).await;
+    }
+    let Some(offered) = bearer(req.headers()) else {
+        return refuse(&req, "missing bearer token");
+    };
+    let admin = state
+        .admin_token
+        .as_ref()
+        .is_some_and(|t| t.matches(offered));
+    let scoped = scope.token.is_some_and(|t| t.matches(offered));
+    if admin || (scoped && scope.covers) {
+        return pass(req, next).await;
+    }
+    let known = scoped
+        || [&state.report_token, &state.enqueue_token]
+            .into_iter()
+            .flatten()
+            .any(|t| t.matches(offered));
+    if known {
+        tracing::warn!(path = %req.uri().path(), "refused an HTTP request: a token of another scope");
+        let line = format!("this token may not {}", scope.what);
+        return error_reply(StatusCode::FORBIDDEN, &line).into_response();
+    }
+    refuse(&req, "wrong bearer token")
+}
+
+/// Lets `req` through with its [`Caller`].
+async fn pass(mut req: Request, next: Next) -> Response {
+    let peer = peer(&req);
+    req.extensions_mut().insert(Caller(format!("http:{peer}")));
+    next.run(req).await
+}
+
+fn peer(req: &Request) -> String {
+    req.extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.to_string())
-        .unwrap_or_else(|| "unknown".into());
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// 401 for `why`, logged with the path and the peer, never the header: a
+/// near-miss token is still most of a secret.
+fn refuse(req: &Request, why: &str) -> Response {
+    tracing::warn!(peer = %peer(req), path = %req.uri().path(), "refused an HTTP request: {why}");
+    unauthorized(why)
+}
+
+async fn check(token: &Secret, req: Request, next: Next) -> Response {
     match bearer(req.headers()) {
-        Some(offered) if token.matches(offered) => {
-            req.extensions_mut().insert(Caller(format!("http:{peer}")));
-            next.run(req).await
-        }
-        offered => {
-            let why = if offered.is_some() {
-                "wrong bearer token"
-            } else {
-                "missing bearer token"
-            };
-            // The path and the peer, never the header: a near-miss token is
-            // still most of a secret.
-            tracing::warn!(peer = %peer, path = %req.uri().path(), "refused an HTTP request: {why}");
-            unauthorized(why)
-        }
+        Some(offered) if token.matches(offered) => pass(req, next).await,
+        Some(_) => refuse(&req, "wrong bearer token"),
+        None => refuse(&req, "missing bearer token"),
     }
 }
 
@@ -90,7 +182,7 @@ fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
 fn unauthorized(why: &str) -> Response {
     let mut resp = error_reply(
         StatusCode::UNAUTHORIZED,
-        &format!("{why}: send Authorization: Bearer <the admin token>"),
+        &format!("{why}: send Authorization: Bearer <a token of this endpoint's scope>"),
     )
     .into_response();
     resp.headers_mut().insert(

@@ -3,11 +3,13 @@
 //! - open: `/metrics` (Prometheus text), `/livez` (the process answers),
 //!   `/readyz` (Postgres reachable and the schema current, the wake-up
 //!   mode, each route's Redis: [`ready`]);
-//! - open unless `[http] enqueue_requires_token`: `POST
-//!   /v1/queues/{queue}/jobs` (enqueue, see [`enqueue`]) and `POST
-//!   /v1/outcomes` (outcomes from outside workers, see [`outcomes`]) —
-//!   producers and worker fleets post there, and what they can do is what
-//!   they could do with the Redis list;
+//! - the write endpoints, each behind its own scoped token once one is set
+//!   ([`auth`]): `POST /v1/queues/{queue}/jobs` (enqueue, see [`enqueue`];
+//!   the enqueue token, optionally for some queues only) and `POST
+//!   /v1/outcomes` (outcomes from outside workers, see [`outcomes`]; the
+//!   reporting token, which a fleet gets and which opens nothing else). The
+//!   admin token passes both. Without their token they are open, which
+//!   only a loopback listener allows;
 //! - admin, behind the bearer token ([`auth`]): `GET /v1/routes/{route}/diff`
 //!   (the cutover diff, see [`diff`]: it reveals job keys) and the admin API
 //!   ([`admin`]: phase changes, repair, dead-letter requeue);
@@ -15,7 +17,8 @@
 //!   form and a cookie session with CSRF tokens.
 //!
 //! The listener binds `127.0.0.1:9187` unless told otherwise; on any other
-//! address without an admin token it logs a warning at start-up.
+//! address it refuses to start while a write endpoint would be open
+//! ([`auth::open_write_endpoints`]), naming the setting that closes it.
 
 mod admin;
 pub mod auth;
@@ -55,8 +58,14 @@ pub struct AppState {
     pub max_body: usize,
     /// The admin API's bearer token; `None` turns the admin API off (403).
     pub admin_token: Option<Secret>,
-    /// Whether enqueue and outcomes need the admin token too.
+    /// Whether enqueue and outcomes need a token even without their own.
     pub enqueue_requires_token: bool,
+    /// The reporting token (`POST /v1/outcomes`).
+    pub report_token: Option<Secret>,
+    /// The enqueue token (`POST /v1/queues/{queue}/jobs`), for the queues
+    /// of `enqueue_queues` (empty: every queue).
+    pub enqueue_token: Option<Secret>,
+    pub enqueue_queues: Vec<String>,
     /// The web console's sessions and requeues (`/ui`).
     pub console: ui::Console,
     /// How Postgres is reached and workers woken, for `/readyz`.
@@ -75,6 +84,9 @@ impl AppState {
             max_body: cfg.http.max_body.0,
             admin_token: cfg.admin_token.clone(),
             enqueue_requires_token: cfg.http.enqueue_requires_token,
+            report_token: cfg.report_token.clone(),
+            enqueue_token: cfg.enqueue_token.clone(),
+            enqueue_queues: cfg.http.enqueue_queues.clone(),
             console: ui::Console::default(),
             database_mode: database_mode(cfg),
         }
@@ -90,6 +102,9 @@ impl AppState {
             max_body: 16 << 20,
             admin_token: None,
             enqueue_requires_token: false,
+            report_token: None,
+            enqueue_token: None,
+            enqueue_queues: Vec::new(),
             console: ui::Console::default(),
             database_mode: "pooler none; wake-ups LISTEN".into(),
         }
@@ -129,8 +144,14 @@ pub async fn serve(
         .map_err(|e| crate::error::Error::Config(format!("cannot listen on {listen}: {e}")))?;
     tracing::info!(listen = %listen, "http listening");
     let bound = listener.local_addr()?;
-    if !bound.ip().is_loopback() && state.admin_token.is_none() {
-        tracing::warn!(listen = %bound, "the HTTP listener is reachable from other hosts and no admin token is set: the admin API is off, but enqueue and outcomes are open to anyone who can connect");
+    let open = auth::open_write_endpoints(&state);
+    if !bound.ip().is_loopback() && !open.is_empty() {
+        let (endpoints, settings): (Vec<_>, Vec<_>) = open.into_iter().unzip();
+        return Err(crate::error::Error::Config(format!(
+            "http.listen {bound} is reachable from other hosts and {} would be open to anyone: set {} (or listen on loopback)",
+            endpoints.join(" and "),
+            settings.join(", and ")
+        )));
     }
     let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
     Ok(tokio::spawn(async move {
@@ -147,10 +168,17 @@ pub async fn serve(
 /// so the audit log gets the caller's address (`http:unknown` otherwise).
 pub fn router(state: AppState) -> Router {
     let max_body = state.max_body;
-    let producers = Router::new()
+    // Each write endpoint behind its own scope (a route layer covers the
+    // routes added before it, so one router each).
+    let enqueue = Router::new()
         .route("/v1/queues/{queue}/jobs", post(enqueue::post_jobs))
-        .route("/v1/outcomes", post(outcomes::post_outcomes))
         .route_layer(from_fn_with_state(state.clone(), auth::require_for_enqueue));
+    let outcomes = Router::new()
+        .route("/v1/outcomes", post(outcomes::post_outcomes))
+        .route_layer(from_fn_with_state(
+            state.clone(),
+            auth::require_for_outcomes,
+        ));
     let admin = Router::new()
         .route("/v1/routes", get(admin::list_routes))
         .route("/v1/routes/{route}/diff", get(diff::get_diff))
@@ -164,7 +192,8 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(ready::readyz))
-        .merge(producers)
+        .merge(enqueue)
+        .merge(outcomes)
         .merge(admin)
         .merge(ui::router(state.clone()))
         .layer(DefaultBodyLimit::max(max_body))

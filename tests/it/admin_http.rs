@@ -1,8 +1,8 @@
 //! The admin API over a real socket: the bearer token (missing, wrong, right,
 //! none configured), phase changes gated and audited like the CLI's, repair
 //! and dead-letter requeue on real data, enqueue behind the token when asked,
-//! and — through the binary — the token never in the output and the warning
-//! for a non-loopback listener without one.
+//! and — through the binary — the token never in the output. (A listener
+//! beyond loopback: `scoped_tokens`.)
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -348,6 +348,34 @@ async fn dlq_requeue_over_http_moves_only_what_matches(pool: PgPool) {
     assert_eq!(support::dead(&pool).await, 0);
 }
 
+/// `qbridge run` with one noop pool (its config written into `dir`),
+/// listening on `listen`, with no token or listener setting from the
+/// environment.
+pub(crate) fn idle_run(
+    pool: &PgPool,
+    dir: &std::path::Path,
+    listen: &str,
+) -> tokio::process::Command {
+    let config = dir.join("qbridge.toml");
+    std::fs::write(
+        &config,
+        "[[pools]]\nqueues = [\"idle\"]\nhandler = { type = \"noop\" }\n",
+    )
+    .unwrap();
+    crate::redaction::qbridge(
+        "text",
+        &[
+            "--database-url",
+            &support::db_url(pool),
+            "--config",
+            &config.to_string_lossy(),
+            "run",
+            "--http-listen",
+            listen,
+        ],
+    )
+}
+
 /// Starts `qbridge run` (one noop pool) listening on `listen`, with `token`
 /// in QBRIDGE_ADMIN_TOKEN when given, waits for /livez, lets `probe` make
 /// requests, stops it with SIGTERM and returns its whole output.
@@ -357,25 +385,7 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("qbridge.toml");
-    std::fs::write(
-        &config,
-        "[[pools]]\nqueues = [\"idle\"]\nhandler = { type = \"noop\" }\n",
-    )
-    .unwrap();
-    let url = support::db_url(pool);
-    let mut cmd = crate::redaction::qbridge(
-        "text",
-        &[
-            "--database-url",
-            &url,
-            "--config",
-            &config.to_string_lossy(),
-            "run",
-            "--http-listen",
-            listen,
-        ],
-    );
+    let mut cmd = idle_run(pool, dir.path(), listen);
     if let Some(t) = token {
         cmd.env("QBRIDGE_ADMIN_TOKEN", t);
     }
@@ -435,20 +445,4 @@ async fn the_token_never_reaches_the_output(pool: PgPool) {
         assert!(!text.contains(secret), "{secret:?} leaked:\n{text}");
     }
     assert!(!text.contains("reachable from other hosts"), "{text}");
-}
-
-#[sqlx::test(migrator = "qbridge::MIGRATOR")]
-async fn a_non_loopback_listener_without_a_token_warns_once(pool: PgPool) {
-    let listen = format!("0.0.0.0:{}", crate::servers::free_port());
-    let text = run_binary(&pool, &listen, None, |base| async move {
-        let (status, _, body) = call("GET", &format!("{base}/v1/routes"), Some(TOKEN), None).await;
-        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-    })
-    .await;
-    assert_eq!(
-        text.matches("reachable from other hosts and no admin token is set")
-            .count(),
-        1,
-        "{text}"
-    );
 }

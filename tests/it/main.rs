@@ -42,6 +42,7 @@ mod roles;
 mod route_pool;
 mod schedule;
 mod schema_check;
+mod scoped_tokens;
 mod sentinel;
 mod servers;
 mod shutdown;

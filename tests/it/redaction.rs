@@ -40,6 +40,8 @@ pub(crate) fn qbridge(log_format: &str, args: &[&str]) -> Command {
         .env_remove("QBRIDGE_PROXY_LISTEN")
         .env_remove("QBRIDGE_LOG_FORMAT")
         .env_remove("QBRIDGE_ADMIN_TOKEN")
+        .env_remove("QBRIDGE_REPORT_TOKEN")
+        .env_remove("QBRIDGE_ENQUEUE_TOKEN")
         .env_remove("QBRIDGE_PROXY_PASSWORD")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())

@@ -3,7 +3,7 @@
 QBRIDGE_OUTCOMES   where outcomes go: qbridge's HTTP listener
                    (``http://host:port``, ``/v1/outcomes`` is added) or its
                    database (``postgres://…``, needs psycopg 3)
-QBRIDGE_TOKEN      the admin token, when the listener asks for one
+QBRIDGE_TOKEN      the report token, when the listener has one
 QBRIDGE_ROUTE      the route's name (its ``qbridge:ran:<route>`` set records
                    jobs whose outcome could not be delivered)
 QBRIDGE_QUEUE      the route's Postgres queue (default: the route's name)
