@@ -9,6 +9,7 @@ mod claim_head;
 mod claim_plans;
 mod cli;
 mod console;
+mod console_sessions;
 mod cutover;
 mod cutover_cli;
 mod cutover_proxy;

@@ -57,7 +57,8 @@ pub fn page(title: &str, signed_in: Option<&str>, body: &str) -> String {
              <a href=\"/ui/jobs\">Jobs</a> <a href=\"/ui/dead\">Dead letters</a>\
              <form method=\"post\" action=\"/ui/logout\" class=\"logout\">\
              <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-             <button>Log out</button></form></nav>",
+             <button>Log out</button> <button name=\"everywhere\" value=\"1\" id=\"logout-everywhere\">\
+             Sign out everywhere</button></form></nav>",
             esc(csrf)
         ),
         None => String::new(),

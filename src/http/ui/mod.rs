@@ -175,17 +175,37 @@ async fn require_session(State(state): State<AppState>, mut req: Request, next: 
     // The live refresh's requests do not keep a session alive: an open tab
     // nobody looks at still signs out after the idle time.
     let touch = req.headers().get("x-qbridge-refresh").is_none();
-    match state.console.sessions.get(req.headers(), touch) {
-        Some(session) => {
+    let found = state
+        .console
+        .sessions
+        .get(&state.db, req.headers(), touch)
+        .await;
+    match found {
+        Err(e) => sessions_unreadable(e),
+        Ok(Some(session)) => {
             req.extensions_mut().insert(session);
             next.run(req).await
         }
-        None if req.method() == axum::http::Method::GET => Redirect::to("/ui/login").into_response(),
-        None => html(
+        Ok(None) if req.method() == axum::http::Method::GET => Redirect::to("/ui/login").into_response(),
+        Ok(None) => html(
             StatusCode::FORBIDDEN,
             page("Signed out", None, "<p class=\"error\">Your session ended: <a href=\"/ui/login\">log in</a> again.</p>"),
         ),
     }
+}
+
+/// Sessions live in Postgres: while it does not answer, nobody is signed
+/// in or out (503, with the reason).
+fn sessions_unreadable(e: sqlx::Error) -> Response {
+    tracing::warn!(error = %e, "console: cannot read or write sessions");
+    let body = format!(
+        "<p class=\"error\">The console keeps its sessions in Postgres, which does not answer: {}. Try again shortly.</p>",
+        esc(&e.to_string().split_whitespace().collect::<Vec<_>>().join(" "))
+    );
+    html(
+        StatusCode::SERVICE_UNAVAILABLE,
+        page("Unavailable", None, &body),
+    )
 }
 
 /// The answer of a request stopped early (a refusal, a redirect back with
@@ -277,8 +297,15 @@ async fn login(
         return login_page(&headers, StatusCode::UNAUTHORIZED, Some("Wrong token."));
     }
     // A new session at every login: an earlier one of this browser ends.
-    state.console.sessions.close(&headers);
-    let id = state.console.sessions.open(format!("console:{peer}"));
+    let sessions = &state.console.sessions;
+    let opened = match sessions.close(&state.db, &headers).await {
+        Ok(()) => sessions.open(&state.db, format!("console:{peer}")).await,
+        Err(e) => Err(e),
+    };
+    let id = match opened {
+        Ok(id) => id,
+        Err(e) => return sessions_unreadable(e),
+    };
     let mut resp = Redirect::to("/ui").into_response();
     let mut cookie = session::set_cookie(SESSION_COOKIE, &id, session::LIFETIME);
     if behind_https(&headers) {
@@ -303,19 +330,32 @@ fn behind_https(headers: &HeaderMap) -> bool {
 }
 
 #[derive(Deserialize)]
-struct CsrfOnly {
+struct LogoutForm {
     #[serde(default)]
     csrf: String,
+    /// Sign out every session, in every process.
+    #[serde(default)]
+    everywhere: Option<String>,
 }
 
 async fn logout(
     State(state): State<AppState>,
     axum::Extension(session): axum::Extension<Session>,
     headers: HeaderMap,
-    Form(form): Form<CsrfOnly>,
+    Form(form): Form<LogoutForm>,
 ) -> Result<Response, Stop> {
     csrf_ok(&session, &form.csrf)?;
-    state.console.sessions.close(&headers);
+    let sessions = &state.console.sessions;
+    let closed = if form.everywhere.is_some() {
+        let ended = sessions.close_all(&state.db).await;
+        if let Ok(n) = ended {
+            tracing::info!(by = %session.who, sessions = n, "console: signed out everywhere");
+        }
+        ended.map(|_| ())
+    } else {
+        sessions.close(&state.db, &headers).await
+    };
+    closed.map_err(|e| Stop::from(sessions_unreadable(e)))?;
     let mut resp = Redirect::to("/ui/login").into_response();
     resp.headers_mut().append(
         header::SET_COOKIE,

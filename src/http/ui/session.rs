@@ -1,26 +1,28 @@
 //! Console sessions: the login form takes the admin token (compared in
 //! constant time, never logged) and opens a session — a random id in an
-//! HttpOnly, SameSite=Strict cookie scoped to `/ui`, kept in memory for
-//! [`IDLE`] since its last use and [`LIFETIME`] at most. Each session has a
+//! HttpOnly, SameSite=Strict cookie scoped to `/ui`, alive for [`IDLE`]
+//! since its last use and [`LIFETIME`] at most. Sessions are rows of
+//! `qbridge.console_sessions` (the id's SHA-256, never the id), so every
+//! process behind one address serves a signed-in operator, a restart signs
+//! nobody out, and "sign out everywhere" ends them all. Each session has a
 //! CSRF token every console form carries; a POST without the right one is
 //! refused. The login form itself is guarded the same way by a short-lived
-//! cookie it sets (double submit). Sessions live in the process: a restart
-//! or another process behind a balancer asks to log in again.
+//! cookie it sets (double submit).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::{header, HeaderMap, HeaderValue};
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
 use subtle::ConstantTimeEq;
 
 /// A session ends this long after its last request.
 pub const IDLE: Duration = Duration::from_secs(30 * 60);
 /// And this long after it began, whatever its use.
 pub const LIFETIME: Duration = Duration::from_secs(8 * 3600);
-/// Sessions kept at most (the oldest go first): memory stays bounded
+/// Sessions kept at most (the oldest go first): the table stays bounded
 /// whoever hammers the login form.
-const MAX_SESSIONS: usize = 1000;
+const MAX_SESSIONS: i64 = 1000;
 
 pub const SESSION_COOKIE: &str = "qb_session";
 pub const LOGIN_COOKIE: &str = "qb_login";
@@ -31,73 +33,102 @@ pub struct Session {
     pub csrf: String,
     /// Who they are in the audit log: `console:<peer address>`.
     pub who: String,
-    started: Instant,
-    last: Instant,
 }
 
-/// The process's console sessions.
+/// Drops ended sessions and the oldest beyond [`MAX_SESSIONS`], then adds
+/// one. `$1` id hash, `$2` csrf, `$3` who, `$4`/`$5` idle/lifetime seconds.
+const OPEN_SQL: &str = r#"
+WITH ended AS (
+    DELETE FROM qbridge.console_sessions
+     WHERE last_at < now() - make_interval(secs => $4)
+        OR started_at < now() - make_interval(secs => $5)),
+over AS (
+    DELETE FROM qbridge.console_sessions
+     WHERE id_hash IN (SELECT id_hash FROM qbridge.console_sessions
+                        ORDER BY started_at DESC OFFSET $6))
+INSERT INTO qbridge.console_sessions (id_hash, csrf, who) VALUES ($1, $2, $3)
+"#;
+
+/// The live session of id hash `$1` (`$2`/`$3` idle/lifetime seconds),
+/// its use recorded.
+const TOUCH_SQL: &str = r#"
+UPDATE qbridge.console_sessions SET last_at = now()
+ WHERE id_hash = $1 AND last_at >= now() - make_interval(secs => $2)
+   AND started_at >= now() - make_interval(secs => $3)
+RETURNING csrf, who
+"#;
+
+/// The same without recording a use.
+const PEEK_SQL: &str = r#"
+SELECT csrf, who FROM qbridge.console_sessions
+ WHERE id_hash = $1 AND last_at >= now() - make_interval(secs => $2)
+   AND started_at >= now() - make_interval(secs => $3)
+"#;
+
+/// The console's sessions, in Postgres.
 #[derive(Clone, Default)]
-pub struct Sessions(Arc<Mutex<HashMap<String, Session>>>);
+pub struct Sessions;
 
 impl Sessions {
-    /// Opens a session for `who`; returns its id.
-    pub fn open(&self, who: String) -> String {
+    /// Opens a session for `who`; returns its id (the cookie's value).
+    pub async fn open(&self, db: &PgPool, who: String) -> sqlx::Result<String> {
         let id = random_token();
-        let now = Instant::now();
-        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        all.retain(|_, s| alive(s, now));
-        if all.len() >= MAX_SESSIONS {
-            if let Some(oldest) = all
-                .iter()
-                .min_by_key(|(_, s)| s.started)
-                .map(|(k, _)| k.clone())
-            {
-                all.remove(&oldest);
-            }
-        }
-        all.insert(
-            id.clone(),
-            Session {
-                csrf: random_token(),
-                who,
-                started: now,
-                last: now,
-            },
-        );
-        id
+        sqlx::query(OPEN_SQL)
+            .bind(hash(&id))
+            .bind(random_token())
+            .bind(who)
+            .bind(IDLE.as_secs_f64())
+            .bind(LIFETIME.as_secs_f64())
+            .bind(MAX_SESSIONS - 1)
+            .execute(db)
+            .await?;
+        Ok(id)
     }
 
     /// The live session named by the request's cookie; `touch` marks its
     /// use (an operator's request does, a background refresh does not).
-    pub fn get(&self, headers: &HeaderMap, touch: bool) -> Option<Session> {
-        let id = cookie(headers, SESSION_COOKIE)?;
-        let now = Instant::now();
-        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        match all.get_mut(&id) {
-            Some(s) if alive(s, now) => {
-                if touch {
-                    s.last = now;
-                }
-                Some(s.clone())
-            }
-            Some(_) => {
-                all.remove(&id);
-                None
-            }
-            None => None,
-        }
+    pub async fn get(
+        &self,
+        db: &PgPool,
+        headers: &HeaderMap,
+        touch: bool,
+    ) -> sqlx::Result<Option<Session>> {
+        let Some(id) = cookie(headers, SESSION_COOKIE) else {
+            return Ok(None);
+        };
+        let sql = if touch { TOUCH_SQL } else { PEEK_SQL };
+        let row: Option<(String, String)> = sqlx::query_as(sql)
+            .bind(hash(&id))
+            .bind(IDLE.as_secs_f64())
+            .bind(LIFETIME.as_secs_f64())
+            .fetch_optional(db)
+            .await?;
+        Ok(row.map(|(csrf, who)| Session { csrf, who }))
     }
 
     /// Ends the request's session.
-    pub fn close(&self, headers: &HeaderMap) {
+    pub async fn close(&self, db: &PgPool, headers: &HeaderMap) -> sqlx::Result<()> {
         if let Some(id) = cookie(headers, SESSION_COOKIE) {
-            self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            sqlx::query("DELETE FROM qbridge.console_sessions WHERE id_hash = $1")
+                .bind(hash(&id))
+                .execute(db)
+                .await?;
         }
+        Ok(())
+    }
+
+    /// Ends every session, in every process: how many there were.
+    pub async fn close_all(&self, db: &PgPool) -> sqlx::Result<u64> {
+        let done = sqlx::query("DELETE FROM qbridge.console_sessions")
+            .execute(db)
+            .await?;
+        Ok(done.rows_affected())
     }
 }
 
-fn alive(s: &Session, now: Instant) -> bool {
-    now.duration_since(s.last) < IDLE && now.duration_since(s.started) < LIFETIME
+/// What is stored of a session id.
+fn hash(id: &str) -> Vec<u8> {
+    Sha256::digest(id.as_bytes()).to_vec()
 }
 
 /// 32 random bytes, hex.
@@ -146,22 +177,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_session_is_found_by_its_cookie_and_ends_at_logout() {
-        let sessions = Sessions::default();
-        let id = sessions.open("console:test".into());
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::COOKIE,
-            HeaderValue::from_str(&format!("other=1; {SESSION_COOKIE}={id}")).unwrap(),
-        );
-        let s = sessions.get(&headers, true).expect("the session");
-        assert_eq!(s.who, "console:test");
-        assert_eq!(s.csrf.len(), 64);
-        sessions.close(&headers);
-        assert!(sessions.get(&headers, true).is_none());
-    }
-
-    #[test]
     fn cookies_are_http_only_strict_and_secure_behind_https() {
         let c = set_cookie(SESSION_COOKIE, "abc", LIFETIME);
         let text = c.to_str().unwrap();
@@ -172,23 +187,6 @@ mod tests {
         );
         assert!(!text.contains("Secure"));
         assert!(secure(c).to_str().unwrap().ends_with("; Secure"));
-    }
-
-    #[test]
-    fn a_background_refresh_does_not_keep_a_session_alive() {
-        let sessions = Sessions::default();
-        let id = sessions.open("console:test".into());
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::COOKIE,
-            HeaderValue::from_str(&format!("{SESSION_COOKIE}={id}")).unwrap(),
-        );
-        let before = sessions.0.lock().unwrap()[&id].last;
-        std::thread::sleep(Duration::from_millis(5));
-        sessions.get(&headers, false).unwrap();
-        assert_eq!(sessions.0.lock().unwrap()[&id].last, before);
-        sessions.get(&headers, true).unwrap();
-        assert!(sessions.0.lock().unwrap()[&id].last > before);
     }
 
     #[test]
