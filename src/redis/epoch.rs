@@ -15,9 +15,11 @@
 //! - a server that is not the current one acknowledged a push at or after
 //!   the copy's (so the copy went to that server or an earlier one), or
 //! - for a content-hash number a pop took, the server the pop took the item
-//!   from is not the current one (the item waited in that server's
-//!   processing list; the consumer names its server when it numbers the
-//!   pop, which may be after the server died), or
+//!   from was seen with another marker than the current one: its data set,
+//!   with the processing list that held the item, is gone (the consumer
+//!   names its server when it numbers the pop, which may be after the
+//!   server died; a restart with persistence or a failover keeps the
+//!   marker, so it is no evidence), or
 //! - the current server started after the copy was mirrored (its push went
 //!   to an earlier server), or
 //! - another epoch was observed after the copy was mirrored (so the push
@@ -147,9 +149,10 @@ where
 /// The evidence per key, as one line (no key without evidence is returned).
 /// A key is judged by when Redis had it (the rule of [`HAD_AT_SQL`]).
 /// The most direct evidence first: the server a pop of the key took the
-/// item from is gone (`numbered_writes.server`: the item waited in that
-/// server's processing list, and a pop may be numbered after its server
-/// died, so the pop's time proves nothing), or a server that acknowledged a
+/// item from held a data set that is gone (`numbered_writes.server`, seen
+/// in `redis_epochs` with another marker: the item waited in that server's
+/// processing list, and a pop may be numbered after its server died, so the
+/// pop's time proves nothing), or a server that acknowledged a
 /// push at or after that time is gone (`redis_run_acks`), so the item went
 /// with it.
 const LOSS_EVIDENCE_SQL: &str = r#"
@@ -166,9 +169,9 @@ had AS (
      WHERE k.queue = $2 AND k.key = ANY($5::text[])),
 judged AS (SELECT key, COALESCE(popped_at, pushed_at) AS at, popped_from FROM had)
 SELECT j.key,
-       CASE WHEN j.popped_from IS NOT NULL AND j.popped_from <> $3
-            THEN 'Redis was replaced after the pop (the server that handed the item out, ' ||
-                 left(j.popped_from, 12) || ', is gone with the processing list that held it)'
+       CASE WHEN popped_data_gone.gone
+            THEN 'Redis lost its data after the pop (the server that handed the item out, ' ||
+                 left(j.popped_from, 12) || ', was seen with another marker: its processing list went with it)'
             WHEN gone.last_ack IS NOT NULL
             THEN 'Redis was replaced after the push (the server that acknowledged a push at ' ||
                  to_char(gone.last_ack AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') ||
@@ -186,12 +189,19 @@ SELECT j.key,
         SELECT max(o.last_seen) AS last_seen FROM qbridge.redis_epochs o
          WHERE o.route = $1 AND (o.run_id, o.marker) <> ($3, $4)
            AND o.last_seen >= j.at AND o.last_seen < cur.first_seen) prev ON true
+  -- The pop's server, last seen, held another data set (its marker) than
+  -- the current one: a restart with persistence or a failover keeps the
+  -- marker, and then the run id alone proves nothing.
+  LEFT JOIN LATERAL (
+        SELECT o.marker <> $4 AS gone FROM qbridge.redis_epochs o
+         WHERE o.route = $1 AND o.run_id = j.popped_from AND o.run_id <> $3
+         ORDER BY o.last_seen DESC LIMIT 1) popped_data_gone ON true
   LEFT JOIN LATERAL (
         SELECT max(a.last_ack) AS last_ack FROM qbridge.redis_run_acks a
          WHERE a.route = $1 AND a.run_id <> $3
            AND a.last_ack >= j.at AND a.last_ack < cur.first_seen) gone ON true
  WHERE cur.started_at > j.at OR prev.last_seen IS NOT NULL OR gone.last_ack IS NOT NULL
-    OR (j.popped_from IS NOT NULL AND j.popped_from <> $3)
+    OR popped_data_gone.gone
 "#;
 
 /// When Redis had a key's item, for judging it lost: for a number a pop
