@@ -138,3 +138,16 @@ fn enqueue_queues_without_an_enqueue_token_is_refused() {
     assert!(e.contains("QBRIDGE_ENQUEUE_TOKEN"), "{e}");
     assert_eq!(e.lines().count(), 1, "{e}");
 }
+
+#[test]
+fn a_scoped_token_equal_to_the_admin_token_is_refused() {
+    let same = Secret::new("t", "the-same-token-0123456789").unwrap();
+    let env = Overrides {
+        admin_token: Some(same.clone()),
+        report_token: Some(same),
+        ..Overrides::default()
+    };
+    let e = Config::from_toml("", &env).unwrap_err().to_string();
+    assert!(e.contains("admin and report tokens are the same"), "{e}");
+    assert!(!e.contains("the-same-token"), "{e}");
+}

@@ -53,6 +53,20 @@ pub(super) fn validate_file(file: FileConfig, overrides: &Overrides) -> Result<C
         &http.enqueue_token_file,
         "http.enqueue_token_file",
     )?;
+    let tokens = [
+        ("admin", &admin_token),
+        ("report", &report_token),
+        ("enqueue", &enqueue_token),
+    ];
+    for (i, (a, ta)) in tokens.iter().enumerate() {
+        for (b, tb) in &tokens[i + 1..] {
+            if ta.is_some() && ta == tb {
+                return Err(Error::Config(format!(
+                    "the {a} and {b} tokens are the same: each scope needs its own token, or whoever holds the {b} token has the {a} token's rights"
+                )));
+            }
+        }
+    }
     if !http.enqueue_queues.is_empty() && enqueue_token.is_none() {
         return Err(Error::Config(
             "http.enqueue_queues names the queues of the enqueue token: set QBRIDGE_ENQUEUE_TOKEN or [http] enqueue_token_file".into(),

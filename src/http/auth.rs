@@ -46,10 +46,25 @@ pub(super) async fn require_admin(
     req: Request,
     next: Next,
 ) -> Response {
-    match state.admin_token.as_ref() {
-        None => error_reply(StatusCode::FORBIDDEN, DISABLED).into_response(),
-        Some(token) => check(token, req, next).await,
+    let Some(token) = state.admin_token.as_ref() else {
+        return error_reply(StatusCode::FORBIDDEN, DISABLED).into_response();
+    };
+    let scoped = bearer(req.headers()).is_some_and(|offered| {
+        !token.matches(offered)
+            && [&state.report_token, &state.enqueue_token]
+                .into_iter()
+                .flatten()
+                .any(|t| t.matches(offered))
+    });
+    if scoped {
+        tracing::warn!(path = %req.uri().path(), "refused an HTTP request: a token of another scope");
+        return error_reply(
+            StatusCode::FORBIDDEN,
+            "this token may not use the admin API",
+        )
+        .into_response();
     }
+    check(token, req, next).await
 }
 
 /// Middleware of `POST /v1/outcomes`: the reporting token (or the admin

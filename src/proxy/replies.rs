@@ -285,8 +285,13 @@ impl<R: AsyncRead + Unpin> Replies<R> {
                     Some(frame) => frame,
                     None => self.parse(len)?,
                 };
-                self.forward(len);
                 let error = frame.is_error();
+                // Confirmations are pushes Redis delivers whatever the
+                // client's CLIENT REPLY (7.0 does, RESP2 and RESP3); a
+                // refusal is a reply like any other.
+                let muted = std::mem::replace(&mut self.mute, head.silent && error);
+                self.forward(len);
+                self.mute = muted;
                 if !error {
                     self.session.confirm(&frame, family, subscribe);
                 }
@@ -312,6 +317,10 @@ impl<R: AsyncRead + Unpin> Replies<R> {
                 match self.session.on_reply(head.cmd, parsed.as_ref()) {
                     Action::Forward => self.forward(len),
                     Action::Drop => drop(self.buf.split_to(len)),
+                    Action::ForwardAlways => {
+                        self.mute = false;
+                        self.forward(len);
+                    }
                     Action::Mirror(push) => {
                         self.forward(len);
                         self.mirror(push).await;

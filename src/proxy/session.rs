@@ -67,6 +67,9 @@ pub(super) enum Action {
     /// Redis took the client's `CLIENT REPLY OFF|SKIP` (sent to it as
     /// `CLIENT REPLY ON`): that answers nothing.
     Drop,
+    /// Redis took `CLIENT REPLY ON`, which turns replies on before it
+    /// answers: its `+OK` reaches the client even while replies were off.
+    ForwardAlways,
     /// Redis took these members out of the set (in this database, when
     /// known): record that, then forward (`super::set_pop`).
     Released(SetPop, Vec<Bytes>, Option<i64>),
@@ -125,6 +128,19 @@ const CONFIRMATIONS: [&[u8]; 6] = [
     b"punsubscribe",
     b"sunsubscribe",
 ];
+
+/// Whether `frame` is a pub/sub confirmation (RESP2 array or RESP3 push):
+/// Redis delivers those whatever the client's CLIENT REPLY, also from
+/// inside EXEC.
+pub(super) fn is_confirmation(frame: &Frame) -> bool {
+    match frame {
+        Frame::Array(items) | Frame::Push(items) => matches!(
+            &items[..],
+            [Frame::Bulk(kind), _, Frame::Integer(_)] if CONFIRMATIONS.contains(&kind.as_ref())
+        ),
+        _ => false,
+    }
+}
 
 /// Whether `frame` is a RESP3 push that may be a pub/sub confirmation, i.e.
 /// may belong to a command whose tag has not reached the reply side yet.
@@ -212,12 +228,6 @@ impl Session {
             // RESET turns CLIENT REPLY OFF back on before it answers: only
             // a SKIP on it silences it (SKIP is ignored while OFF).
             Cmd::Reset => std::mem::take(&mut self.skip_next),
-            // ON clears both first, so it always answers (a refusal of it
-            // while replies are off would not: too rare to model).
-            Cmd::ClientReply(ReplyMode::On) => {
-                self.silenced();
-                false
-            }
             _ => self.silenced(),
         };
         (self.expect(cmd), silent)
@@ -390,7 +400,7 @@ impl Session {
                 return match mode {
                     ReplyMode::On => {
                         (self.replies_off, self.skip_next) = (false, false);
-                        Action::Forward
+                        Action::ForwardAlways
                     }
                     ReplyMode::Off => {
                         self.replies_off = true;

@@ -197,14 +197,12 @@ async fn require_session(State(state): State<AppState>, mut req: Request, next: 
 /// Sessions live in Postgres: while it does not answer, nobody is signed
 /// in or out (503, with the reason).
 fn sessions_unreadable(e: sqlx::Error) -> Response {
+    // The reason goes to the log only: this page is shown before sign-in.
     tracing::warn!(error = %e, "console: cannot read or write sessions");
-    let body = format!(
-        "<p class=\"error\">The console keeps its sessions in Postgres, which does not answer: {}. Try again shortly.</p>",
-        esc(&e.to_string().split_whitespace().collect::<Vec<_>>().join(" "))
-    );
+    let body = "<p class=\"error\">The console keeps its sessions in Postgres, which does not answer. Try again shortly.</p>";
     html(
         StatusCode::SERVICE_UNAVAILABLE,
-        page("Unavailable", None, &body),
+        page("Unavailable", None, body),
     )
 }
 

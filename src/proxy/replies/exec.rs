@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::super::command::{one_line, LocalPush, LocalStore};
 use super::super::frame::{self, Frame};
 use super::super::link::Shared;
-use super::super::session::{took, Entry};
+use super::super::session::{is_confirmation, took, Entry};
 use super::super::set_pop::handed_out;
 use super::Replies;
 use crate::metrics as m;
@@ -36,6 +36,13 @@ impl<R: tokio::io::AsyncRead + Unpin> Replies<R> {
             );
             self.answer(bytes);
             return;
+        }
+        if self.mute {
+            // The client's replies are off: EXEC's array is withheld, but
+            // the pub/sub confirmations in it are pushes Redis delivers.
+            for frame in results.iter().filter(|f| is_confirmation(f)) {
+                frame::encode(frame, &mut self.out);
+            }
         }
         let local = entries.iter().any(|e| matches!(e, Entry::Local(_)));
         self.record_pops(&entries, &results).await;

@@ -1,6 +1,7 @@
 //! A property of the proxy's connection state, against real redis-servers
 //! with `requirepass` and an ACL user: random sequences of AUTH, HELLO,
-//! CLIENT REPLY, SELECT, MULTI/EXEC/DISCARD, RESET, PING and routed pushes
+//! CLIENT REPLY, SELECT, MULTI/EXEC/DISCARD, RESET, SUBSCRIBE/UNSUBSCRIBE,
+//! PING and routed pushes
 //! (by a user allowed the key, one denied it, and no user), sent pipelined
 //! in one write or cut into random pieces. Each sequence goes through the
 //! proxy to one server and straight to a twin server, and:
@@ -48,6 +49,8 @@ enum Op {
     PushJobs,
     PushSecret,
     Ping,
+    Subscribe,
+    Unsubscribe,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -69,6 +72,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => Just(Op::PushJobs),
         3 => Just(Op::PushSecret),
         1 => Just(Op::Ping),
+        1 => Just(Op::Subscribe),
+        1 => Just(Op::Unsubscribe),
     ]
 }
 
@@ -110,6 +115,8 @@ fn encode(ops: &[Op], case: u64, jobs: &str, secret: &str) -> Vec<u8> {
             Op::PushJobs => vec!["LPUSH".into(), jobs.into(), item(&id)],
             Op::PushSecret => vec!["LPUSH".into(), secret.into(), item(&id)],
             Op::Ping => vec!["PING".into()],
+            Op::Subscribe => vec!["SUBSCRIBE".into(), format!("c{case}-chan")],
+            Op::Unsubscribe => vec!["UNSUBSCRIBE".into()],
         };
         match op {
             Op::Multi => maybe_multi = true,
