@@ -286,9 +286,7 @@ impl<R: AsyncRead + Unpin> Replies<R> {
                     None => self.parse(len)?,
                 };
                 let error = frame.is_error();
-                // Confirmations are pushes Redis delivers whatever the
-                // client's CLIENT REPLY (7.0 does, RESP2 and RESP3); a
-                // refusal is a reply like any other.
+                // Confirmations come whatever CLIENT REPLY says; errors not.
                 let muted = std::mem::replace(&mut self.mute, head.silent && error);
                 self.forward(len);
                 self.mute = muted;
