@@ -49,13 +49,8 @@ pub(super) async fn require_admin(
     let Some(token) = state.admin_token.as_ref() else {
         return error_reply(StatusCode::FORBIDDEN, DISABLED).into_response();
     };
-    let scoped = bearer(req.headers()).is_some_and(|offered| {
-        !token.matches(offered)
-            && [&state.report_token, &state.enqueue_token]
-                .into_iter()
-                .flatten()
-                .any(|t| t.matches(offered))
-    });
+    let scoped = bearer(req.headers())
+        .is_some_and(|offered| !token.matches(offered) && scoped_token(&state, offered));
     if scoped {
         tracing::warn!(path = %req.uri().path(), "refused an HTTP request: a token of another scope");
         return error_reply(
@@ -144,17 +139,21 @@ async fn require_scope(state: &AppState, scope: Scope<'_>, req: Request, next: N
     if admin || (scoped && scope.covers) {
         return pass(req, next).await;
     }
-    let known = scoped
-        || [&state.report_token, &state.enqueue_token]
-            .into_iter()
-            .flatten()
-            .any(|t| t.matches(offered));
+    let known = scoped || scoped_token(state, offered);
     if known {
         tracing::warn!(path = %req.uri().path(), "refused an HTTP request: a token of another scope");
         let line = format!("this token may not {}", scope.what);
         return error_reply(StatusCode::FORBIDDEN, &line).into_response();
     }
     refuse(&req, "wrong bearer token")
+}
+
+/// Whether `offered` is the report or the enqueue token.
+fn scoped_token(state: &AppState, offered: &[u8]) -> bool {
+    [&state.report_token, &state.enqueue_token]
+        .into_iter()
+        .flatten()
+        .any(|t| t.matches(offered))
 }
 
 /// Lets `req` through with its [`Caller`].

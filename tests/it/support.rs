@@ -354,9 +354,19 @@ pub fn matrix_python(cell: &str) -> std::path::PathBuf {
 /// `qbridge run --database-url URL --config CFG` as a child process (killed
 /// if the test ends first).
 pub fn spawn_run(database_url: &str, config: &std::path::Path) -> tokio::process::Child {
+    spawn_run_with(database_url, config, &[])
+}
+
+/// [`spawn_run`] with `extra` arguments after the config.
+pub fn spawn_run_with(
+    database_url: &str,
+    config: &std::path::Path,
+    extra: &[&str],
+) -> tokio::process::Child {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
         .args(["run", "--database-url", database_url, "--config"])
         .arg(config)
+        .args(extra)
         .kill_on_drop(true)
         .spawn()
         .unwrap()

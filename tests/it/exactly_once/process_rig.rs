@@ -43,13 +43,11 @@ impl ProcessRig {
         )
         .unwrap();
         // Its HTTP listener on any free port: these tests run side by side.
-        let process = tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
-            .args(["run", "--database-url", &pg.url(), "--config"])
-            .arg(dir.path().join("qbridge.toml"))
-            .args(["--http-listen", "127.0.0.1:0"])
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let process = support::spawn_run_with(
+            &pg.url(),
+            &dir.path().join("qbridge.toml"),
+            &["--http-listen", "127.0.0.1:0"],
+        );
         let proxy = ::redis::Client::open(format!("redis://127.0.0.1:{port}/0")).unwrap();
         let producer = loop {
             match proxy.get_multiplexed_async_connection().await {
