@@ -3,7 +3,8 @@
 //! before the consumers start (a restarted worker gets its last run's
 //! records into Postgres first), and a replay every few seconds while the
 //! process lives (a sibling on the same host that died is recovered
-//! without waiting for its restart).
+//! without waiting for its restart). What repair reads first is
+//! `shadow::spool::bring_in`.
 
 use std::time::Duration;
 
@@ -40,39 +41,4 @@ pub async fn open(cfg: &Config, db: &PgPool, intake: &CancellationToken) -> Resu
         }
     });
     Ok(opened)
-}
-
-/// What [`bring_in`] read and did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BroughtIn {
-    /// The folder read.
-    pub folder: std::path::PathBuf,
-    /// Whether it exists (no consumer ever ran here with this `state_dir`).
-    pub found: bool,
-    /// Records inserted.
-    pub inserted: u64,
-}
-
-/// Puts every spooled outcome on this host into Postgres (for repair,
-/// before it judges what Redis lost): replays the runs that are gone, and
-/// copies the records of live ones (which may still wait for their
-/// writer's next try after an outage). Refuses when a stopped run could
-/// not be replayed: repair would judge on part of the evidence.
-pub async fn bring_in(state_dir: &std::path::Path, db: &PgPool) -> Result<BroughtIn> {
-    let folder = spool::folder(state_dir, db).await?;
-    let found = folder.is_dir();
-    let gone = spool::replay(&folder, db).await?;
-    if gone.failed > 0 {
-        return Err(crate::error::Error::Config(format!(
-            "{} stopped consumer run(s) in {} could not be replayed (see the log); repair would judge without their outcomes",
-            gone.failed,
-            folder.display()
-        )));
-    }
-    let live = spool::copy_live(&folder, db).await?;
-    Ok(BroughtIn {
-        folder,
-        found,
-        inserted: gone.inserted + live.inserted,
-    })
 }

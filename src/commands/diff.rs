@@ -23,7 +23,7 @@ pub async fn run(config: &Config, args: &DiffArgs, as_json: bool) -> Result<()> 
     if args.repair {
         // Outcomes a stopped consumer synced to this host's spool are
         // evidence that its jobs ran: into Postgres before repair judges.
-        let brought = crate::app::outcome_spool::bring_in(&config.state_dir, &db).await?;
+        let brought = crate::shadow::spool::bring_in(&config.state_dir, &db).await?;
         match (brought.found, brought.inserted) {
             (false, _) => eprintln!(
                 "no consumer outcome spool at {} (state_dir): run repair where the consumers run, with their state_dir",

@@ -10,7 +10,8 @@
 //! - `POST /v1/routes/{route}/percent` `{"percent", "reason", "by"}`
 //! - `POST /v1/routes/{route}/repair` `{"since", "assume_lost": [keys],
 //!   "assume_lost_before", "reason"}`: the diff and its repair (an
-//!   assumption is the operator's audited decision, as in the CLI).
+//!   assumption is the operator's audited decision, as in the CLI); the
+//!   outcome spools on this host are brought in first, as the CLI does.
 //! - `POST /v1/dlq/requeue` `{"ids", "queue", "error", "all", "rate"}`
 //!
 //! Phase changes are the same compare-and-swap with the same audit row as
@@ -303,6 +304,9 @@ pub(super) async fn repair(
         Some(text) => Some(crate::ops::window::parse_since(text).map_err(|e| bad(&e.to_string()))?),
         None => None,
     };
+    let brought_in = super::bring_in_spools(&state)
+        .await
+        .map_err(service_error)?;
     let (diff, report) = repair::diff_and_repair(
         &state.db,
         &mut redis,
@@ -314,10 +318,10 @@ pub(super) async fn repair(
     )
     .await
     .map_err(service_error)?;
-    tracing::info!(route = %route.name, by = %caller.0, mirrored = report.mirrored, repushed = report.repushed, not_judged = report.not_judged, read_while_moving = report.read_while_moving, "repair over HTTP");
+    tracing::info!(route = %route.name, by = %caller.0, brought_in, mirrored = report.mirrored, repushed = report.repushed, not_judged = report.not_judged, read_while_moving = report.read_while_moving, "repair over HTTP");
     Ok((
         StatusCode::OK,
-        Json(json!({ "diff": diff, "repair": report })),
+        Json(json!({ "diff": diff, "repair": report, "spooled_outcomes_brought_in": brought_in })),
     ))
 }
 

@@ -70,6 +70,10 @@ pub struct AppState {
     pub console: ui::Console,
     /// How Postgres is reached and workers woken, for `/readyz`.
     pub database_mode: String,
+    /// Where this host's consumers keep their outcome spools (`state_dir`):
+    /// repair brings them in before it judges; `None` for a state with no
+    /// config.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl AppState {
@@ -89,6 +93,7 @@ impl AppState {
             enqueue_queues: cfg.http.enqueue_queues.clone(),
             console: ui::Console::default(),
             database_mode: database_mode(cfg),
+            state_dir: Some(cfg.state_dir.clone()),
         }
     }
 
@@ -107,7 +112,20 @@ impl AppState {
             enqueue_queues: Vec::new(),
             console: ui::Console::default(),
             database_mode: "pooler none; wake-ups LISTEN".into(),
+            state_dir: None,
         }
+    }
+}
+
+/// Every outcome spooled on this host into Postgres before a repair judges
+/// (the admin API's and the console's, as `qbridge diff --repair` does):
+/// how many records came in.
+pub(crate) async fn bring_in_spools(state: &AppState) -> crate::error::Result<u64> {
+    match &state.state_dir {
+        Some(dir) => Ok(crate::shadow::spool::bring_in(dir, &state.db)
+            .await?
+            .inserted),
+        None => Ok(0),
     }
 }
 

@@ -32,8 +32,10 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
 
+mod bring_in;
 mod replay;
 
+pub use bring_in::{bring_in, BroughtIn};
 pub use replay::{copy_live, replay, Replayed};
 
 /// Records per segment before the next one starts.

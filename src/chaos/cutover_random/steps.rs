@@ -316,7 +316,7 @@ async fn repair_once(
     let route = &h.route;
     // As `qbridge diff --repair` does: outcomes a killed worker synced to
     // its spool are on record before repair judges.
-    crate::app::outcome_spool::bring_in(&rig.state_dir(), &rig.operator).await?;
+    crate::shadow::spool::bring_in(&rig.state_dir(), &rig.operator).await?;
     let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
     let state = operate::state_of(&rig.operator, route, BY).await?;
     let since = chrono::Utc::now() - chrono::Duration::hours(1);

@@ -186,6 +186,10 @@ pub(super) async fn repair(
             Err("there is no Redis side to repair".into()),
         ));
     };
+    let brought_in = match crate::http::bring_in_spools(&state).await {
+        Ok(n) => n,
+        Err(e) => return Ok(back(&route.name, Err(format!("repair refused: {e}")))),
+    };
     let result = match repair::diff_and_repair(
         &state.db,
         &mut redis,
@@ -201,7 +205,7 @@ pub(super) async fn repair(
             // The operator's reason goes into the log with the counts; a
             // repair on evidence writes no audit row (only assumptions do,
             // and those stay the CLI's).
-            tracing::info!(route = %route.name, by = %session.who, reason = %reason, mirrored = report.mirrored, repushed = report.repushed, unaccounted = report.unaccounted, not_judged = report.not_judged, read_while_moving = report.read_while_moving, "repair from the console");
+            tracing::info!(route = %route.name, by = %session.who, reason = %reason, brought_in, mirrored = report.mirrored, repushed = report.repushed, unaccounted = report.unaccounted, not_judged = report.not_judged, read_while_moving = report.read_while_moving, "repair from the console");
             let busy = if report.not_judged > 0 || report.read_while_moving {
                 format!(
                     "; {} not judged, Redis kept changing while it was read: repair again when its consumers are quieter",

@@ -43,6 +43,65 @@ diff = {{ settle = "0s" }}
 
 #[tokio::test]
 async fn a_job_acked_while_postgres_was_away_is_not_pushed_back_after_its_process_and_redis_die() {
+    let rig = acked_then_process_and_redis_died().await;
+    let report = rig.repair(ROUTE).await;
+    assert_ran_once(&rig, &report).await;
+}
+
+/// The same, repaired through the admin API of another process on the same
+/// host (one that runs no consumer, so nothing replays the spool at its
+/// start): the API's repair brings in the host's spools as the CLI's does.
+#[tokio::test]
+async fn repair_over_the_admin_api_brings_in_the_spools_of_its_host() {
+    let rig = acked_then_process_and_redis_died().await;
+    let port = crate::servers::free_port();
+    let admin_cfg = rig.dir.path().join("admin.toml");
+    let without_consumer = std::fs::read_to_string(rig.dir.path().join("qbridge.toml"))
+        .unwrap()
+        .replace("enabled = true", "enabled = false")
+        .lines()
+        .filter(|l| !l.starts_with("redis_consumer"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&admin_cfg, without_consumer).unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let mut admin = tokio::process::Command::new(env!("CARGO_BIN_EXE_qbridge"))
+        .args(["run", "--database-url", &rig.pg.url(), "--config"])
+        .arg(&admin_cfg)
+        .args(["--http-listen", &listen])
+        .env("QBRIDGE_ADMIN_TOKEN", "spool-admin-token")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let url = format!("http://{listen}/v1/routes/{ROUTE}/repair");
+    // Until the new process listens (a connection refused is its start).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let reply = loop {
+        let sent = client
+            .post(&url)
+            .bearer_auth("spool-admin-token")
+            .json(&serde_json::json!({}))
+            .send()
+            .await;
+        match sent {
+            Ok(reply) => break reply,
+            Err(e) if std::time::Instant::now() < deadline && e.is_connect() => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => panic!("the admin API's repair: {e}"),
+        }
+    };
+    let status = reply.status();
+    let report: serde_json::Value = reply.json().await.unwrap();
+    assert!(status.is_success(), "{status}: {report}");
+    assert_ran_once(&rig, &report).await;
+    let _ = support::sigterm_and_wait(&mut admin).await;
+}
+
+/// The job ran and was acked while Postgres was away; then its process was
+/// SIGKILLed and Redis restarted without persistence.
+async fn acked_then_process_and_redis_died() -> ProcessRig {
     let mut rig = ProcessRig::start(config).await;
     rig.push(LIST, r#"{"id":"k1"}"#).await;
     support::wait_for_count(
@@ -79,8 +138,12 @@ async fn a_job_acked_while_postgres_was_away_is_not_pushed_back_after_its_proces
     rig.redis.kill();
     rig.redis.resume();
     rig.pg.resume();
+    rig
+}
 
-    let report = rig.repair(ROUTE).await;
+/// Nothing was pushed back and nothing waits: the job ran once and its run
+/// is on record once; the spool files are gone.
+async fn assert_ran_once(rig: &ProcessRig, report: &serde_json::Value) {
     assert_eq!(
         report["repair"]["repushed"], 0,
         "the job that ran was pushed back: {report}"
