@@ -334,12 +334,13 @@ pub const REDIS_ATTEMPT_UNFINISHED: &str =
     "Redis item run again: its attempt did not finish (consumer killed or ack lost)";
 
 /// The reason a Redis job may run twice as two items: its first run's
-/// outcome was not on record when the second ran, a Redis restart erased
-/// its item, and repair, finding no trace that it ran, pushed it back. The
-/// first run was still going (a live consumer's item goes with Redis; the
-/// consumer does not record what it runs in the new Redis), or its
-/// consumer was killed between the handler's end and the outcome's sync.
-/// At least once under a crash: nothing on record said that run had ended.
+/// outcome was not on record when the second ran. Its consumer was killed
+/// between the handler's end and the outcome's sync (at least once under a
+/// crash: nothing on record said that run had ended), or a client's retry
+/// reached Redis after it lost its ran set while Postgres did not answer.
+/// (A run still going when Redis restarted is written back into the new
+/// server by the consumer's keeper; the walk cannot yet tell that case
+/// apart from these by the record's time, so it is counted here too.)
 pub const REDIS_RUN_UNRECORDED: &str =
     "Redis job run again as a second item: its first run was not on record yet (still running, or its consumer killed before the sync)";
 

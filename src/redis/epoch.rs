@@ -47,6 +47,42 @@ use crate::routes::Route;
 /// the window in which a push and a quick restart can leave no evidence.
 pub const OBSERVE_EVERY: Duration = Duration::from_secs(1);
 
+/// How long after a Redis server starts the diff and repair wait before they
+/// read it: qbridge's consumers write the items they are running back into
+/// a server that lost them within a beat or two (the slot's keeper in
+/// `redis/consumer/slot`); read sooner, such an item looks lost and would
+/// be pushed back while its handler still runs.
+pub const SETTLE_AFTER_START: Duration = Duration::from_secs(5);
+
+/// Waits until the server has been up for [`SETTLE_AFTER_START`] when it
+/// replaced another one the route was seen with (a first server has lost
+/// nothing: no wait), at once for one up longer.
+pub async fn wait_until_settled(
+    conn: &mut ConnectionManager,
+    db: &PgPool,
+    route: &Route,
+) -> Result<()> {
+    loop {
+        let info: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
+        let uptime = info_field(&info, "uptime_in_seconds").and_then(|v| v.parse::<u64>().ok());
+        let Some(up) = uptime.filter(|up| *up < SETTLE_AFTER_START.as_secs()) else {
+            return Ok(());
+        };
+        let replaced: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM qbridge.redis_epochs WHERE route = $1 AND run_id <> $2)",
+        )
+        .bind(&route.name)
+        .bind(run_id_of(&info).unwrap_or_default())
+        .fetch_one(db)
+        .await?;
+        if !replaced {
+            return Ok(());
+        }
+        // Whole seconds, rounded down: looked at again after the rest.
+        tokio::time::sleep(SETTLE_AFTER_START - Duration::from_secs(up)).await;
+    }
+}
+
 /// One observation of a route's Redis.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Epoch {

@@ -20,6 +20,7 @@ mod promotion;
 mod pushback_race;
 mod repush_markers;
 mod restart_evidence;
+mod running_at_restart;
 mod spooled_outcome;
 
 use std::net::SocketAddr;

@@ -16,6 +16,7 @@ use super::postgres_owns::{claim, owner, Claim, Owner};
 use super::{ConsumerReport, Ctx};
 
 mod finish;
+mod keeper;
 mod skip;
 use crate::config::PushEnd;
 use crate::handler::HandlerResult;
@@ -58,6 +59,8 @@ pub(super) struct Slot {
     /// item of another of its lists waits for: handled next, or the slot
     /// would wait on itself.
     holder_next: Option<usize>,
+    /// The item whose ack is not confirmed (see [`finish::Unacked`]).
+    unacked: Option<finish::Unacked>,
     pub(super) report: ConsumerReport,
 }
 
@@ -76,6 +79,7 @@ impl Slot {
             check_own: true,
             starting: true,
             holder_next: None,
+            unacked: None,
             report,
         }
     }
@@ -280,6 +284,15 @@ impl Slot {
                 _ = tokio::time::sleep(self.ctx.opts.reconnect_delay) => return Ok(Step::Idle),
             }
         };
+        if let Some(done) = self
+            .unacked
+            .take_if(|u| u.processing == processing && u.key == key)
+        {
+            // It ran and its outcome is recorded; only the ack was lost.
+            self.finish(conn, done.dead, &processing, &inflight, &decoded, &key)
+                .await?;
+            return Ok(Step::Handled);
+        }
         let claim = claim(
             conn,
             (&ctx.claim, &ctx.route_keys),
@@ -378,7 +391,7 @@ impl Slot {
                     attempt - 1,
                 )
                 .await;
-                self.finish(conn, &ctx.dead, &processing, &inflight, &decoded, &key)
+                self.finish(conn, true, &processing, &inflight, &decoded, &key)
                     .await?;
                 return Ok(Step::Handled);
             }
@@ -389,8 +402,16 @@ impl Slot {
                 token.cancelled().await;
                 tokio::time::sleep(ctx.opts.drain).await;
             };
+            let running = keeper::Running {
+                processing: &processing,
+                inflight: &inflight,
+                item: &decoded.original,
+                key: &key,
+                attempt,
+            };
             let run = tokio::select! {
                 run = ctx.handler.run_recorded(&job, Mode::Live, &ctx.route.digester) => run,
+                never = keeper::keep(&ctx, server.as_deref(), running) => match never {},
                 () = drain => {
                     tracing::info!(route = %ctx.route.name, slot = list, key = %key_hash(&key),
                         "redis consumer: shutdown deadline passed; the item stays in its processing list");
@@ -408,7 +429,7 @@ impl Slot {
                 HandlerResult::Done => {
                     self.record(&key, OutcomeKind::Ok, None, digest, attempt)
                         .await;
-                    self.finish(conn, &ctx.ack, &processing, &inflight, &decoded, &key)
+                    self.finish(conn, false, &processing, &inflight, &decoded, &key)
                         .await?;
                     return Ok(Step::Handled);
                 }
@@ -423,7 +444,7 @@ impl Slot {
                 HandlerResult::Retry(_) | HandlerResult::Permanent(_) => {
                     self.record(&key, OutcomeKind::Dead, run.error_class, digest, attempt)
                         .await;
-                    self.finish(conn, &ctx.dead, &processing, &inflight, &decoded, &key)
+                    self.finish(conn, true, &processing, &inflight, &decoded, &key)
                         .await?;
                     tracing::info!(route = %ctx.route.name, key = %key_hash(&key), attempt,
                         class = run.error_class.unwrap_or("other"), "redis consumer: item moved to the dead list");

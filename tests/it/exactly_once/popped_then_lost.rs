@@ -48,8 +48,16 @@ diff = {{ settle = "0s" }}
 async fn an_identical_item_popped_just_before_redis_restarted_is_pushed_back() {
     let mut rig = ProcessRig::start(config).await;
     rig.push(LIST, TEXT).await;
-    // The pop is numbered once the mirror copy is written; the process and
-    // Redis die at once after it, well inside Redis's uptime second.
+    // The mirror copy is written and the pop numbered (either may come
+    // first: the mirror writer batches); the process and Redis die at once
+    // after both, well inside Redis's uptime second.
+    support::wait_for_count(
+        &rig.db,
+        "the mirror copy",
+        "SELECT count(*) FROM qbridge.job_keys",
+        1,
+    )
+    .await;
     let db = rig.db.clone();
     support::wait_for("the numbered pop", Duration::from_secs(20), || async {
         let pops: i64 = sqlx::query_scalar(

@@ -12,18 +12,34 @@ use crate::model::formats::Decoded;
 use crate::redis::keys::RAN_RETENTION_MS;
 use crate::shadow::{Mode, Outcome, OutcomeKind, Side};
 
+/// An item whose outcome is recorded and whose ack or dead script Redis
+/// has not confirmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Unacked {
+    pub processing: String,
+    pub key: String,
+    /// Dead rather than acked.
+    pub dead: bool,
+}
+
 impl Slot {
-    /// Runs the ack or dead script on the item.
+    /// Runs the ack script on the item, or the dead script when `dead`. Until Redis confirms it the
+    /// slot remembers the item as [`Unacked`]: when the connection broke
+    /// (Redis restarted while the handler ran and the keeper wrote the item
+    /// into the new server) the item is found again in its list and only
+    /// finished, not run again.
     pub(super) async fn finish(
-        &self,
+        &mut self,
         conn: &mut MultiplexedConnection,
-        script: &::redis::Script,
+        dead: bool,
         processing: &str,
         inflight: &str,
         decoded: &Decoded,
         key: &str,
     ) -> RedisResult<()> {
         let now = chrono::Utc::now().timestamp_millis();
+        let ctx = std::sync::Arc::clone(&self.ctx);
+        let script = if dead { &ctx.dead } else { &ctx.ack };
         let mut call = script.key(processing);
         call.key(inflight)
             .key(self.ctx.route_keys.dead())
@@ -33,7 +49,13 @@ impl Slot {
             .arg(key)
             .arg(now)
             .arg(now - RAN_RETENTION_MS);
+        self.unacked = Some(Unacked {
+            processing: processing.to_string(),
+            key: key.to_string(),
+            dead,
+        });
         let removed: i64 = call.invoke_async(conn).await?;
+        self.unacked = None;
         if removed == 0 {
             // Someone removed it by hand; nothing to undo.
             tracing::warn!(route = %self.ctx.route.name, slot = self.index,
