@@ -308,12 +308,14 @@ fn start_route_maintenance(
         },
     );
     services.every(
-        "live-key guard",
+        "live-key guard and ran set",
         crate::redis::live_guard::PUBLISH_EVERY,
         Start::Now,
         state.clone(),
         |(db, mut conn, routes)| async move {
             crate::redis::live_guard::publish_once(&db, &mut conn, &routes).await;
+            // Both are written again from Postgres when Redis lost its data.
+            crate::redis::ran_refill::refill_once(&db, &mut conn, &routes).await;
         },
     );
     services.every(

@@ -135,6 +135,7 @@ pub async fn archive_and_delete(
         keys.epoch(),
         keys.live(),
         keys.live_through(),
+        keys.ran_through(),
     ];
     doomed.extend(scan(redis, &keys.any_inflight()).await?);
     doomed.extend(scan(redis, &keys.any_repushed()).await?);

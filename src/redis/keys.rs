@@ -24,6 +24,7 @@
 //! | `qbridge:epoch:<route>` | string | the epoch observer | the epoch observer (gone = Redis lost its data) |
 //! | `qbridge:live:<route>` | sorted set | the live-key guard's publisher | the fleets' adapters, the consumer |
 //! | `qbridge:live-through:<route>` | string | the live-key guard's publisher | the publisher, the consumer |
+//! | `qbridge:ran-through:<route>` | string | the ran set's refill | the refill, the consumer |
 //!
 //! Route and consumer names are held to `A-Z a-z 0-9 _ . -` by the config
 //! (no `:`, no glob characters), so one route's keys never match another's
@@ -87,6 +88,14 @@ impl RouteKeys {
     /// whole set again.
     pub fn live_through(&self) -> String {
         format!("{PREFIX}live-through:{}", self.route)
+    }
+
+    /// `qbridge:ran-through:<route>`: set once [`RouteKeys::ran`] holds every
+    /// Redis-side run Postgres has on record within [`RAN_RETENTION_MS`]
+    /// (the ran set written again after Redis lost its data); gone with the
+    /// set when Redis loses its data again.
+    pub fn ran_through(&self) -> String {
+        format!("{PREFIX}ran-through:{}", self.route)
     }
 
     /// `qbridge:ran:<route>`: a sorted set of the job keys qbridge's Redis

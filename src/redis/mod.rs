@@ -13,6 +13,7 @@ pub mod keys;
 pub mod live_guard;
 pub mod outbox;
 pub mod producer;
+pub mod ran_refill;
 pub mod route_stats;
 pub mod rq_jobs;
 pub mod sentinel;

@@ -18,6 +18,7 @@ mod popped_then_lost;
 mod process_rig;
 mod promotion;
 mod pushback_race;
+mod ran_set_refilled;
 mod repush_markers;
 mod restart_evidence;
 mod running_at_restart;

@@ -17,10 +17,13 @@
 //!
 //! The consumer asks the guard first (one round trip to the Redis it pops
 //! from), then Postgres. When Postgres does not answer, a guard that is
-//! current (its watermark is there) answers alone: while Postgres is down
-//! no key can become live, so the guard holds every live key but those of
-//! its last second. When neither can say, the item is not run yet: it
-//! stays in its processing list and is asked about again.
+//! current (its watermark is there) answers alone for "live": while
+//! Postgres is down no key can become live, so the guard holds every live
+//! key but those of its last second; and the ran set (asked in the claim
+//! before) answers alone for "ran" only when it is whole (its marker is
+//! there: `redis::ran_refill` wrote it again after Redis lost it). When
+//! they cannot say, the item is not run yet: it stays in its processing
+//! list and is asked about again.
 //!
 //! Only id keys are asked: content-hash keys of Redis pops are numbered
 //! apart from live copies (`:pg<n>`), so they can never name one.
@@ -94,10 +97,30 @@ pub async fn owner(
         Err(_) => "Postgres timed out".into(),
     };
     match guard {
-        Ok(Guard::Absent) => Owner::NotPostgres,
+        // The guard knows live keys, not runs: the ran set (asked before,
+        // in the claim) answers "not run" alone only once it is whole again.
+        Ok(Guard::Absent) => match ran_set_whole(conn, keys).await {
+            Ok(true) => Owner::NotPostgres,
+            Ok(false) => Owner::Unknown(format!(
+                "{why}; the ran set is not written again yet since Redis lost its data"
+            )),
+            Err(e) => Owner::Unknown(format!("{why}; the ran set's marker: {e}")),
+        },
         Ok(_) => Owner::Unknown(format!("{why}; the live-key guard is not written yet")),
         Err(e) => Owner::Unknown(format!("{why}; the live-key guard: {e}")),
     }
+}
+
+/// Whether the route's ran set holds every run on record (its marker,
+/// `redis::ran_refill`).
+async fn ran_set_whole(
+    conn: &mut MultiplexedConnection,
+    keys: &RouteKeys,
+) -> redis::RedisResult<bool> {
+    redis::cmd("EXISTS")
+        .arg(keys.ran_through())
+        .query_async(conn)
+        .await
 }
 
 /// [`OWNER_SQL`], asked again (within the caller's timeout) when it fails:

@@ -270,7 +270,8 @@ async fn with_postgres_away_an_item_runs_only_when_the_live_key_guard_can_tell()
     // consumer used to run the item after the timeout: a re-push of a job
     // Postgres runs would run twice. Now the live-key guard answers: a key
     // in it is dropped unrun; a key not in a guard that is current (its
-    // watermark is there) runs; with no guard written the item waits.
+    // watermark is there) runs once the ran set is whole too (its marker);
+    // with either missing the item waits.
     let fx = Fixture::new(
         "json:/id",
         Phase::Shadow,
@@ -297,8 +298,18 @@ async fn with_postgres_away_an_item_runs_only_when_the_live_key_guard_can_tell()
     let held: Vec<String> = redis().await.lrange(fx.processing(0), 0, -1).await.unwrap();
     assert_eq!(held, vec![r#"{"id":"k-new"}"#.to_string()]);
 
-    // The guard becomes current: k-new is not in it, so it runs.
+    // The guard becomes current, but the ran set is not known whole (as
+    // after Redis lost its data and before a process wrote it again): not
+    // live is not "not run", and k-new still waits.
     let _: () = redis().await.set(keys.live_through(), 1).await.unwrap();
+    let consumer = fx.consumer(&away, super::REDIS).await.expect("consumer");
+    let running = Running::start(consumer);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let report = running.stop().await;
+    assert_eq!(report.ok, 0, "ran on the guard alone: {report:?}");
+
+    // The ran set is whole again too: k-new is in neither, so it runs.
+    let _: () = redis().await.set(keys.ran_through(), 1).await.unwrap();
     let consumer = fx.consumer(&away, super::REDIS).await.expect("consumer");
     let running = Running::start(consumer);
     wait_for("k-new ran", Duration::from_secs(10), || async {
@@ -314,7 +325,7 @@ async fn with_postgres_away_an_item_runs_only_when_the_live_key_guard_can_tell()
     assert_eq!(report.ok, 1, "{report:?}");
     let _: i64 = redis()
         .await
-        .del(&[keys.live(), keys.live_through()])
+        .del(&[keys.live(), keys.live_through(), keys.ran_through()])
         .await
         .unwrap();
     fx.cleanup().await;
