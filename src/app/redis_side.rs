@@ -308,13 +308,21 @@ fn start_route_maintenance(
         },
     );
     services.every(
-        "live-key guard and ran set",
+        "live-key guard",
         crate::redis::live_guard::PUBLISH_EVERY,
         Start::Now,
         state.clone(),
         |(db, mut conn, routes)| async move {
             crate::redis::live_guard::publish_once(&db, &mut conn, &routes).await;
-            // Both are written again from Postgres when Redis lost its data.
+        },
+    );
+    // Its own service: a refill of days of runs must not hold up the guard.
+    services.every(
+        "ran set refill",
+        crate::redis::live_guard::PUBLISH_EVERY,
+        Start::Now,
+        state.clone(),
+        |(db, mut conn, routes)| async move {
             crate::redis::ran_refill::refill_once(&db, &mut conn, &routes).await;
         },
     );

@@ -304,9 +304,10 @@ pub(super) async fn repair(
         Some(text) => Some(crate::ops::window::parse_since(text).map_err(|e| bad(&e.to_string()))?),
         None => None,
     };
-    let brought_in = super::bring_in_spools(&state)
+    let spools = super::bring_in_spools(&state)
         .await
         .map_err(service_error)?;
+    let brought_in = spools.as_ref().map_or(0, |b| b.inserted);
     let (diff, report) = repair::diff_and_repair(
         &state.db,
         &mut redis,
@@ -321,7 +322,16 @@ pub(super) async fn repair(
     tracing::info!(route = %route.name, by = %caller.0, brought_in, mirrored = report.mirrored, repushed = report.repushed, not_judged = report.not_judged, read_while_moving = report.read_while_moving, "repair over HTTP");
     Ok((
         StatusCode::OK,
-        Json(json!({ "diff": diff, "repair": report, "spooled_outcomes_brought_in": brought_in })),
+        Json(json!({
+            "diff": diff,
+            "repair": report,
+            // A wrong or empty state_dir shows as a folder not found.
+            "spools": spools.map(|b| json!({
+                "folder": b.folder.display().to_string(),
+                "found": b.found,
+                "brought_in": b.inserted,
+            })),
+        })),
     ))
 }
 

@@ -119,13 +119,13 @@ impl AppState {
 
 /// Every outcome spooled on this host into Postgres before a repair judges
 /// (the admin API's and the console's, as `qbridge diff --repair` does):
-/// how many records came in.
-pub(crate) async fn bring_in_spools(state: &AppState) -> crate::error::Result<u64> {
+/// the folder read, whether it exists, and how many records came in.
+pub(crate) async fn bring_in_spools(
+    state: &AppState,
+) -> crate::error::Result<Option<crate::shadow::spool::BroughtIn>> {
     match &state.state_dir {
-        Some(dir) => Ok(crate::shadow::spool::bring_in(dir, &state.db)
-            .await?
-            .inserted),
-        None => Ok(0),
+        Some(dir) => Ok(Some(crate::shadow::spool::bring_in(dir, &state.db).await?)),
+        None => Ok(None),
     }
 }
 

@@ -245,12 +245,8 @@ pub async fn count_left(conn: &mut ConnectionManager, route: &Route) -> Result<(
     Ok((waiting, processing, parked))
 }
 
-/// Reads the route's lists (once its server has been up a few seconds:
-/// [`epoch::wait_until_settled`]). `db` numbers content-hash keys.
+/// Reads the route's lists. `db` numbers content-hash keys.
 pub async fn read(conn: &mut ConnectionManager, db: &PgPool, route: &Route) -> Result<RedisView> {
-    // A server that started moments ago may not yet hold the items its
-    // consumers were running when the last one went away.
-    epoch::wait_until_settled(conn, db, route).await?;
     let moves_before = moves(db, route).await?;
     let mut before = read_before(db, route).await?;
     let observed = epoch::observe(conn, db, route).await?;

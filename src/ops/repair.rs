@@ -239,7 +239,9 @@ async fn repair_alone(
     let settled = Utc::now()
         - chrono::Duration::from_std(route.config.cutover.diff.settle).unwrap_or_default();
     // Its own reading, not the diff's: what Postgres held just before it is
-    // the measure (`ONLY_POSTGRES_SQL`), and the diff's is older.
+    // the measure (`ONLY_POSTGRES_SQL`), and the diff's is older; taken once
+    // a new server has had time to get its consumers' running items back.
+    crate::redis::epoch::wait_until_settled(redis, db, route).await?;
     let view = redis_view::read(redis, db, route).await?;
     // See `readings`: only what two readings a moment apart both miss is
     // considered (the demo drill caught a running job pushed back without

@@ -47,9 +47,9 @@ use crate::routes::Route;
 /// the window in which a push and a quick restart can leave no evidence.
 pub const OBSERVE_EVERY: Duration = Duration::from_secs(1);
 
-/// How long after a Redis server starts the diff and repair wait before they
-/// read it: qbridge's consumers write the items they are running back into
-/// a server that lost them within a beat or two (the slot's keeper in
+/// How long after a Redis server starts repair waits before it reads it:
+/// qbridge's consumers write the items they are running back into a server
+/// that lost them within a beat or two (the slot's keeper in
 /// `redis/consumer/slot`); read sooner, such an item looks lost and would
 /// be pushed back while its handler still runs.
 pub const SETTLE_AFTER_START: Duration = Duration::from_secs(5);

@@ -12,7 +12,7 @@
 //! | `qbridge:inflight:<route>:<consumer>:<n>` | hash | the consumer | the consumer, the diff, decommission |
 //! | `qbridge:consumer:<route>:<consumer>` | hash (TTL) | the consumer (its heartbeat) | decommission |
 //! | `qbridge:dead:<route>` | list | the consumer | decommission |
-//! | `qbridge:ran:<route>` | sorted set | the consumer (ack, dead) | the consumer, the diff, repair, decommission |
+//! | `qbridge:ran:<route>` | sorted set | the consumer (ack, dead), the ran set's refill | the consumer, the diff, repair, decommission |
 //! | `qbridge:running:<route>` | hash | the consumer (its claims) | the consumer |
 //! | `qbridge:repushed:<route>:<job key>` | string (TTL) | repair | repair, decommission |
 //! | `qbridge:repushed:<route>:<job key>#<µs>` | string (TTL) | repair (an identical copy) | repair, decommission |
@@ -90,10 +90,10 @@ impl RouteKeys {
         format!("{PREFIX}live-through:{}", self.route)
     }
 
-    /// `qbridge:ran-through:<route>`: set once [`RouteKeys::ran`] holds every
-    /// Redis-side run Postgres has on record within [`RAN_RETENTION_MS`]
-    /// (the ran set written again after Redis lost its data); gone with the
-    /// set when Redis loses its data again.
+    /// `qbridge:ran-through:<route>`: the `run_id` of the server on which
+    /// [`RouteKeys::ran`] was last written whole from the Redis-side runs
+    /// Postgres has on record within [`RAN_RETENTION_MS`]; a set is trusted
+    /// alone only on that server.
     pub fn ran_through(&self) -> String {
         format!("{PREFIX}ran-through:{}", self.route)
     }

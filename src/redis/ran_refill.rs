@@ -7,14 +7,20 @@
 //! asks Postgres whether the key ran. When Postgres does not answer either,
 //! only a ran set known to be whole may answer alone.
 //!
-//! So every process with a Redis side, once a second, looks for the marker
-//! `qbridge:ran-through:<route>`; when it is missing (first start, or Redis
-//! lost its data) it writes every Redis-side run Postgres has on record
-//! within the set's retention into the set, then sets the marker — only if
-//! the route's epoch marker is still the one it read first, so a restart
-//! in the middle never marks an empty set whole. The consumer, with
-//! Postgres silent and no marker, leaves the item waiting
-//! (`redis/consumer/postgres_owns.rs`).
+//! So every process with a Redis side, once a second, reads the marker
+//! `qbridge:ran-through:<route>` of each route qbridge's consumer runs:
+//! the `run_id` of the server the set was last written whole on. When it
+//! is missing or names another server (first start, a restart, a flush, a
+//! failover: a restart that kept part of the data or a replica that lagged
+//! lost acks too) it writes every Redis-side run Postgres has on record
+//! within the set's retention into the set, then sets the marker to the
+//! `run_id` it read first — only if the route's epoch marker is still the
+//! one it read first, so a restart in the middle never marks an empty set
+//! whole. The consumer, with Postgres silent, trusts the set alone only
+//! when the marker names the server it pops from; else the item waits
+//! (`redis/consumer/postgres_owns.rs`). A server that denies INFO has no
+//! `run_id` to name: its set is never marked, and its items wait while
+//! Postgres is silent.
 //!
 //! What it cannot see: an outcome that reaches Postgres after the refill
 //! for a run acknowledged to the server that was lost (its writer was
@@ -43,31 +49,40 @@ SELECT key, (extract(epoch FROM recorded_at) * 1000)::int8 AS at_ms, recorded_at
  LIMIT $4
 "#;
 
-/// Sets the marker only while the epoch marker is the one the refill began
-/// with. KEYS: epoch marker, ran-through. ARGV: epoch marker value, now (ms).
+/// Trims what the retention no longer keeps (as the ack does) and sets the
+/// marker, only while the epoch marker is the one the refill began with.
+/// KEYS: epoch marker, ran-through, ran. ARGV: epoch marker value, the
+/// server's run_id, the oldest score kept (ms).
 const MARK_LUA: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[3])
 redis.call('SET', KEYS[2], ARGV[2])
 return 1
 "#;
 
-/// Writes `route`'s ran set again when its marker is missing. Returns the
-/// keys written, or `None` when the set was whole already (or the epoch
-/// marker is not set yet: the epoch observer sets it within a second).
+/// Writes `route`'s ran set again when its marker does not name the
+/// current server. Returns the keys written, or `None` when the set was
+/// whole already (or the server cannot be named, or the epoch marker is
+/// not set yet: the epoch observer sets it within a second).
 pub async fn refill_route(
     db: &PgPool,
     conn: &mut ConnectionManager,
     route: &Route,
 ) -> Result<Option<u64>> {
     let keys = RouteKeys::of(route);
-    let (through, epoch): (Option<String>, Option<String>) = redis::pipe()
+    let (info, through, epoch): (String, Option<String>, Option<String>) = redis::pipe()
+        .cmd("INFO")
+        .arg("server")
         .cmd("GET")
         .arg(keys.ran_through())
         .cmd("GET")
         .arg(keys.epoch())
         .query_async(conn)
         .await?;
-    let (None, Some(epoch)) = (through, epoch) else {
+    let Some(server) = crate::redis::epoch::run_id_of(&info) else {
+        return Ok(None);
+    };
+    let (Some(epoch), false) = (epoch, through.as_deref() == Some(server)) else {
         return Ok(None);
     };
     let now: chrono::DateTime<chrono::Utc> =
@@ -100,18 +115,23 @@ pub async fn refill_route(
     let marked: i64 = redis::Script::new(MARK_LUA)
         .key(keys.epoch())
         .key(keys.ran_through())
+        .key(keys.ran())
         .arg(&epoch)
-        .arg(now.timestamp_millis())
+        .arg(server)
+        .arg(from.timestamp_millis())
         .invoke_async(conn)
         .await?;
     Ok((marked == 1).then_some(written))
 }
 
-/// One pass over every route that is not decommissioned; a route that
-/// fails is left for the next pass.
+/// One pass over every route qbridge's consumer runs that is not
+/// decommissioned (a fleet keeps its own record of what ran, and nothing
+/// trims a set no consumer acks into); a route that fails is left for the
+/// next pass.
 pub async fn refill_once(db: &PgPool, conn: &mut ConnectionManager, routes: &Routes) {
     for route in routes.iter() {
-        if routes.phase(route) == crate::model::Phase::Decommissioned {
+        let consumed = route.config.redis_consumer.is_some();
+        if !consumed || routes.phase(route) == crate::model::Phase::Decommissioned {
             continue;
         }
         match refill_route(db, conn, route).await {

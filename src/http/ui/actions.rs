@@ -187,7 +187,7 @@ pub(super) async fn repair(
         ));
     };
     let brought_in = match crate::http::bring_in_spools(&state).await {
-        Ok(n) => n,
+        Ok(b) => b.map_or(0, |b| b.inserted),
         Err(e) => return Ok(back(&route.name, Err(format!("repair refused: {e}")))),
     };
     let result = match repair::diff_and_repair(

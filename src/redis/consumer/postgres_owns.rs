@@ -20,8 +20,8 @@
 //! current (its watermark is there) answers alone for "live": while
 //! Postgres is down no key can become live, so the guard holds every live
 //! key but those of its last second; and the ran set (asked in the claim
-//! before) answers alone for "ran" only when it is whole (its marker is
-//! there: `redis::ran_refill` wrote it again after Redis lost it). When
+//! before) answers alone for "ran" only when it is whole (its marker names
+//! this server: `redis::ran_refill` wrote it again after Redis lost it). When
 //! they cannot say, the item is not run yet: it stays in its processing
 //! list and is asked about again.
 //!
@@ -74,6 +74,7 @@ pub enum Owner {
 
 /// Asks the guard, then Postgres, whether `key` (the job key of `decoded`)
 /// is live in Postgres, or ran to an end on the Redis side already.
+/// `server` is the `run_id` of the Redis `conn` talks to, when known.
 pub async fn owner(
     db: &PgPool,
     conn: &mut MultiplexedConnection,
@@ -81,6 +82,7 @@ pub async fn owner(
     queue: &str,
     decoded: &Decoded,
     key: &str,
+    server: Option<&str>,
 ) -> Owner {
     if matches!(decoded.key, KeySource::ContentHash(_)) {
         return Owner::NotPostgres;
@@ -99,7 +101,7 @@ pub async fn owner(
     match guard {
         // The guard knows live keys, not runs: the ran set (asked before,
         // in the claim) answers "not run" alone only once it is whole again.
-        Ok(Guard::Absent) => match ran_set_whole(conn, keys).await {
+        Ok(Guard::Absent) => match ran_set_whole(conn, keys, server).await {
             Ok(true) => Owner::NotPostgres,
             Ok(false) => Owner::Unknown(format!(
                 "{why}; the ran set is not written again yet since Redis lost its data"
@@ -111,16 +113,21 @@ pub async fn owner(
     }
 }
 
-/// Whether the route's ran set holds every run on record (its marker,
-/// `redis::ran_refill`).
+/// Whether the route's ran set holds every run on record: its marker
+/// (`redis::ran_refill`) names `server`, the one this connection reaches.
 async fn ran_set_whole(
     conn: &mut MultiplexedConnection,
     keys: &RouteKeys,
+    server: Option<&str>,
 ) -> redis::RedisResult<bool> {
-    redis::cmd("EXISTS")
+    let Some(server) = server else {
+        return Ok(false);
+    };
+    let marker: Option<String> = redis::cmd("GET")
         .arg(keys.ran_through())
         .query_async(conn)
-        .await
+        .await?;
+    Ok(marker.as_deref() == Some(server))
 }
 
 /// [`OWNER_SQL`], asked again (within the caller's timeout) when it fails:

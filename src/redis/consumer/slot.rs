@@ -61,6 +61,8 @@ pub(super) struct Slot {
     holder_next: Option<usize>,
     /// The item whose ack is not confirmed (see [`finish::Unacked`]).
     unacked: Option<finish::Unacked>,
+    /// The keeper's connection (see [`keeper`]), kept between items.
+    keeper_conn: Option<MultiplexedConnection>,
     pub(super) report: ConsumerReport,
 }
 
@@ -80,6 +82,7 @@ impl Slot {
             starting: true,
             holder_next: None,
             unacked: None,
+            keeper_conn: None,
             report,
         }
     }
@@ -284,10 +287,11 @@ impl Slot {
                 _ = tokio::time::sleep(self.ctx.opts.reconnect_delay) => return Ok(Step::Idle),
             }
         };
-        if let Some(done) = self
-            .unacked
-            .take_if(|u| u.processing == processing && u.key == key)
-        {
+        // Only the first item this slot handles after the failed ack may be
+        // it, found again in its own list with its bytes and key.
+        if let Some(done) = self.unacked.take().filter(|u| {
+            !fresh && u.processing == processing && u.key == key && u.item == decoded.original
+        }) {
             // It ran and its outcome is recorded; only the ack was lost.
             self.finish(conn, done.dead, &processing, &inflight, &decoded, &key)
                 .await?;
@@ -330,6 +334,7 @@ impl Slot {
                     &ctx.route.queue,
                     &decoded,
                     &key,
+                    server.as_deref(),
                 )
                 .await
             }
@@ -411,7 +416,7 @@ impl Slot {
             };
             let run = tokio::select! {
                 run = ctx.handler.run_recorded(&job, Mode::Live, &ctx.route.digester) => run,
-                never = keeper::keep(&ctx, server.as_deref(), running) => match never {},
+                never = keeper::keep(&ctx, server.as_deref(), &mut self.keeper_conn, running) => match never {},
                 () = drain => {
                     tracing::info!(route = %ctx.route.name, slot = list, key = %key_hash(&key),
                         "redis consumer: shutdown deadline passed; the item stays in its processing list");

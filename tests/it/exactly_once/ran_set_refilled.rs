@@ -79,8 +79,19 @@ async fn retry_with_postgres_silent(ran_set_gone: bool) {
         }
     })
     .await;
-    // A beat more: the same pass writes the ran set.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // And writes the ran set again, marked for this server.
+    support::wait_for("the ran set written again", Duration::from_secs(20), || {
+        let mut direct = direct.clone();
+        async move {
+            let through: Option<String> = ::redis::cmd("GET")
+                .arg(format!("qbridge:ran-through:{ROUTE}"))
+                .query_async(&mut direct)
+                .await
+                .unwrap_or(None);
+            through.is_some()
+        }
+    })
+    .await;
     rig.pg.kill();
     if ran_set_gone {
         let _: i64 = ::redis::cmd("DEL")
@@ -109,6 +120,26 @@ async fn retry_with_postgres_silent(ran_set_gone: bool) {
         }
     })
     .await;
+    if !ran_set_gone {
+        // The set written again answers alone: the retry is dropped as run,
+        // with Postgres still away.
+        support::wait_for(
+            "the retry dropped by the ran set",
+            Duration::from_secs(20),
+            || {
+                let mut direct = direct.clone();
+                async move {
+                    let lists: Vec<String> = ::redis::cmd("KEYS")
+                        .arg("qbridge:processing:*")
+                        .query_async(&mut direct)
+                        .await
+                        .unwrap_or_default();
+                    lists.is_empty()
+                }
+            },
+        )
+        .await;
+    }
     // Longer than the consumer's question to Postgres (2 s).
     tokio::time::sleep(Duration::from_secs(5)).await;
     let runs = std::fs::read_to_string(rig.dir.path().join("ran")).unwrap_or_default();

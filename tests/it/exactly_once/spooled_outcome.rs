@@ -95,6 +95,8 @@ async fn repair_over_the_admin_api_brings_in_the_spools_of_its_host() {
     let status = reply.status();
     let report: serde_json::Value = reply.json().await.unwrap();
     assert!(status.is_success(), "{status}: {report}");
+    assert_eq!(report["spools"]["found"], true, "{report}");
+    assert_eq!(report["spools"]["brought_in"], 1, "{report}");
     assert_ran_once(&rig, &report).await;
     let _ = support::sigterm_and_wait(&mut admin).await;
 }

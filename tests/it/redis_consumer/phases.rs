@@ -308,8 +308,27 @@ async fn with_postgres_away_an_item_runs_only_when_the_live_key_guard_can_tell()
     let report = running.stop().await;
     assert_eq!(report.ok, 0, "ran on the guard alone: {report:?}");
 
-    // The ran set is whole again too: k-new is in neither, so it runs.
-    let _: () = redis().await.set(keys.ran_through(), 1).await.unwrap();
+    // A marker naming another server proves nothing about this one's set.
+    let _: () = redis()
+        .await
+        .set(keys.ran_through(), "another-server")
+        .await
+        .unwrap();
+    let consumer = fx.consumer(&away, super::REDIS).await.expect("consumer");
+    let running = Running::start(consumer);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let report = running.stop().await;
+    assert_eq!(report.ok, 0, "ran on another server's marker: {report:?}");
+
+    // The ran set is whole again on this server: k-new is in neither, so
+    // it runs.
+    let info: String = ::redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    let run_id = qbridge::redis::epoch::run_id_of(&info).unwrap().to_string();
+    let _: () = redis().await.set(keys.ran_through(), run_id).await.unwrap();
     let consumer = fx.consumer(&away, super::REDIS).await.expect("consumer");
     let running = Running::start(consumer);
     wait_for("k-new ran", Duration::from_secs(10), || async {

@@ -18,6 +18,7 @@ use crate::shadow::{Mode, Outcome, OutcomeKind, Side};
 pub(super) struct Unacked {
     pub processing: String,
     pub key: String,
+    pub item: bytes::Bytes,
     /// Dead rather than acked.
     pub dead: bool,
 }
@@ -52,6 +53,7 @@ impl Slot {
         self.unacked = Some(Unacked {
             processing: processing.to_string(),
             key: key.to_string(),
+            item: decoded.original.clone(),
             dead,
         });
         let removed: i64 = call.invoke_async(conn).await?;

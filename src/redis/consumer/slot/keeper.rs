@@ -50,10 +50,14 @@ pub(in crate::redis::consumer) struct Running<'a> {
 }
 
 /// Runs beside the handler (never returns; dropped when the handler ends):
-/// see the module docs. `server` is the `run_id` the item was popped from.
+/// see the module docs. `server` is the `run_id` the item was popped from;
+/// `conn` is the slot's keeper connection, kept for its next item. It
+/// first looks after one beat: most handlers are done by then, and open no
+/// connection and send nothing.
 pub(in crate::redis::consumer) async fn keep(
     ctx: &Ctx,
     server: Option<&str>,
+    conn: &mut Option<MultiplexedConnection>,
     running: Running<'_>,
 ) -> Infallible {
     let Some(server) = server else {
@@ -62,10 +66,10 @@ pub(in crate::redis::consumer) async fn keep(
     };
     let mut known = server.to_string();
     let mut state: Option<Vec<(String, String)>> = None;
-    let mut conn: Option<MultiplexedConnection> = None;
     loop {
+        tokio::time::sleep(heartbeat::EVERY).await;
         if conn.is_none() {
-            conn = connect(ctx).await.ok();
+            *conn = connect(ctx).await.ok();
         }
         if let Some(c) = conn.as_mut() {
             match keep_once(c, ctx, (&mut known, &mut state), &running).await {
@@ -74,10 +78,9 @@ pub(in crate::redis::consumer) async fn keep(
                         "redis consumer: Redis restarted while a handler ran; its item is recorded in the new server");
                 }
                 Ok(false) => {}
-                Err(_) => conn = None,
+                Err(_) => *conn = None,
             }
         }
-        tokio::time::sleep(heartbeat::EVERY).await;
     }
 }
 
@@ -115,8 +118,8 @@ async fn keep_once(
         return Ok(false);
     }
     // Another server. Without the state read from the first one (the
-    // restart came within a beat of the run's start) the item's key and
-    // attempt count are still known, and are what a recovery needs.
+    // restart came within a beat or two of the run's start) the item's key
+    // and attempt count are still known, and are what a recovery needs.
     let fields: Vec<(String, String)> = state
         .iter()
         .flatten()
