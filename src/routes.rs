@@ -72,6 +72,9 @@ pub struct Routes {
     /// Framework sets whose additions are mirrored, by key, with the routes
     /// that own members of them.
     by_set: Arc<HashMap<Bytes, Vec<SetOwner>>>,
+    /// Framework hashes of jobs a worker holds (kombu's `unacked`), by key:
+    /// nothing added to them is mirrored; their removals are evidence.
+    by_held: Arc<HashMap<Bytes, Vec<SetOwner>>>,
     phases: PhaseView,
 }
 
@@ -113,10 +116,24 @@ impl Routes {
                     .push((Arc::clone(route), set));
             }
         }
+        let mut by_held: HashMap<Bytes, Vec<SetOwner>> = HashMap::new();
+        for route in &list {
+            let held = structures::of_route(&route.format, &route.redis_key, &route.config.keys)
+                .into_iter()
+                .filter(|s| s.is_held_hash());
+            for set in held {
+                let key = Bytes::copy_from_slice(set.key.as_bytes());
+                by_held
+                    .entry(key)
+                    .or_default()
+                    .push((Arc::clone(route), set));
+            }
+        }
         Routes {
             list: Arc::new(list),
             by_key: Arc::new(by_key),
             by_set: Arc::new(by_set),
+            by_held: Arc::new(by_held),
             phases,
         }
     }
@@ -153,6 +170,26 @@ impl Routes {
             .iter()
             .find(|(route, set)| route.db == db && set.owns(member))
             .map(|(route, _)| route)
+    }
+
+    /// Whether `key` is a framework's hash of jobs a worker holds (kombu's
+    /// `unacked`) in some database.
+    pub fn is_held_hash(&self, key: &[u8]) -> bool {
+        self.by_held.contains_key(key)
+    }
+
+    /// The route owning `member` of the mirrored set or held-job hash at
+    /// `key` in database `db`, with the job the member holds (kombu's
+    /// `unacked` entries wrap it).
+    pub fn set_job(&self, db: i64, key: &[u8], member: &[u8]) -> Option<(&Arc<Route>, Vec<u8>)> {
+        let (route, set) = self
+            .by_set
+            .get(key)
+            .into_iter()
+            .chain(self.by_held.get(key))
+            .flatten()
+            .find(|(route, set)| route.db == db && set.owns(member))?;
+        Some((route, set.job_of(member)?))
     }
 
     /// The route with this name.

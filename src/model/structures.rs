@@ -245,6 +245,11 @@ impl Structure {
         !matches!(self.shape, Shape::DelayedIndex { .. })
     }
 
+    /// Whether this is a hash of jobs a worker holds (kombu's `unacked`).
+    pub fn is_held_hash(&self) -> bool {
+        matches!(self.shape, Shape::UnackedHash { .. })
+    }
+
     /// The job a member holds: kombu's `unacked` entries wrap the message
     /// (`[message, exchange, routing_key]`), every other member is the job.
     /// `None` for an entry that does not read as kombu's.

@@ -130,6 +130,9 @@ pub(super) enum Cmd {
     SetPop(super::set_pop::SetPop),
     /// A pop from a routed list (`super::list_pop`).
     ListPop(super::list_pop::ListPop),
+    /// A read of one entry (hash, field) of a framework's hash of held jobs
+    /// (`super::held_read`).
+    HeldRead(Bytes, Bytes),
     Multi,
     Exec,
     Discard,

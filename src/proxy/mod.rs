@@ -82,6 +82,7 @@ mod auth;
 mod command;
 mod connection;
 pub mod frame;
+mod held_read;
 mod link;
 mod list_pop;
 mod pop_scripts;

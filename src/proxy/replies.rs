@@ -331,12 +331,8 @@ impl<R: AsyncRead + Unpin> Replies<R> {
                         self.forward(len);
                         return Ok(self.pass_through().await);
                     }
-                    Action::Released(pop, members, db) => {
-                        self.record_released(pop, members, db).await;
-                        self.forward(len);
-                    }
-                    Action::Taken(items, db) => {
-                        self.remember_taken(items, db);
+                    Action::Evidence(evidence) => {
+                        self.record_evidence(evidence).await;
                         self.forward(len);
                     }
                 }

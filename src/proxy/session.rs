@@ -70,13 +70,23 @@ pub(super) enum Action {
     /// Redis took `CLIENT REPLY ON`, which turns replies on before it
     /// answers: its `+OK` reaches the client even while replies were off.
     ForwardAlways,
+    /// Evidence of what Redis handed out: record or remember it, then
+    /// forward.
+    Evidence(Evidence),
+}
+
+/// What a reply proves about jobs leaving Redis's hands.
+#[derive(Debug)]
+pub(super) enum Evidence {
     /// Redis took these members out of the set (in this database, when
-    /// known): record that, then forward (`super::set_pop`).
+    /// known): recorded (`super::set_pop`).
     Released(SetPop, Vec<Bytes>, Option<i64>),
     /// Redis handed these (list, item) pairs to the client (in this
-    /// database, when known): remember them, then forward
-    /// (`super::list_pop`).
+    /// database, when known): remembered (`super::list_pop`).
     Taken(Vec<(Bytes, Bytes)>, Option<i64>),
+    /// Redis answered this entry (hash, field, value) of a hash of held
+    /// jobs: remembered (`super::held_read`).
+    ReadHeld(Bytes, Bytes, Bytes),
 }
 
 /// See the module docs.
@@ -278,6 +288,7 @@ impl Session {
                 Cmd::Push(_)
                     | Cmd::SetPop(_)
                     | Cmd::ListPop(_)
+                    | Cmd::HeldRead(..)
                     | Cmd::ClientReply(_)
                     | Cmd::Select(_)
                     | Cmd::Multi
@@ -428,13 +439,18 @@ impl Session {
             Cmd::SetPop(pop) => {
                 let members = frame.map(|f| handed_out(&pop, f)).unwrap_or_default();
                 if !members.is_empty() {
-                    return Action::Released(pop, members, self.db);
+                    return Action::Evidence(Evidence::Released(pop, members, self.db));
                 }
             }
             Cmd::ListPop(pop) => {
                 let items = frame.map(|f| popped(&pop, f)).unwrap_or_default();
                 if !items.is_empty() {
-                    return Action::Taken(items, self.db);
+                    return Action::Evidence(Evidence::Taken(items, self.db));
+                }
+            }
+            Cmd::HeldRead(hash, field) => {
+                if let Some(Frame::Bulk(value)) = frame {
+                    return Action::Evidence(Evidence::ReadHeld(hash, field, value.clone()));
                 }
             }
             _ => {}

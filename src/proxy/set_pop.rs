@@ -14,6 +14,9 @@
 //! What counts as a pop (anything else proves nothing):
 //! - `ZREM set member…` answered with the number of members given: each was
 //!   there and is gone.
+//! - `HDEL hash field…` of kombu's `unacked` hash answered likewise: each
+//!   entry was there and is gone; the job is the entry's value, known when
+//!   this connection read it (`super::held_read`).
 //! - A Lua script (`EVAL`, or `EVALSHA` of a script `super::pop_scripts`
 //!   knows: a framework poller's, or one any proxy saw loaded with
 //!   `SCRIPT LOAD` or run with `EVAL`) whose first key is the set, whose
@@ -32,8 +35,12 @@ use super::pop_scripts::{calls_zrem, PopScripts};
 pub(super) struct SetPop {
     /// The set's key.
     pub set: Bytes,
-    /// `ZREM`'s members; `None` for a script (its reply names them).
+    /// `ZREM`'s members, or `HDEL`'s fields; `None` for a script (its reply
+    /// names them).
     pub named: Option<Vec<Bytes>>,
+    /// `named` are fields of a hash of held jobs (kombu's `unacked`): the
+    /// members are the entries this connection read (`super::held_read`).
+    pub fields: bool,
 }
 
 /// Whether `name args…` may take members out of a set `is_set` accepts;
@@ -49,9 +56,10 @@ pub(super) fn classify(
             scripts.learn(&args[2]);
             None
         }
-        "ZREM" if args.len() >= 3 && is_set(&args[1]) => Some(SetPop {
+        "ZREM" | "HDEL" if args.len() >= 3 && is_set(&args[1]) => Some(SetPop {
             set: args[1].clone(),
             named: Some(args[2..].to_vec()),
+            fields: name == "HDEL",
         }),
         "EVAL" | "EVALSHA" if args.len() >= 4 => {
             let first_key_count = std::str::from_utf8(&args[2]).ok()?.parse::<usize>().ok()?;
@@ -68,6 +76,7 @@ pub(super) fn classify(
             pops.then(|| SetPop {
                 set: args[3].clone(),
                 named: None,
+                fields: false,
             })
         }
         _ => None,
@@ -151,6 +160,7 @@ mod tests {
         let zrem = SetPop {
             set: Bytes::from_static(b"schedule"),
             named: Some(args(&["a", "b"])),
+            fields: false,
         };
         assert_eq!(handed_out(&zrem, &Frame::Integer(2)).len(), 2);
         assert!(handed_out(&zrem, &Frame::Integer(1)).is_empty());
@@ -158,6 +168,7 @@ mod tests {
         let script = SetPop {
             set: Bytes::from_static(b"schedule"),
             named: None,
+            fields: false,
         };
         let member = Bytes::from_static(b"{\"jid\":\"1\"}");
         assert_eq!(

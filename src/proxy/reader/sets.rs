@@ -14,7 +14,7 @@ use crate::metrics as m;
 use crate::model::structures::score_time;
 use crate::model::Phase;
 use crate::proxy::command::{classify, zadd_members, Cmd, MirrorPush};
-use crate::proxy::{list_pop, set_pop};
+use crate::proxy::{held_read, list_pop, set_pop};
 
 impl<W: AsyncWrite + Unpin> Reader<W> {
     /// A `ZADD` to a framework's schedule or retry set (Sidekiq's are shared
@@ -78,12 +78,15 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
     pub(super) fn classify_forwarded(&self, name: &str, args: &[Bytes]) -> Cmd {
         let routes = &self.shared.routes;
         match set_pop::classify(name, args, &self.shared.pop_scripts, |key| {
-            routes.is_mirrored_set(key)
+            routes.is_mirrored_set(key) || (name == "HDEL" && routes.is_held_hash(key))
         }) {
             Some(pop) => Cmd::SetPop(pop),
             None => match list_pop::classify(name, args, |key| routes.is_routed_key(key)) {
                 Some(pop) => Cmd::ListPop(pop),
-                None => classify(name, args),
+                None => match held_read::classify(name, args, |key| routes.is_held_hash(key)) {
+                    Some((hash, field)) => Cmd::HeldRead(hash, field),
+                    None => classify(name, args),
+                },
             },
         }
     }

@@ -1,5 +1,7 @@
-//! The reply side of a pop from a framework's set (`super::super::set_pop`):
-//! what Redis handed out, recorded before the client sees the reply.
+//! The reply side of a pop from a framework's set (`super::super::set_pop`),
+//! a list (`super::super::list_pop`) or a hash of held jobs
+//! (`super::super::held_read`): what Redis handed out, recorded or
+//! remembered before the client sees the reply.
 
 use bytes::Bytes;
 use tokio::io::AsyncRead;
@@ -7,9 +9,19 @@ use tokio::io::AsyncRead;
 use super::Replies;
 use crate::model::formats::decode_bytes;
 use crate::model::Phase;
+use crate::proxy::session::Evidence;
 use crate::proxy::set_pop::SetPop;
 
 impl<R: AsyncRead + Unpin> Replies<R> {
+    /// Records or remembers what a reply proves.
+    pub(super) async fn record_evidence(&mut self, evidence: Evidence) {
+        match evidence {
+            Evidence::Released(pop, members, db) => self.record_released(pop, members, db).await,
+            Evidence::Taken(items, db) => self.remember_taken(items, db),
+            Evidence::ReadHeld(hash, field, value) => self.link.held_reads.add(hash, field, value),
+        }
+    }
+
     /// Records the handed-out members whose key is produced Postgres-only
     /// now (`postgres_only`, or a flipped share): the push that moves them
     /// on will be answered here and never reach Redis. Members of a route
@@ -23,14 +35,22 @@ impl<R: AsyncRead + Unpin> Replies<R> {
         let Some(db) = db else {
             return;
         };
+        // Fields of a hash of held jobs: the entries this connection read.
+        let members: Vec<Bytes> = match pop.fields {
+            true => members
+                .iter()
+                .filter_map(|field| self.link.held_reads.take(&pop.set, field))
+                .collect(),
+            false => members,
+        };
         let routes = &self.shared.routes;
         let structure = String::from_utf8_lossy(&pop.set).into_owned();
         let mut rows = Vec::new();
         for member in members {
-            let Some(route) = routes.set_route(db, &pop.set, &member) else {
+            let Some((route, job)) = routes.set_job(db, &pop.set, &member) else {
                 continue;
             };
-            let decoded = decode_bytes(&route.format, member);
+            let decoded = decode_bytes(&route.format, Bytes::from(job));
             if matches!(
                 routes.item_phase(route, &decoded),
                 Phase::PostgresOnly | Phase::Decommissioned

@@ -110,3 +110,77 @@ async fn a_job_handed_back_by_the_client_that_took_it_runs_live(pool: PgPool) {
     side.stop().await;
     delete_keys(&[&list, &format!("qbridge:*:{route}*")]).await;
 }
+
+/// kombu's Redis transport (Celery) keeps a message a worker took without
+/// acking in its `unacked` hash, and a warm shutdown gives it back from
+/// another connection than the pop's: WATCH the hash, HGET the entry, then
+/// one MULTI that removes the entry (ZREM, HDEL) and pushes the message.
+/// Redis's reply to that HDEL, for the entry this connection read, is the
+/// evidence that the delivery was given back: the push runs live in
+/// Postgres. Before, it was held for ever.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_celery_message_kombu_restores_after_the_flip_runs_live(pool: PgPool) {
+    let redis = crate::servers::ThrowawayRedis::start();
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (route, queue) = (format!("kr{}", &id[..12]), format!("qbt_kr_{id}"));
+    let toml = format!(
+        "[[routes]]\nname = \"{route}\"\nredis_key = \"{queue}\"\nqueue = \"{route}\"\n\
+         format = \"celery\"\nphase = \"shadow\"\nredis_side = \"fleet\"\n"
+    );
+    let side = ProxySide::start_on(&pool, &toml, &redis.url()).await;
+    let sent = crate::support::python_script_ok(
+        &crate::support::python(),
+        &["kombu_restore.py", "send"],
+        &side.url(),
+        &queue,
+    )
+    .await;
+    let task = sent.first().expect("a task id").clone();
+    crate::support::wait_for_count(
+        &pool,
+        "the mirror copy",
+        &format!("SELECT count(*) FROM qbridge.job_keys WHERE queue = '{route}'"),
+        1,
+    )
+    .await;
+    let mut worker = tokio::process::Command::new(crate::support::python())
+        .args(["kombu_restore.py", "take-and-restore"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python"))
+        .env("QBT_BROKER", side.url())
+        .env("QBT_QUEUE", &queue)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut lines = tokio::io::BufReader::new(worker.stdout.take().unwrap()).lines();
+    let taken = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the worker takes the message")
+        .unwrap();
+    assert_eq!(taken, Some(format!("taken {task}")));
+    side.force_to(&route, &redis.url(), Phase::PostgresOnly)
+        .await;
+    let mut stdin = worker.stdin.take().unwrap();
+    stdin.write_all(b"restore\n").await.unwrap();
+    stdin.flush().await.unwrap();
+    let restored = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the worker restores the message")
+        .unwrap();
+    assert_eq!(restored.as_deref(), Some("restored"));
+    let _ = worker.wait().await;
+    let live = "SELECT count(*) FROM qbridge.jobs WHERE key = $1 AND copy = 'live'";
+    let held = "SELECT count(*) FROM qbridge.held_repushes WHERE key = $1";
+    assert_eq!(
+        (
+            count(&pool, live, &task).await,
+            count(&pool, held, &task).await
+        ),
+        (1, 0),
+        "the restored message runs live, not held"
+    );
+    side.stop().await;
+}
