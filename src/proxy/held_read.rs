@@ -10,26 +10,31 @@
 //! unacked <tag>` and the push of the message. After the flip the push is
 //! answered by the proxy, and a re-push of a mirrored key runs live only on
 //! positive evidence that Redis let go of the original (`ingest::promote`).
-//! The evidence is Redis's reply to that HDEL (the entry was there and is
-//! gone, in the same transaction as the push, which the WATCH keeps from
-//! running if the entry changed since it was read), for an entry this
-//! connection read: the message is the entry's value, read here from the
-//! HGET's reply. An HDEL of a tag this connection did not read proves
-//! nothing (its job is not known), and the push stays held.
+//! The evidence is Redis's reply to that HDEL: the entry was there and is
+//! gone. It counts only inside a MULTI whose EXEC Redis ran, for an entry
+//! this connection read (in the same database) since its last transaction
+//! ended, and for the message the same transaction pushes: the message is
+//! the entry's value, read here from the HGET's reply, and the WATCH keeps
+//! the EXEC from running if the entry changed since. Anything else proves
+//! nothing and the push stays held: an HDEL outside MULTI, a transaction
+//! that pushes no copy of the entry's message (kombu's ack is a MULTI of
+//! ZREM and HDEL alone), an entry read on another connection or before an
+//! earlier EXEC, DISCARD or RESET, or a nil read.
 //!
 //! A visibility-timeout restore may give back a message whose worker still
 //! runs it; kombu then runs it twice on Redis alone, and the job runs once
 //! more in Postgres than a worker's run would tell: the at-least-once of the
 //! framework, not a copy qbridge adds.
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
-
 use bytes::Bytes;
 
-/// The entries a connection remembers (its latest reads); a restore reads
-/// its entry just before it removes it.
-const REMEMBERED: usize = 256;
+use super::session::Entry;
+
+/// The entries a connection remembers between two transactions; a restore
+/// reads one entry just before the MULTI that removes it, and every
+/// transaction's end forgets them all, so only a few whole messages are
+/// ever kept.
+const REMEMBERED: usize = 16;
 
 /// Whether `name args…` reads one entry of a hash `is_held` accepts: the
 /// hash and the field.
@@ -44,28 +49,55 @@ pub(super) fn classify(
     }
 }
 
-/// (hash, field) → the value Redis answered, latest last.
+/// One entry read: (database, hash, field) and the value Redis answered.
+type Read = ((Option<i64>, Bytes, Bytes), Bytes);
+
+/// The entries a connection read since its last transaction ended, latest
+/// last: the session's, forgotten at EXEC, DISCARD and RESET.
 #[derive(Debug, Default)]
-pub(super) struct HeldReads(Mutex<VecDeque<((Bytes, Bytes), Bytes)>>);
+pub(super) struct HeldReads(Vec<Read>);
 
 impl HeldReads {
-    pub(super) fn add(&self, hash: Bytes, field: Bytes, value: Bytes) {
-        let mut reads = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        reads.retain(|(at, _)| *at != (hash.clone(), field.clone()));
-        if reads.len() == REMEMBERED {
-            reads.pop_front();
+    /// Redis answered `value` for `field` of `hash` in database `db`; `None`
+    /// (nil: no such entry) forgets an earlier read of it.
+    pub(super) fn read(
+        &mut self,
+        db: Option<i64>,
+        hash: Bytes,
+        field: Bytes,
+        value: Option<Bytes>,
+    ) {
+        let at = (db, hash, field);
+        self.0.retain(|(read, _)| *read != at);
+        let Some(value) = value else { return };
+        if self.0.len() == REMEMBERED {
+            self.0.remove(0);
         }
-        reads.push_back(((hash, field), value));
+        self.0.push((at, value));
     }
 
-    /// The value this connection read for `field` of `hash` (forgotten now:
-    /// one read explains one removal).
-    pub(super) fn take(&self, hash: &[u8], field: &[u8]) -> Option<Bytes> {
-        let mut reads = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let i = reads
+    /// At a transaction's EXEC (in database `db`): each removal of held
+    /// entries in it gets the values this connection read for its fields
+    /// (`SetPop::held`); the reads are used up.
+    pub(super) fn resolve(mut self, entries: &mut [Entry], db: Option<i64>) {
+        for entry in entries {
+            let Entry::Pop(pop) = entry else { continue };
+            if !pop.fields {
+                continue;
+            }
+            let fields = pop.named.iter().flatten();
+            pop.held = fields
+                .filter_map(|field| self.take(db, &pop.set, field))
+                .collect();
+        }
+    }
+
+    fn take(&mut self, db: Option<i64>, hash: &[u8], field: &[u8]) -> Option<Bytes> {
+        let i = self
+            .0
             .iter()
-            .position(|((h, f), _)| h.as_ref() == hash && f.as_ref() == field)?;
-        reads.remove(i).map(|(_, value)| value)
+            .position(|((d, h, f), _)| *d == db && h.as_ref() == hash && f.as_ref() == field)?;
+        Some(self.0.remove(i).1)
     }
 }
 
@@ -86,12 +118,18 @@ mod tests {
     }
 
     #[test]
-    fn one_read_explains_one_removal() {
-        let reads = HeldReads::default();
-        reads.add(b("unacked"), b("t1"), b("[{}]"));
-        reads.add(b("unacked"), b("t1"), b("[{\"new\":1}]"));
-        assert_eq!(reads.take(b"unacked", b"t1"), Some(b("[{\"new\":1}]")));
-        assert_eq!(reads.take(b"unacked", b"t1"), None);
-        assert_eq!(reads.take(b"unacked", b"t2"), None);
+    fn a_read_counts_once_in_its_database_and_a_nil_forgets_it() {
+        let mut reads = HeldReads::default();
+        reads.read(Some(0), b("unacked"), b("t1"), Some(b("[{}]")));
+        reads.read(Some(0), b("unacked"), b("t1"), Some(b("[{\"new\":1}]")));
+        assert_eq!(reads.take(Some(1), b"unacked", b"t1"), None);
+        assert_eq!(
+            reads.take(Some(0), b"unacked", b"t1"),
+            Some(b("[{\"new\":1}]"))
+        );
+        assert_eq!(reads.take(Some(0), b"unacked", b"t1"), None);
+        reads.read(Some(0), b("unacked"), b("t2"), Some(b("[{}]")));
+        reads.read(Some(0), b("unacked"), b("t2"), None);
+        assert_eq!(reads.take(Some(0), b"unacked", b"t2"), None);
     }
 }

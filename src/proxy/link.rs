@@ -55,9 +55,6 @@ pub(super) struct Link {
     /// The jobs this connection took off routed lists (`super::list_pop`),
     /// written by the reply side, read by the reader when it pushes.
     pub taken: super::list_pop::Taken,
-    /// The entries of held-job hashes this connection read
-    /// (`super::held_read`), written and read by the reply side.
-    pub held_reads: super::held_read::HeldReads,
 }
 
 /// The selected database as of the `done`-th tag the reply side finished.
@@ -80,7 +77,6 @@ impl Link {
         Link {
             server,
             taken: Default::default(),
-            held_reads: Default::default(),
             attention: Notify::new(),
             pubsub_sent: AtomicU64::new(0),
             db: watch::Sender::new(Selected {

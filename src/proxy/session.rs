@@ -14,6 +14,7 @@ use bytes::Bytes;
 
 use super::command::{Cmd, Family, LocalPush, MirrorPush, ReplyMode};
 use super::frame::Frame;
+use super::held_read::HeldReads;
 use super::list_pop::popped;
 use super::set_pop::{handed_out, SetPop};
 
@@ -84,9 +85,6 @@ pub(super) enum Evidence {
     /// Redis handed these (list, item) pairs to the client (in this
     /// database, when known): remembered (`super::list_pop`).
     Taken(Vec<(Bytes, Bytes)>, Option<i64>),
-    /// Redis answered this entry (hash, field, value) of a hash of held
-    /// jobs: remembered (`super::held_read`).
-    ReadHeld(Bytes, Bytes, Bytes),
 }
 
 /// See the module docs.
@@ -110,6 +108,9 @@ pub(super) struct Session {
     /// Whether a fresh connection needs no AUTH (the default user has no
     /// password), as the connection's probe found.
     authed_at_start: bool,
+    /// The entries of held-job hashes read since the last transaction
+    /// ended (`super::held_read`).
+    held_reads: HeldReads,
 }
 
 /// A connection that needs no AUTH; the unit tests start from it.
@@ -178,6 +179,7 @@ impl Session {
             db: Some(0),
             authed,
             authed_at_start: authed,
+            held_reads: HeldReads::default(),
         }
     }
 
@@ -383,15 +385,22 @@ impl Session {
         if let Some(entries) = &mut self.multi {
             match cmd {
                 Cmd::Exec => {
-                    let entries = std::mem::take(entries);
+                    let mut entries = std::mem::take(entries);
                     self.multi = None;
+                    let reads = std::mem::take(&mut self.held_reads);
                     return match frame {
-                        Some(Frame::Array(_)) => Action::Exec(entries),
+                        Some(Frame::Array(_)) => {
+                            reads.resolve(&mut entries, self.db);
+                            Action::Exec(entries)
+                        }
                         // Aborted by WATCH (nil) or EXECABORT: nothing ran.
                         _ => Action::Forward,
                     };
                 }
-                Cmd::Discard => self.multi = None,
+                Cmd::Discard => {
+                    self.multi = None;
+                    self.held_reads = HeldReads::default();
+                }
                 Cmd::Reset if simple(b"RESET") => self.reset(),
                 Cmd::Push(push) if simple(b"QUEUED") => entries.push(Entry::Redis(Some(push))),
                 Cmd::Select(db) if simple(b"QUEUED") => entries.push(Entry::Select(db)),
@@ -436,7 +445,8 @@ impl Session {
             // A failed AUTH leaves the connection as it was, as in Redis.
             Cmd::Auth if simple(b"OK") => self.authed = true,
             Cmd::Push(push) if took(frame) => return Action::Mirror(push),
-            Cmd::SetPop(pop) => {
+            // A removal of held entries counts only inside a transaction.
+            Cmd::SetPop(pop) if !pop.fields => {
                 let members = frame.map(|f| handed_out(&pop, f)).unwrap_or_default();
                 if !members.is_empty() {
                     return Action::Evidence(Evidence::Released(pop, members, self.db));
@@ -449,9 +459,11 @@ impl Session {
                 }
             }
             Cmd::HeldRead(hash, field) => {
-                if let Some(Frame::Bulk(value)) = frame {
-                    return Action::Evidence(Evidence::ReadHeld(hash, field, value.clone()));
-                }
+                let value = match frame {
+                    Some(Frame::Bulk(value)) => Some(value.clone()),
+                    _ => None,
+                };
+                self.held_reads.read(self.db, hash, field, value);
             }
             _ => {}
         }

@@ -14,9 +14,8 @@
 //! What counts as a pop (anything else proves nothing):
 //! - `ZREM set member…` answered with the number of members given: each was
 //!   there and is gone.
-//! - `HDEL hash field…` of kombu's `unacked` hash answered likewise: each
-//!   entry was there and is gone; the job is the entry's value, known when
-//!   this connection read it (`super::held_read`).
+//! - `HDEL hash field…` of kombu's `unacked` hash answered likewise, inside
+//!   a transaction that pushes the entry's message: see `super::held_read`.
 //! - A Lua script (`EVAL`, or `EVALSHA` of a script `super::pop_scripts`
 //!   knows: a framework poller's, or one any proxy saw loaded with
 //!   `SCRIPT LOAD` or run with `EVAL`) whose first key is the set, whose
@@ -41,6 +40,8 @@ pub(super) struct SetPop {
     /// `named` are fields of a hash of held jobs (kombu's `unacked`): the
     /// members are the entries this connection read (`super::held_read`).
     pub fields: bool,
+    /// For `fields`: the values read for them, given at EXEC.
+    pub held: Vec<Bytes>,
 }
 
 /// Whether `name args…` may take members out of a set `is_set` accepts;
@@ -60,6 +61,7 @@ pub(super) fn classify(
             set: args[1].clone(),
             named: Some(args[2..].to_vec()),
             fields: name == "HDEL",
+            held: Vec::new(),
         }),
         "EVAL" | "EVALSHA" if args.len() >= 4 => {
             let first_key_count = std::str::from_utf8(&args[2]).ok()?.parse::<usize>().ok()?;
@@ -77,6 +79,7 @@ pub(super) fn classify(
                 set: args[3].clone(),
                 named: None,
                 fields: false,
+                held: Vec::new(),
             })
         }
         _ => None,
@@ -161,6 +164,7 @@ mod tests {
             set: Bytes::from_static(b"schedule"),
             named: Some(args(&["a", "b"])),
             fields: false,
+            held: Vec::new(),
         };
         assert_eq!(handed_out(&zrem, &Frame::Integer(2)).len(), 2);
         assert!(handed_out(&zrem, &Frame::Integer(1)).is_empty());
@@ -169,6 +173,7 @@ mod tests {
             set: Bytes::from_static(b"schedule"),
             named: None,
             fields: false,
+            held: Vec::new(),
         };
         let member = Bytes::from_static(b"{\"jid\":\"1\"}");
         assert_eq!(

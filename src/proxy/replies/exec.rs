@@ -2,7 +2,10 @@
 //! splice in the locally answered pushes, apply a queued SELECT) and the Postgres write of a
 //! locally answered push.
 
+use std::collections::HashSet;
 use std::sync::Arc;
+
+use bytes::Bytes;
 
 use super::super::command::{one_line, LocalPush, LocalStore};
 use super::super::frame::{self, Frame};
@@ -11,6 +14,7 @@ use super::super::session::{is_confirmation, took, Entry};
 use super::super::set_pop::handed_out;
 use super::Replies;
 use crate::metrics as m;
+use crate::model::formats::decode_bytes;
 
 impl<R: tokio::io::AsyncRead + Unpin> Replies<R> {
     /// EXEC's array arrived: mirror the pushes Redis ran successfully, write
@@ -113,13 +117,48 @@ impl<R: tokio::io::AsyncRead + Unpin> Replies<R> {
                 Entry::Redis(_) | Entry::Select(_) | Entry::Pop(_) => results.next(),
             };
             if let (Entry::Pop(pop), Some(result)) = (entry, result) {
-                let members = handed_out(pop, result);
+                let mut members = handed_out(pop, result);
+                if pop.fields && !members.is_empty() {
+                    // The entries read whose message this transaction pushes.
+                    let pushed = pushed_keys(entries);
+                    members = pop.held.clone();
+                    let routes = &self.shared.routes;
+                    members.retain(|value| {
+                        let job = db.and_then(|db| routes.set_job(db, &pop.set, value));
+                        job.is_some_and(|(route, job)| {
+                            let key = decode_bytes(&route.format, Bytes::from(job)).key;
+                            pushed.contains(&(route.name.clone(), key.with_occurrence(0)))
+                        })
+                    });
+                }
                 if !members.is_empty() {
                     self.record_released(pop.clone(), members, db).await;
                 }
             }
         }
     }
+}
+
+/// The (route, job key) of every item a transaction pushes on a routed
+/// list, answered locally or by Redis.
+fn pushed_keys(entries: &[Entry]) -> HashSet<(String, String)> {
+    let mut keys = HashSet::new();
+    for entry in entries {
+        let (route, items) = match entry {
+            Entry::Local(LocalPush {
+                route,
+                store: LocalStore::Deferred(items),
+                ..
+            }) => (route, items),
+            Entry::Redis(Some(push)) if push.due.is_none() => (&push.route, &push.items),
+            _ => continue,
+        };
+        for item in items {
+            let key = decode_bytes(&route.format, item.clone()).key;
+            keys.insert((route.name.clone(), key.with_occurrence(0)));
+        }
+    }
+    keys
 }
 
 /// Writes a locally answered push to Postgres (or collects the write the

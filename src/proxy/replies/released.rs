@@ -18,7 +18,6 @@ impl<R: AsyncRead + Unpin> Replies<R> {
         match evidence {
             Evidence::Released(pop, members, db) => self.record_released(pop, members, db).await,
             Evidence::Taken(items, db) => self.remember_taken(items, db),
-            Evidence::ReadHeld(hash, field, value) => self.link.held_reads.add(hash, field, value),
         }
     }
 
@@ -34,14 +33,6 @@ impl<R: AsyncRead + Unpin> Replies<R> {
     ) {
         let Some(db) = db else {
             return;
-        };
-        // Fields of a hash of held jobs: the entries this connection read.
-        let members: Vec<Bytes> = match pop.fields {
-            true => members
-                .iter()
-                .filter_map(|field| self.link.held_reads.take(&pop.set, field))
-                .collect(),
-            false => members,
         };
         let routes = &self.shared.routes;
         let structure = String::from_utf8_lossy(&pop.set).into_owned();

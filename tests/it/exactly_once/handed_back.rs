@@ -113,36 +113,18 @@ async fn a_job_handed_back_by_the_client_that_took_it_runs_live(pool: PgPool) {
 
 /// kombu's Redis transport (Celery) keeps a message a worker took without
 /// acking in its `unacked` hash, and a warm shutdown gives it back from
-/// another connection than the pop's: WATCH the hash, HGET the entry, then
-/// one MULTI that removes the entry (ZREM, HDEL) and pushes the message.
+/// whatever connection its pool hands out: WATCH the hash, HGET the entry,
+/// then one MULTI that removes the entry (ZREM, HDEL) and pushes the
+/// message. (The per-connection hand-back of a list pop does not apply
+/// inside MULTI, so only the restore's own evidence can pass this test.)
 /// Redis's reply to that HDEL, for the entry this connection read, is the
 /// evidence that the delivery was given back: the push runs live in
 /// Postgres. Before, it was held for ever.
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn a_celery_message_kombu_restores_after_the_flip_runs_live(pool: PgPool) {
     let redis = crate::servers::ThrowawayRedis::start();
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    let (route, queue) = (format!("kr{}", &id[..12]), format!("qbt_kr_{id}"));
-    let toml = format!(
-        "[[routes]]\nname = \"{route}\"\nredis_key = \"{queue}\"\nqueue = \"{route}\"\n\
-         format = \"celery\"\nphase = \"shadow\"\nredis_side = \"fleet\"\n"
-    );
-    let side = ProxySide::start_on(&pool, &toml, &redis.url()).await;
-    let sent = crate::support::python_script_ok(
-        &crate::support::python(),
-        &["kombu_restore.py", "send"],
-        &side.url(),
-        &queue,
-    )
-    .await;
-    let task = sent.first().expect("a task id").clone();
-    crate::support::wait_for_count(
-        &pool,
-        "the mirror copy",
-        &format!("SELECT count(*) FROM qbridge.job_keys WHERE queue = '{route}'"),
-        1,
-    )
-    .await;
+    let (side, route, queue, tasks) = celery_tasks_mirrored(&pool, &redis, "kr", 1).await;
+    let task = tasks[0].clone();
     let mut worker = tokio::process::Command::new(crate::support::python())
         .args(["kombu_restore.py", "take-and-restore"])
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python"))
@@ -183,4 +165,142 @@ async fn a_celery_message_kombu_restores_after_the_flip_runs_live(pool: PgPool) 
         "the restored message runs live, not held"
     );
     side.stop().await;
+}
+
+/// What is not kombu's restore proves nothing, and the push stays held: an
+/// HDEL in a transaction that pushes nothing (kombu's ack), an HDEL outside
+/// a transaction, and an entry read before an earlier transaction ended.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_removal_of_an_unacked_entry_outside_a_restore_proves_nothing(pool: PgPool) {
+    let redis = crate::servers::ThrowawayRedis::start();
+    let (side, route, queue, tasks) = celery_tasks_mirrored(&pool, &redis, "kn", 3).await;
+    // A worker took all three: kombu's entries, written straight to Redis.
+    let mut direct = ::redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut messages = Vec::new();
+    for n in 0..3 {
+        let message: Vec<u8> = ::redis::cmd("RPOP")
+            .arg(&queue)
+            .query_async(&mut direct)
+            .await
+            .unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&message).unwrap();
+        let entry = serde_json::json!([value, "", queue]).to_string();
+        let _: i64 = ::redis::cmd("HSET")
+            .arg("unacked")
+            .arg(format!("t{n}"))
+            .arg(entry)
+            .query_async(&mut direct)
+            .await
+            .unwrap();
+        messages.push(message);
+    }
+    side.force_to(&route, &redis.url(), Phase::PostgresOnly)
+        .await;
+    let mut conn = through(&side).await;
+    let read = |tag: &str| ::redis::cmd("HGET").arg("unacked").arg(tag).clone();
+    // An ack: the entry read, then removed in a MULTI that pushes nothing.
+    let _: Option<Vec<u8>> = read("t0").query_async(&mut conn).await.unwrap();
+    let _: () = ::redis::pipe()
+        .atomic()
+        .cmd("ZREM")
+        .arg("unacked_index")
+        .arg("t0")
+        .cmd("HDEL")
+        .arg("unacked")
+        .arg("t0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Outside a transaction.
+    let _: Option<Vec<u8>> = read("t1").query_async(&mut conn).await.unwrap();
+    let _: i64 = ::redis::cmd("HDEL")
+        .arg("unacked")
+        .arg("t1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Read before another transaction ended, removed with its push after.
+    let _: Option<Vec<u8>> = read("t2").query_async(&mut conn).await.unwrap();
+    let _: () = ::redis::pipe()
+        .atomic()
+        .cmd("PING")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = ::redis::pipe()
+        .atomic()
+        .cmd("HDEL")
+        .arg("unacked")
+        .arg("t2")
+        .cmd("RPUSH")
+        .arg(&queue)
+        .arg(&messages[2])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for message in &messages[..2] {
+        let _: i64 = ::redis::cmd("RPUSH")
+            .arg(&queue)
+            .arg(message)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let live = "SELECT count(*) FROM qbridge.jobs WHERE key = $1 AND copy = 'live'";
+    let held = "SELECT count(*) FROM qbridge.held_repushes WHERE key = $1";
+    for task in &tasks {
+        assert_eq!(
+            (
+                count(&pool, live, task).await,
+                count(&pool, held, task).await
+            ),
+            (0, 1),
+            "{task} proved nothing: held"
+        );
+    }
+    side.stop().await;
+}
+
+/// A Celery route in `shadow` (a fleet runs it) behind a proxy on `redis`,
+/// and `n` tasks real Celery sent through it, mirrored: the proxy, the
+/// route, its queue and the task ids.
+async fn celery_tasks_mirrored(
+    pool: &PgPool,
+    redis: &crate::servers::ThrowawayRedis,
+    prefix: &str,
+    n: usize,
+) -> (ProxySide, String, String, Vec<String>) {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (route, queue) = (
+        format!("{prefix}{}", &id[..12]),
+        format!("qbt_{prefix}_{id}"),
+    );
+    let toml = format!(
+        "[[routes]]\nname = \"{route}\"\nredis_key = \"{queue}\"\nqueue = \"{route}\"\n\
+         format = \"celery\"\nphase = \"shadow\"\nredis_side = \"fleet\"\n"
+    );
+    let side = ProxySide::start_on(pool, &toml, &redis.url()).await;
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let sent = crate::support::python_script_ok(
+            &crate::support::python(),
+            &["kombu_restore.py", "send"],
+            &side.url(),
+            &queue,
+        )
+        .await;
+        tasks.push(sent.first().expect("a task id").clone());
+    }
+    crate::support::wait_for_count(
+        pool,
+        "the mirror copies",
+        &format!("SELECT count(*) FROM qbridge.job_keys WHERE queue = '{route}'"),
+        n as i64,
+    )
+    .await;
+    (side, route, queue, tasks)
 }

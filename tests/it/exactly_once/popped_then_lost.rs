@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use super::process_rig::ProcessRig;
+use super::process_rig::{OneRoute, ProcessRig};
 use crate::support;
 
 const ROUTE: &str = "popped";
@@ -23,25 +23,14 @@ const TEXT: &str = "the same text every time";
 fn config(dir: &Path, redis_url: &str, proxy_port: u16) -> String {
     // The handler is slow: the process is killed while it runs, before any
     // outcome exists.
-    format!(
-        r#"redis_url = "{redis_url}"
-state_dir = {state:?}
-shutdown_deadline = "1s"
-[proxy]
-enabled = true
-listen = "127.0.0.1:{proxy_port}"
-[[routes]]
-name = "{ROUTE}"
-redis_key = "{LIST}"
-queue = "{ROUTE}"
-format = "raw"
-phase = "dual_write"
-handler = {{ type = "command", program = "/bin/sh", args = ["-c", "sleep 30"] }}
-redis_consumer = {{ concurrency = 1, consumer_name = "popped-c1" }}
-diff = {{ settle = "0s" }}
-"#,
-        state = dir.join("state"),
-    )
+    OneRoute {
+        name: ROUTE,
+        list: LIST,
+        format: "raw",
+        script: "sleep 30",
+        args: Vec::new(),
+    }
+    .config(dir, redis_url, proxy_port)
 }
 
 #[tokio::test]

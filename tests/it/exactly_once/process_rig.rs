@@ -3,7 +3,7 @@
 //! --json` against them: the rig of the tests where a process or a server
 //! dies mid-job.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sqlx::postgres::PgPoolOptions;
@@ -11,6 +11,51 @@ use sqlx::PgPool;
 
 use crate::servers::{free_port, ThrowawayPostgres, ThrowawayRedis};
 use crate::support;
+
+/// The one route a rig's process runs: qbridge's consumer with one slot, in
+/// `dual_write`, whose handler is `/bin/sh -c <script> sh <args…>`.
+pub struct OneRoute<'a> {
+    pub name: &'a str,
+    pub list: &'a str,
+    pub format: &'a str,
+    pub script: &'a str,
+    pub args: Vec<PathBuf>,
+}
+
+impl OneRoute<'_> {
+    /// The process's config: the proxy on `proxy_port`, the state under
+    /// `dir`, this route (its diff settles at once).
+    pub fn config(&self, dir: &Path, redis_url: &str, proxy_port: u16) -> String {
+        let OneRoute {
+            name,
+            list,
+            format,
+            script,
+            args,
+        } = self;
+        let args: Vec<String> = args.iter().map(|a| format!(", {a:?}")).collect();
+        format!(
+            r#"redis_url = "{redis_url}"
+state_dir = {state:?}
+shutdown_deadline = "1s"
+[proxy]
+enabled = true
+listen = "127.0.0.1:{proxy_port}"
+[[routes]]
+name = "{name}"
+redis_key = "{list}"
+queue = "{name}"
+format = "{format}"
+phase = "dual_write"
+handler = {{ type = "command", program = "/bin/sh", args = ["-c", {script:?}, "sh"{args}] }}
+redis_consumer = {{ concurrency = 1, consumer_name = "{name}-c1" }}
+diff = {{ settle = "0s" }}
+"#,
+            state = dir.join("state"),
+            args = args.concat(),
+        )
+    }
+}
 
 pub struct ProcessRig {
     pub pg: ThrowawayPostgres,
@@ -75,6 +120,24 @@ impl ProcessRig {
             .unwrap();
     }
 
+    /// [`ProcessRig::push`], then waits for its mirror copy and for the
+    /// handler to say it started (it touches `<dir>/started`).
+    pub async fn push_until_running(&mut self, list: &str, item: &str) {
+        self.push(list, item).await;
+        support::wait_for_count(
+            &self.db,
+            "the mirror copy",
+            "SELECT count(*) FROM qbridge.job_keys",
+            1,
+        )
+        .await;
+        let started = self.dir.path().join("started");
+        support::wait_for("the handler to start", Duration::from_secs(20), || async {
+            started.exists()
+        })
+        .await;
+    }
+
     /// SIGKILLs the process and waits for it.
     pub async fn kill_process(&mut self) {
         self.process.start_kill().unwrap();
@@ -104,6 +167,46 @@ impl ProcessRig {
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_str(&stdout).expect("json")
+    }
+
+    /// Waits until `list` and every processing list are empty (the runs
+    /// ended, whatever was dropped is gone).
+    pub async fn wait_until_lists_empty(&self, list: &str) {
+        let direct = self.direct().await;
+        support::wait_for("the lists to empty", Duration::from_secs(40), || {
+            let mut direct = direct.clone();
+            async move {
+                let waiting: i64 = ::redis::cmd("LLEN")
+                    .arg(list)
+                    .query_async(&mut direct)
+                    .await
+                    .unwrap_or(1);
+                let processing: Vec<String> = ::redis::cmd("KEYS")
+                    .arg("qbridge:processing:*")
+                    .query_async(&mut direct)
+                    .await
+                    .unwrap_or_default();
+                waiting == 0 && processing.is_empty()
+            }
+        })
+        .await;
+    }
+
+    /// Waits until Redis holds `key` (a marker a process writes).
+    pub async fn wait_for_key(&self, what: &str, key: &str) {
+        let direct = self.direct().await;
+        support::wait_for(what, Duration::from_secs(20), || {
+            let mut direct = direct.clone();
+            async move {
+                let value: Option<String> = ::redis::cmd("GET")
+                    .arg(key)
+                    .query_async(&mut direct)
+                    .await
+                    .unwrap_or(None);
+                value.is_some()
+            }
+        })
+        .await;
     }
 
     /// A direct connection to the (restarted) Redis.

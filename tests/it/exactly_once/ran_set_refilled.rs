@@ -10,32 +10,21 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::process_rig::ProcessRig;
+use super::process_rig::{OneRoute, ProcessRig};
 use crate::support;
 
 const ROUTE: &str = "refilled";
 const LIST: &str = "qbt:refilled:jobs";
 
 fn config(dir: &Path, redis_url: &str, proxy_port: u16) -> String {
-    let ledger = dir.join("ran");
-    format!(
-        r#"redis_url = "{redis_url}"
-state_dir = {state:?}
-shutdown_deadline = "1s"
-[proxy]
-enabled = true
-listen = "127.0.0.1:{proxy_port}"
-[[routes]]
-name = "{ROUTE}"
-redis_key = "{LIST}"
-queue = "{ROUTE}"
-format = "json:/id"
-phase = "dual_write"
-handler = {{ type = "command", program = "/bin/sh", args = ["-c", "echo run >> \"$1\"", "sh", {ledger:?}] }}
-redis_consumer = {{ concurrency = 1, consumer_name = "refilled-c1" }}
-"#,
-        state = dir.join("state"),
-    )
+    OneRoute {
+        name: ROUTE,
+        list: LIST,
+        format: "json:/id",
+        script: "echo run >> \"$1\"",
+        args: vec![dir.join("ran")],
+    }
+    .config(dir, redis_url, proxy_port)
 }
 
 #[tokio::test]
@@ -65,33 +54,13 @@ async fn retry_with_postgres_silent(ran_set_gone: bool) {
     rig.redis.kill();
     rig.redis.resume();
     // Postgres answers while the process writes the live-key guard into the
-    // new server; then it goes away.
+    // new server, and the ran set again, marked for this server; then it
+    // goes away.
+    let live = format!("qbridge:live-through:{ROUTE}");
+    rig.wait_for_key("the live-key guard", &live).await;
+    let ran = format!("qbridge:ran-through:{ROUTE}");
+    rig.wait_for_key("the ran set written again", &ran).await;
     let direct = rig.direct().await;
-    support::wait_for("the live-key guard", Duration::from_secs(20), || {
-        let mut direct = direct.clone();
-        async move {
-            let through: Option<String> = ::redis::cmd("GET")
-                .arg(format!("qbridge:live-through:{ROUTE}"))
-                .query_async(&mut direct)
-                .await
-                .unwrap_or(None);
-            through.is_some()
-        }
-    })
-    .await;
-    // And writes the ran set again, marked for this server.
-    support::wait_for("the ran set written again", Duration::from_secs(20), || {
-        let mut direct = direct.clone();
-        async move {
-            let through: Option<String> = ::redis::cmd("GET")
-                .arg(format!("qbridge:ran-through:{ROUTE}"))
-                .query_async(&mut direct)
-                .await
-                .unwrap_or(None);
-            through.is_some()
-        }
-    })
-    .await;
     rig.pg.kill();
     if ran_set_gone {
         let _: i64 = ::redis::cmd("DEL")
@@ -123,22 +92,7 @@ async fn retry_with_postgres_silent(ran_set_gone: bool) {
     if !ran_set_gone {
         // The set written again answers alone: the retry is dropped as run,
         // with Postgres still away.
-        support::wait_for(
-            "the retry dropped by the ran set",
-            Duration::from_secs(20),
-            || {
-                let mut direct = direct.clone();
-                async move {
-                    let lists: Vec<String> = ::redis::cmd("KEYS")
-                        .arg("qbridge:processing:*")
-                        .query_async(&mut direct)
-                        .await
-                        .unwrap_or_default();
-                    lists.is_empty()
-                }
-            },
-        )
-        .await;
+        rig.wait_until_lists_empty(LIST).await;
     }
     // Longer than the consumer's question to Postgres (2 s).
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -149,4 +103,14 @@ async fn retry_with_postgres_silent(ran_set_gone: bool) {
         "the retry ran while Postgres was silent"
     );
     rig.pg.resume();
+    if ran_set_gone {
+        // Postgres back: the retry is judged by its record and dropped.
+        rig.wait_until_lists_empty(LIST).await;
+        let runs = std::fs::read_to_string(rig.dir.path().join("ran")).unwrap_or_default();
+        assert_eq!(
+            runs.lines().count(),
+            1,
+            "the retry ran once Postgres answered"
+        );
+    }
 }

@@ -9,35 +9,21 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::process_rig::ProcessRig;
-use crate::support;
+use super::process_rig::{OneRoute, ProcessRig};
 
 const ROUTE: &str = "kept";
 const LIST: &str = "qbt:kept:jobs";
 
 fn config(format: &str, dir: &Path, redis_url: &str, proxy_port: u16) -> String {
-    let started = dir.join("started");
-    let ledger = dir.join("ran");
     // The handler says it started, takes 12 s, and writes one line per run.
-    format!(
-        r#"redis_url = "{redis_url}"
-state_dir = {state:?}
-shutdown_deadline = "1s"
-[proxy]
-enabled = true
-listen = "127.0.0.1:{proxy_port}"
-[[routes]]
-name = "{ROUTE}"
-redis_key = "{LIST}"
-queue = "{ROUTE}"
-format = "{format}"
-phase = "dual_write"
-handler = {{ type = "command", program = "/bin/sh", args = ["-c", "touch \"$1\"; sleep 12; echo run >> \"$2\"", "sh", {started:?}, {ledger:?}] }}
-redis_consumer = {{ concurrency = 1, consumer_name = "kept-c1" }}
-diff = {{ settle = "0s" }}
-"#,
-        state = dir.join("state"),
-    )
+    OneRoute {
+        name: ROUTE,
+        list: LIST,
+        format,
+        script: "touch \"$1\"; sleep 12; echo run >> \"$2\"",
+        args: vec![dir.join("started"), dir.join("ran")],
+    }
+    .config(dir, redis_url, proxy_port)
 }
 
 #[tokio::test]
@@ -78,19 +64,7 @@ async fn repair_right_after_a_restart_waits_for_the_running_items() {
 /// and repairs `after` the restart: nothing may be pushed back.
 async fn run_through_a_restart(format: &'static str, item: &str, after: Duration) -> ProcessRig {
     let mut rig = ProcessRig::start(|d, u, p| config(format, d, u, p)).await;
-    rig.push(LIST, item).await;
-    support::wait_for_count(
-        &rig.db,
-        "the mirror copy",
-        "SELECT count(*) FROM qbridge.job_keys",
-        1,
-    )
-    .await;
-    let started = rig.dir.path().join("started");
-    support::wait_for("the handler to start", Duration::from_secs(20), || async {
-        started.exists()
-    })
-    .await;
+    rig.push_until_running(LIST, item).await;
     rig.redis.kill();
     rig.redis.resume();
     tokio::time::sleep(after).await;
@@ -105,25 +79,8 @@ async fn run_through_a_restart(format: &'static str, item: &str, after: Duration
 /// The run ends and the lists empty; the job's run is on record once and
 /// its handler ran once.
 async fn settled_after_one_run(rig: &ProcessRig, key: &str) {
-    let direct = rig.direct().await;
     // Everything settles: the run ends, the retry is dropped unrun.
-    support::wait_for("the lists to empty", Duration::from_secs(40), || {
-        let mut direct = direct.clone();
-        async move {
-            let waiting: i64 = ::redis::cmd("LLEN")
-                .arg(LIST)
-                .query_async(&mut direct)
-                .await
-                .unwrap_or(1);
-            let processing: Vec<String> = ::redis::cmd("KEYS")
-                .arg("qbridge:processing:*")
-                .query_async(&mut direct)
-                .await
-                .unwrap_or_default();
-            waiting == 0 && processing.is_empty()
-        }
-    })
-    .await;
+    rig.wait_until_lists_empty(LIST).await;
     let ok: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM qbridge.outcomes WHERE queue = $1 AND key = $2 AND outcome = 'ok'",
     )

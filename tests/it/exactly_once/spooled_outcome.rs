@@ -9,36 +9,23 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::process_rig::ProcessRig;
+use super::process_rig::{OneRoute, ProcessRig};
 use crate::support;
 
 const ROUTE: &str = "spooled";
 const LIST: &str = "qbt:spooled:jobs";
 
 fn config(dir: &Path, redis_url: &str, proxy_port: u16) -> String {
-    let started = dir.join("started");
-    let ledger = dir.join("ran");
     // The handler says it started, takes 2 s (Postgres is killed then),
     // and writes one line per run.
-    format!(
-        r#"redis_url = "{redis_url}"
-state_dir = {state:?}
-shutdown_deadline = "1s"
-[proxy]
-enabled = true
-listen = "127.0.0.1:{proxy_port}"
-[[routes]]
-name = "{ROUTE}"
-redis_key = "{LIST}"
-queue = "{ROUTE}"
-format = "json:/id"
-phase = "dual_write"
-handler = {{ type = "command", program = "/bin/sh", args = ["-c", "touch \"$1\"; sleep 2; echo run >> \"$2\"", "sh", {started:?}, {ledger:?}] }}
-redis_consumer = {{ concurrency = 1, consumer_name = "spool-c1" }}
-diff = {{ settle = "0s" }}
-"#,
-        state = dir.join("state"),
-    )
+    OneRoute {
+        name: ROUTE,
+        list: LIST,
+        format: "json:/id",
+        script: "touch \"$1\"; sleep 2; echo run >> \"$2\"",
+        args: vec![dir.join("started"), dir.join("ran")],
+    }
+    .config(dir, redis_url, proxy_port)
 }
 
 #[tokio::test]
@@ -105,19 +92,7 @@ async fn repair_over_the_admin_api_brings_in_the_spools_of_its_host() {
 /// SIGKILLed and Redis restarted without persistence.
 async fn acked_then_process_and_redis_died() -> ProcessRig {
     let mut rig = ProcessRig::start(config).await;
-    rig.push(LIST, r#"{"id":"k1"}"#).await;
-    support::wait_for_count(
-        &rig.db,
-        "the mirror copy",
-        "SELECT count(*) FROM qbridge.job_keys",
-        1,
-    )
-    .await;
-    let started = rig.dir.path().join("started");
-    support::wait_for("the handler to start", Duration::from_secs(20), || async {
-        started.exists()
-    })
-    .await;
+    rig.push_until_running(LIST, r#"{"id":"k1"}"#).await;
     // Postgres goes away while the job runs; the consumer acks it anyway
     // (its outcome is kept): the ran set holds the key once it is acked.
     rig.pg.kill();
