@@ -28,8 +28,6 @@
 
 use bytes::Bytes;
 
-use super::session::Entry;
-
 /// The entries a connection remembers between two transactions; a restore
 /// reads one entry just before the MULTI that removes it, and every
 /// transaction's end forgets them all, so only a few whole messages are
@@ -76,23 +74,9 @@ impl HeldReads {
         self.0.push((at, value));
     }
 
-    /// At a transaction's EXEC (in database `db`): each removal of held
-    /// entries in it gets the values this connection read for its fields
-    /// (`SetPop::held`); the reads are used up.
-    pub(super) fn resolve(mut self, entries: &mut [Entry], db: Option<i64>) {
-        for entry in entries {
-            let Entry::Pop(pop) = entry else { continue };
-            if !pop.fields {
-                continue;
-            }
-            let fields = pop.named.iter().flatten();
-            pop.held = fields
-                .filter_map(|field| self.take(db, &pop.set, field))
-                .collect();
-        }
-    }
-
-    fn take(&mut self, db: Option<i64>, hash: &[u8], field: &[u8]) -> Option<Bytes> {
+    /// The value this connection read for `field` of `hash` in database
+    /// `db`, used up (one read explains one removal).
+    pub(super) fn take(&mut self, db: Option<i64>, hash: &[u8], field: &[u8]) -> Option<Bytes> {
         let i = self
             .0
             .iter()

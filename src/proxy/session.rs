@@ -390,7 +390,7 @@ impl Session {
                     let reads = std::mem::take(&mut self.held_reads);
                     return match frame {
                         Some(Frame::Array(_)) => {
-                            reads.resolve(&mut entries, self.db);
+                            give_reads(reads, &mut entries, self.db);
                             Action::Exec(entries)
                         }
                         // Aborted by WATCH (nil) or EXECABORT: nothing ran.
@@ -481,3 +481,18 @@ pub(super) fn took(reply: Option<&Frame>) -> bool {
 #[cfg(test)]
 #[path = "session/tests.rs"]
 mod tests;
+
+/// At a transaction's EXEC (in database `db`): each removal of held entries
+/// in it gets the values this connection read for its fields
+/// (`SetPop::held`, see `super::held_read`); the reads are used up.
+fn give_reads(mut reads: HeldReads, entries: &mut [Entry], db: Option<i64>) {
+    for entry in entries {
+        let Entry::Pop(pop) = entry else { continue };
+        if pop.fields {
+            let fields = pop.named.iter().flatten();
+            pop.held = fields
+                .filter_map(|field| reads.take(db, &pop.set, field))
+                .collect();
+        }
+    }
+}
