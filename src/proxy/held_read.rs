@@ -14,8 +14,10 @@
 //! gone. It counts only inside a MULTI whose EXEC Redis ran, for an entry
 //! this connection read (in the same database) since its last transaction
 //! ended, and for the message the same transaction pushes: the message is
-//! the entry's value, read here from the HGET's reply, and the WATCH keeps
-//! the EXEC from running if the entry changed since. Anything else proves
+//! the entry's value, read here from the HGET's reply (kombu WATCHes the
+//! hash, so its EXEC does not run if the entry changed since; a delivery
+//! tag names one message, so what was read is what is removed even
+//! without the WATCH, which the proxy does not check). Anything else proves
 //! nothing and the push stays held: an HDEL outside MULTI, a transaction
 //! that pushes no copy of the entry's message (kombu's ack is a MULTI of
 //! ZREM and HDEL alone), an entry read on another connection or before an

@@ -15,7 +15,8 @@
 //!
 //! Once the handler ends the slot acks as usual; the ack on the old
 //! connection fails, the slot reconnects, finds the kept item in its list
-//! and, the outcome being on record, drops it unrun.
+//! and only finishes it, without running it again (`finish.rs`'s
+//! `Unacked`).
 
 use std::convert::Infallible;
 
