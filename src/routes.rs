@@ -9,6 +9,7 @@ use bytes::Bytes;
 
 use crate::config::{PushEnd, RouteConfig};
 use crate::model::formats::{decode_bytes, Decoded, Format, KeySource};
+use crate::model::phase::key_phase;
 use crate::model::structures::{self, Structure};
 use crate::model::{Phase, PhaseView};
 use crate::shadow::Digester;
@@ -211,11 +212,12 @@ impl Routes {
     /// partial `postgres_only` (the gradual flip), where a key outside the
     /// flipped share is produced as in `shadow`.
     pub fn item_phase(&self, route: &Route, decoded: &Decoded) -> Phase {
-        let base = match &decoded.key {
-            KeySource::Id(id) => id.as_str(),
-            KeySource::ContentHash(hash) => hash.as_str(),
-        };
-        self.phases.for_key(&route.name, base)
+        self.phases.for_key(&route.name, key_base(decoded))
+    }
+
+    /// [`Routes::item_phase`] under a phase and share read before.
+    pub fn item_phase_in(state: (Phase, u8), decoded: &Decoded) -> Phase {
+        key_phase(state.0, state.1, key_base(decoded))
     }
 
     /// The phase of a push command, decided by its first item: only a
@@ -233,6 +235,39 @@ impl Routes {
         }
     }
 
+    /// [`Routes::push_phase`], only when every process routing the route's
+    /// pushes follows the phase change it is from
+    /// ([`crate::model::following`]).
+    pub fn followed_push_phase(&self, route: &Route, first: Option<&Bytes>) -> Option<Phase> {
+        let (phase, percent) = self.phases.followed(&route.name)?;
+        Some(match first {
+            Some(item) if phase == Phase::PostgresOnly && percent < 100 => {
+                let decoded = decode_bytes(&route.format, item.clone());
+                key_phase(phase, percent, key_base(&decoded))
+            }
+            _ => phase,
+        })
+    }
+
+    /// The route's phase and flipped share once every process routing its
+    /// pushes follows the change they are from, waiting up to `most`;
+    /// `None` if they still do not.
+    pub async fn followed_state(
+        &self,
+        route: &Route,
+        most: std::time::Duration,
+    ) -> Option<(Phase, u8)> {
+        let until = tokio::time::Instant::now() + most;
+        loop {
+            if let Some(state) = self.phases.followed(&route.name) {
+                return Some(state);
+            }
+            if !self.phases.wait_followed(&route.name, until).await {
+                return None;
+            }
+        }
+    }
+
     /// The shared phase view (the cutover watch updates it).
     pub fn phases(&self) -> &PhaseView {
         &self.phases
@@ -246,5 +281,14 @@ impl Routes {
     /// True when no route is configured.
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
+    }
+}
+
+/// What a key's share in a gradual flip is decided by: the id, or the
+/// content hash without its occurrence number (so every copy goes one way).
+fn key_base(decoded: &Decoded) -> &str {
+    match &decoded.key {
+        KeySource::Id(id) => id.as_str(),
+        KeySource::ContentHash(hash) => hash.as_str(),
     }
 }

@@ -58,6 +58,9 @@ pub struct RedisSide {
     pub producer: Option<Producer>,
     /// The proxy's writers, when the proxy runs.
     mirror: Option<MirrorWriters>,
+    /// This process among the followers of phase changes, with its pool:
+    /// it leaves once what it routed is written.
+    follower: Option<(PgPool, uuid::Uuid)>,
     /// The RESP proxy, once started; it stops with the intake token.
     proxy: Option<JoinHandle<()>>,
     /// Redis consumers, once started; they stop with the intake token.
@@ -78,12 +81,16 @@ impl RedisSide {
     ) -> Result<RedisSide> {
         // The stored phases, kept current: a phase change reaches every
         // path of this process (proxy, producer, HTTP, both consumers).
-        let (phases, watcher) = watch::attach(
+        // A process that runs the proxy routes pushes: it is one of the
+        // followers every process's pushes wait for after a change.
+        let follower = with_mirror.then(uuid::Uuid::new_v4);
+        let (phases, watcher) = watch::attach_following(
             db,
             cfg.database.listen_url(&cfg.database_url),
             &cfg.routes,
             &cfg.worker_id,
             services.token(),
+            follower,
         )
         .await?;
         if let Some(watcher) = watcher {
@@ -112,6 +119,7 @@ impl RedisSide {
             routes,
             producer,
             mirror,
+            follower: follower.map(|id| (db.clone(), id)),
             proxy: None,
             consumers: Vec::new(),
             outcomes: None,
@@ -245,6 +253,11 @@ impl RedisSide {
             if !writers.is_empty() {
                 tracing::error!("mirror writers did not finish in time; items still queued are neither mirrored nor parked (their Redis copies run; the diff reports them)");
                 writers.abort_all();
+            }
+        }
+        if let Some((db, process)) = self.follower.take() {
+            if let Err(e) = crate::cutover::follow::leave(&db, process).await {
+                tracing::warn!(error = %e, "could not leave the phase followers; the row expires");
             }
         }
     }

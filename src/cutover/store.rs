@@ -108,6 +108,8 @@ pub fn is_legal(from: Phase, to: Phase) -> bool {
 }
 
 type Row = (String, String, DateTime<Utc>, String, String, i16);
+/// A [`Row`] with the flag's revision.
+type RevisedRow = (String, String, DateTime<Utc>, String, String, i16, i64);
 
 fn state(row: Row) -> Result<RouteState, PhaseError> {
     let (route, phase, since, changed_by, reason, percent) = row;
@@ -180,6 +182,25 @@ pub async fn all(pool: &PgPool) -> Result<Vec<RouteState>, PhaseError> {
     .fetch_all(pool)
     .await?;
     rows.into_iter().map(state).collect()
+}
+
+/// Every stored route, by name, each with the revision of its flag (bumped
+/// by every change of phase or share), read together.
+pub async fn all_revised(pool: &PgPool) -> Result<Vec<(RouteState, i64)>, PhaseError> {
+    let rows: Vec<(Row, i64)> = sqlx::query_as::<_, RevisedRow>(
+        "SELECT route, phase, since, changed_by, reason, percent, revision \
+           FROM qbridge.route_phases ORDER BY route",
+    )
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|(route, phase, since, by, reason, percent, revision)| {
+        ((route, phase, since, by, reason, percent), revision)
+    })
+    .collect();
+    rows.into_iter()
+        .map(|(row, revision)| Ok((state(row)?, revision)))
+        .collect()
 }
 
 /// Applies one change by compare-and-swap, with its audit row and NOTIFY.

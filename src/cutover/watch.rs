@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RouteConfig;
+use crate::cutover::follow::{Follow, SOON};
 use crate::cutover::store::{self, PhaseError};
 use crate::metrics as m;
 use crate::model::{Phase, PhaseView};
@@ -41,6 +42,20 @@ pub async fn attach(
     by: &str,
     token: &CancellationToken,
 ) -> Result<(PhaseView, Option<JoinHandle<()>>), PhaseError> {
+    attach_following(pool, listen_url, routes, by, token, None).await
+}
+
+/// [`attach`] for a process that routes pushes (it runs the proxy): it
+/// is recorded as `follower` among those every push waits for after a
+/// change (`super::follow`).
+pub async fn attach_following(
+    pool: &PgPool,
+    listen_url: Option<&str>,
+    routes: &[RouteConfig],
+    by: &str,
+    token: &CancellationToken,
+    follower: Option<uuid::Uuid>,
+) -> Result<(PhaseView, Option<JoinHandle<()>>), PhaseError> {
     if routes.is_empty() {
         return Ok((PhaseView::default(), None));
     }
@@ -53,13 +68,19 @@ pub async fn attach(
         }
         view.set_with_percent(&route.name, state.phase, state.percent);
     }
+    run_once(pool, &view).await?;
     publish(&view, routes.iter().map(|r| r.name.as_str()));
     let names: Vec<String> = routes.iter().map(|r| r.name.clone()).collect();
-    let task = tokio::spawn(run(
+    // Before the first push: this process's place among the followers, and
+    // whether every live one follows what the view holds.
+    let mut follow = Follow::start(pool, &view, names.clone(), follower).await?;
+    follow.step(pool, &view).await?;
+    let listen_url = listen_url.map(str::to_string);
+    let task = tokio::spawn(follow_loop(
         pool.clone(),
-        listen_url.map(str::to_string),
+        listen_url,
         view.clone(),
-        names,
+        (names, follow),
         INTERVAL,
         token.clone(),
     ));
@@ -70,13 +91,16 @@ pub async fn attach(
 /// On error `view` is left as it was.
 pub async fn run_once(pool: &PgPool, view: &PhaseView) -> Result<usize, PhaseError> {
     let mut changed = 0;
-    for state in store::all(pool).await? {
+    for (state, revision) in store::all_revised(pool).await? {
         let before = (view.get(&state.route), view.percent(&state.route));
-        if before != (state.phase, state.percent) {
+        let moved = before != (state.phase, state.percent);
+        if moved {
             tracing::info!(route = %state.route, from = %before.0, to = %state.phase,
                 percent = state.percent, by = %state.changed_by, "route phase changed");
-            view.set_with_percent(&state.route, state.phase, state.percent);
             changed += 1;
+        }
+        if moved || view.revision(&state.route) != revision {
+            view.set_revised(&state.route, state.phase, state.percent, revision);
         }
     }
     Ok(changed)
@@ -93,8 +117,9 @@ fn publish<'a>(view: &PhaseView, routes: impl Iterator<Item = &'a str>) {
     }
 }
 
-/// Polls (and listens) until `token` is cancelled. A failure is logged once
-/// when it starts and once when it ends, not on every poll.
+/// Polls (and listens) until `token` is cancelled, as a process that
+/// routes no pushes. A failure is logged once when it starts and once when
+/// it ends, not on every poll.
 pub async fn run(
     pool: PgPool,
     listen_url: Option<String>,
@@ -103,12 +128,36 @@ pub async fn run(
     interval: Duration,
     token: CancellationToken,
 ) {
+    let follow = match Follow::start(&pool, &view, routes.clone(), None).await {
+        Ok(follow) => follow,
+        Err(e) => return tracing::error!(error = %e, "cannot follow the route phases"),
+    };
+    follow_loop(pool, listen_url, view, (routes, follow), interval, token).await
+}
+
+/// [`run`], with this process's [`Follow`].
+async fn follow_loop(
+    pool: PgPool,
+    listen_url: Option<String>,
+    view: PhaseView,
+    (routes, mut follow): (Vec<String>, Follow),
+    interval: Duration,
+    token: CancellationToken,
+) {
     let mut failing = false;
     let mut listener: Option<PgListener> = None;
     let mut last_listen_try: Option<Instant> = None;
     loop {
-        match run_once(&pool, &view).await {
-            Ok(changed) => {
+        let polled = match run_once(&pool, &view).await {
+            Ok(changed) => (follow.step(&pool, &view).await)
+                .map(|all| (changed, all))
+                .map_err(PhaseError::from),
+            Err(e) => Err(e),
+        };
+        let mut settled = true;
+        match polled {
+            Ok((changed, all)) => {
+                settled = all;
                 if failing {
                     tracing::info!("phase store answers again");
                     failing = false;
@@ -132,7 +181,8 @@ pub async fn run(
             last_listen_try = Some(Instant::now());
             listener = listen(url).await;
         }
-        let wait = tokio::time::sleep(interval);
+        // While a change is not followed by every process, pushes wait.
+        let wait = tokio::time::sleep(if settled { interval } else { SOON });
         tokio::select! {
             _ = token.cancelled() => return,
             _ = wait => {}

@@ -31,6 +31,7 @@ use super::options::{DueWriter, MirrorClosed};
 use super::writer::Mirror;
 use crate::ingest::{self, Item, Via};
 use crate::metrics as m;
+use crate::model::following::RoutedPush;
 use crate::model::formats::{self, decode_bytes, Decoded, Format, KeySource};
 use crate::queue::JobCopy;
 use crate::redis::rq_jobs;
@@ -51,6 +52,7 @@ impl Mirror {
         &self,
         route: Arc<Route>,
         items: Vec<(Bytes, Option<DateTime<Utc>>)>,
+        routed: Option<RoutedPush>,
     ) -> Result<(), MirrorClosed> {
         let due = self.due.clone();
         let permit = Arc::clone(&due.room)
@@ -58,7 +60,7 @@ impl Mirror {
             .await
             .map_err(|_| MirrorClosed)?;
         tokio::spawn(async move {
-            let _permit = permit;
+            let (_permit, _routed) = (permit, routed);
             // Postgres hanging must not hold the room for good: every ZADD
             // to these sets waits for it, Sidekiq's retry handler's too.
             let (items, unread) = with_rq_jobs(&due, &route, items).await;

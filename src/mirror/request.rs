@@ -10,6 +10,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use super::options::StoreError;
 use crate::ingest::{Stored, Via};
+use crate::model::following::RoutedPush;
 use crate::queue::JobCopy;
 use crate::routes::Route;
 
@@ -32,4 +33,7 @@ pub(super) struct Request {
     pub(super) reply: Option<oneshot::Sender<Result<Vec<Stored>, StoreError>>>,
     /// Returned to the budget when the request is done.
     pub(super) _permit: OwnedSemaphorePermit,
+    /// The proxy's count of the push as routed and not yet written
+    /// ([`crate::model::following`]), dropped once it is written or parked.
+    pub(super) _routed: Option<RoutedPush>,
 }

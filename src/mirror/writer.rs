@@ -24,8 +24,12 @@ use super::retained::{Kept, Retained};
 use super::spool;
 use crate::ingest::{Stored, Via};
 use crate::metrics as m;
+use crate::model::following::RoutedPush;
 use crate::queue::JobCopy;
 use crate::routes::Route;
+
+/// Where a live store's result goes.
+type Reply = oneshot::Sender<Result<Vec<Stored>, StoreError>>;
 
 /// A handle to the writers. Cheap to clone; the writers stop once every
 /// handle is dropped and the queue is drained.
@@ -120,7 +124,8 @@ impl Mirror {
         items: Vec<Bytes>,
         acked_at: Instant,
     ) -> Result<(), MirrorClosed> {
-        self.mirror_as(route, items, (acked_at, None), false).await
+        self.mirror_as(route, items, (acked_at, None), false, None)
+            .await
     }
 
     /// [`Mirror::mirror`], the copies recorded in `job_keys` alone when
@@ -134,10 +139,11 @@ impl Mirror {
         items: Vec<Bytes>,
         acked: (Instant, Option<Arc<str>>),
         ledger_only: bool,
+        routed: Option<RoutedPush>,
     ) -> Result<(), MirrorClosed> {
         let (name, n) = (route.name.clone(), items.len() as u64);
         let copy = (JobCopy::Mirror, Via::Proxy, ledger_only);
-        let queued = self.send(route, items, copy, acked, None).await;
+        let queued = self.send(route, items, copy, acked, (None, routed)).await;
         if queued.is_err() {
             // Redis has the item and runs it; only its mirror copy is
             // missing, and the diff reports it.
@@ -154,8 +160,14 @@ impl Mirror {
     ) -> Result<Vec<Stored>, StoreError> {
         let (reply, rx) = oneshot::channel();
         let copy = (JobCopy::Live, Via::Proxy, false);
-        self.send(route, items, copy, (Instant::now(), None), Some(reply))
-            .await?;
+        self.send(
+            route,
+            items,
+            copy,
+            (Instant::now(), None),
+            (Some(reply), None),
+        )
+        .await?;
         rx.await.map_err(|_| MirrorClosed)?
     }
 
@@ -165,7 +177,7 @@ impl Mirror {
         items: Vec<Bytes>,
         (copy, via, ledger_only): (JobCopy, Via, bool),
         (acked_at, acked_by): (Instant, Option<Arc<str>>),
-        reply: Option<oneshot::Sender<Result<Vec<Stored>, StoreError>>>,
+        (reply, routed): (Option<Reply>, Option<RoutedPush>),
     ) -> Result<(), MirrorClosed> {
         let bytes: usize = items.iter().map(|i| i.len() + 64).sum();
         let units = u32::try_from(bytes.div_ceil(UNIT))
@@ -187,6 +199,7 @@ impl Mirror {
             writes: uuid::Uuid::new_v4(),
             reply,
             _permit: permit,
+            _routed: routed,
         };
         self.tx.send(request).await.map_err(|_| MirrorClosed)?;
         if live {

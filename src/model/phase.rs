@@ -7,6 +7,8 @@ use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 
+use super::following::{Routed, RoutedPush};
+
 /// Where a route is in its migration (ARCHITECTURE.md, "Vocabulary"), in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -100,39 +102,79 @@ pub fn bucket(key: &str) -> u8 {
 ///
 /// A route the view does not know reads as [`Phase::RedisOnly`]: qbridge then
 /// only forwards, which is what it did before the route existed.
+///
+/// It also holds, per route, the revision of the stored flag the view
+/// shows and the one every process routing the route's pushes follows, and
+/// the count of the pushes this process routed ([`super::following`]).
 #[derive(Debug, Clone, Default)]
 pub struct PhaseView {
-    phases: Arc<RwLock<HashMap<String, (Phase, u8)>>>,
+    phases: Arc<RwLock<HashMap<String, RouteView>>>,
+    routed: Arc<Routed>,
+}
+
+/// One route as the view holds it.
+#[derive(Debug, Clone, Copy)]
+struct RouteView {
+    phase: Phase,
+    percent: u8,
+    /// The stored flag's revision the phase and share are from.
+    revision: i64,
+    /// The revision every live follower follows (see [`super::following`]).
+    followed: i64,
+}
+
+impl RouteView {
+    const UNKNOWN: RouteView = RouteView {
+        phase: Phase::RedisOnly,
+        percent: 100,
+        revision: 0,
+        followed: 0,
+    };
+}
+
+/// The phase a key base is produced in when its route is in `phase` with
+/// `percent` of its keys flipped (see [`PhaseView::for_key`]).
+pub fn key_phase(phase: Phase, percent: u8, key: &str) -> Phase {
+    match (phase, percent) {
+        (Phase::PostgresOnly, pct) if pct < 100 && bucket(key) >= pct => Phase::Shadow,
+        (phase, _) => phase,
+    }
 }
 
 impl PhaseView {
     /// A view holding these route → phase pairs (all keys flipped).
     pub fn new(initial: impl IntoIterator<Item = (String, Phase)>) -> Self {
-        PhaseView {
-            phases: Arc::new(RwLock::new(
-                initial.into_iter().map(|(r, p)| (r, (p, 100))).collect(),
-            )),
+        let view = PhaseView::default();
+        for (route, phase) in initial {
+            view.set(&route, phase);
         }
+        view
     }
 
-    fn read(&self, route: &str) -> (Phase, u8) {
+    fn read(&self, route: &str) -> RouteView {
         // A poisoned lock only means a writer panicked mid-insert of a Copy
         // value: the map itself is intact, so keep serving it.
         let phases = self.phases.read().unwrap_or_else(|e| e.into_inner());
-        phases
-            .get(route)
-            .copied()
-            .unwrap_or((Phase::RedisOnly, 100))
+        phases.get(route).copied().unwrap_or(RouteView::UNKNOWN)
+    }
+
+    fn update(&self, route: &str, change: impl FnOnce(&mut RouteView)) {
+        let mut phases = self.phases.write().unwrap_or_else(|e| e.into_inner());
+        change(
+            phases
+                .entry(route.to_string())
+                .or_insert(RouteView::UNKNOWN),
+        );
     }
 
     /// The route's current phase.
     pub fn get(&self, route: &str) -> Phase {
-        self.read(route).0
+        self.read(route).phase
     }
 
     /// The share of keys (percent) that go Postgres-only in `postgres_only`.
     pub fn percent(&self, route: &str) -> u8 {
-        self.read(route).1
+        self.read(route).percent
     }
 
     /// The phase a job with this key base (an id, or a content hash) is
@@ -140,10 +182,8 @@ impl PhaseView {
     /// share are produced as in `shadow` (written to both sides, run live on
     /// Redis). Every other phase applies to every key.
     pub fn for_key(&self, route: &str, key: &str) -> Phase {
-        match self.read(route) {
-            (Phase::PostgresOnly, pct) if pct < 100 && bucket(key) >= pct => Phase::Shadow,
-            (phase, _) => phase,
-        }
+        let r = self.read(route);
+        key_phase(r.phase, r.percent, key)
     }
 
     /// Sets the route's phase with every key flipped; every clone sees it at once.
@@ -153,8 +193,69 @@ impl PhaseView {
 
     /// Sets the route's phase and flipped share.
     pub fn set_with_percent(&self, route: &str, phase: Phase, percent: u8) {
-        let mut phases = self.phases.write().unwrap_or_else(|e| e.into_inner());
-        phases.insert(route.to_string(), (phase, percent.min(100)));
+        self.update(route, |r| {
+            r.phase = phase;
+            r.percent = percent.min(100);
+        });
+    }
+
+    /// Sets the route's phase and flipped share as of the stored flag's
+    /// `revision`, in one step: a push reading the new phase also reads
+    /// that the new revision is not followed yet.
+    pub fn set_revised(&self, route: &str, phase: Phase, percent: u8, revision: i64) {
+        self.update(route, |r| {
+            r.phase = phase;
+            r.percent = percent.min(100);
+            r.revision = revision;
+        });
+    }
+
+    /// The stored flag's revision the view holds for the route.
+    pub fn revision(&self, route: &str) -> i64 {
+        self.read(route).revision
+    }
+
+    /// Records that every live follower follows `revision` of the route.
+    pub fn set_followed(&self, route: &str, revision: i64) {
+        self.update(route, |r| r.followed = r.followed.max(revision));
+        self.routed.followed.notify_waiters();
+    }
+
+    /// Whether every live follower follows the revision the view holds.
+    pub fn followed_by_all(&self, route: &str) -> bool {
+        let r = self.read(route);
+        r.followed >= r.revision
+    }
+
+    /// The route's phase and flipped share, only when every live follower
+    /// follows the revision they are from (read together).
+    pub fn followed(&self, route: &str) -> Option<(Phase, u8)> {
+        let r = self.read(route);
+        (r.followed >= r.revision).then_some((r.phase, r.percent))
+    }
+
+    /// Waits until every live follower follows the revision the view holds
+    /// for the route, or `until`; whether they do.
+    pub async fn wait_followed(&self, route: &str, until: tokio::time::Instant) -> bool {
+        loop {
+            let changed = self.routed.followed.notified();
+            if self.followed_by_all(route) {
+                return true;
+            }
+            if tokio::time::timeout_at(until, changed).await.is_err() {
+                return self.followed_by_all(route);
+            }
+        }
+    }
+
+    /// The pushes this process routed and has not written yet.
+    pub fn routed(&self) -> &Arc<Routed> {
+        &self.routed
+    }
+
+    /// Counts one push routed now (see [`super::following`]).
+    pub fn route_push(&self) -> RoutedPush {
+        self.routed.push()
     }
 }
 

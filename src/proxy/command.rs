@@ -17,6 +17,7 @@ use bytes::Bytes;
 use tokio::task::JoinHandle;
 
 use crate::config::DualWriteMirrors;
+use crate::model::following::RoutedPush;
 use crate::model::formats::Format;
 use crate::model::Phase;
 use crate::routes::Route;
@@ -75,13 +76,20 @@ pub(super) struct MirrorPush {
     /// entries there (`[routes.shadow] dual_write = "ledger"`, the default):
     /// recorded in `job_keys` alone (`ingest::Item::ledger_only`).
     pub ledger_only: bool,
+    /// Counts the push as routed until its mirror copy is written.
+    pub routed: RoutedPush,
 }
 
 impl MirrorPush {
     /// A push of `items` on `route` read in `phase`. An RQ item keeps its
     /// row: its payload carries the job's hash read from Redis (`rq:job:<id>`),
     /// which the ledger's bytes (the id alone) do not.
-    pub fn new(route: Arc<Route>, items: Vec<Bytes>, phase: Phase) -> MirrorPush {
+    pub fn new(
+        route: Arc<Route>,
+        items: Vec<Bytes>,
+        phase: Phase,
+        routed: RoutedPush,
+    ) -> MirrorPush {
         let ledger_only = phase == Phase::DualWrite
             && route.config.cutover.shadow.dual_write == DualWriteMirrors::Ledger
             && route.format != Format::Rq;
@@ -90,6 +98,7 @@ impl MirrorPush {
             items,
             due: None,
             ledger_only,
+            routed,
         }
     }
 }
@@ -189,6 +198,8 @@ pub(super) struct LocalPush {
     pub route: Arc<Route>,
     pub items: usize,
     pub store: LocalStore,
+    /// Counts the push as routed until it is answered.
+    pub _routed: RoutedPush,
 }
 
 /// What the reader tells the reply side about each command, in command

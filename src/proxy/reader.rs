@@ -30,10 +30,10 @@ use super::command::{is_push, Cmd, LocalPush, LocalStore, MirrorPush, ReplyMode,
 use super::frame::{command_name, parse_command};
 use super::link::{Link, Selected, Shared};
 use crate::metrics as m;
-use crate::model::formats::decode_bytes;
 use crate::model::Phase;
-use crate::routes::Route;
 
+mod follow;
+mod given_back;
 mod scripts;
 mod sets;
 
@@ -319,7 +319,12 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
         else {
             return Ok(Routing::NotRouted);
         };
-        let phase = self.shared.routes.push_phase(&route, args.get(2));
+        let Some((routed, phase)) = self
+            .followed_phase(&route, args.get(2), batch, read_at)
+            .await?
+        else {
+            return Ok(Routing::Local(Tag::Answer(follow::NOT_FOLLOWED)));
+        };
         let local = matches!(phase, Phase::PostgresOnly | Phase::Decommissioned);
         if local && !selected.authed {
             // Redis would refuse it; the proxy answering in its place must
@@ -332,7 +337,9 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
         match phase {
             Phase::RedisOnly => return Ok(Routing::NotRouted),
             Phase::DualWrite | Phase::Shadow => {
-                return Ok(Routing::Forward(MirrorPush::new(route, items, phase)));
+                return Ok(Routing::Forward(MirrorPush::new(
+                    route, items, phase, routed,
+                )));
             }
             Phase::PostgresOnly | Phase::Decommissioned => {}
         }
@@ -371,28 +378,8 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             route,
             items: count,
             store,
+            _routed: routed,
         })))
-    }
-
-    /// The items of a push this connection took off the route's list itself
-    /// (`super::list_pop`): it gives them back, and Redis holds them no
-    /// more. As `(queue, key, structure)` release rows.
-    fn given_back(&self, route: &Route, items: &[Bytes]) -> Vec<(String, String, String)> {
-        if self.link.taken.is_empty() {
-            return Vec::new();
-        }
-        let list = String::from_utf8_lossy(&route.redis_key).into_owned();
-        items
-            .iter()
-            .filter_map(|item| {
-                let key = decode_bytes(&route.format, item.clone()).key;
-                let key = (!key.is_content_hash()).then(|| key.with_occurrence(0))?;
-                self.link.taken.give_back(&route.name, &key).then(|| {
-                    let by = format!("{list} (handed back by the client that took it)");
-                    (route.queue.clone(), key, by)
-                })
-            })
-            .collect()
     }
 
     /// The database the next command runs in and whether Redis has the

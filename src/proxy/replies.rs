@@ -439,11 +439,13 @@ impl<R: AsyncRead + Unpin> Replies<R> {
             // Members of a schedule or retry set: copies due at their times.
             Some(due) => {
                 let items = push.items.into_iter().zip(due).collect();
-                self.settle(mirror.mirror_due(push.route, items)).await
+                self.settle(mirror.mirror_due(push.route, items, Some(push.routed)))
+                    .await
             }
             None => {
                 let acked = (Instant::now(), self.link.server.clone());
-                let queued = mirror.mirror_as(push.route, push.items, acked, push.ledger_only);
+                let (ledger_only, routed) = (push.ledger_only, Some(push.routed));
+                let queued = mirror.mirror_as(push.route, push.items, acked, ledger_only, routed);
                 self.settle(queued).await
             }
         };

@@ -33,6 +33,7 @@ use sqlx::{PgConnection, PgPool};
 use crate::error::{Error, Result};
 use crate::ingest::{self, Item, Stored, Via};
 use crate::metrics as m;
+use crate::model::following::{FOLLOW_WAIT, NOT_FOLLOWED};
 use crate::model::formats::decode_bytes;
 use crate::model::Phase;
 use crate::queue::JobCopy;
@@ -159,7 +160,12 @@ impl Producer {
             .by_name(route)
             .cloned()
             .ok_or_else(|| Error::InvalidInput(format!("no route named {route:?}")))?;
-        let phase = self.routes.phase(&route);
+        // Under a phase every process routing the route's pushes follows:
+        // a proxy's push of the same job made under the phase before may
+        // still be on its way to Postgres (`model::following`).
+        let state = (self.routes.followed_state(&route, FOLLOW_WAIT).await)
+            .ok_or_else(|| Error::Refused(NOT_FOLLOWED.into()))?;
+        let phase = state.0;
         metrics::counter!(m::ROUTE_PUSHES, "route" => route.name.clone(),
             "phase" => phase.as_str(), "via" => self.via.as_str())
         .increment(items.len() as u64);
@@ -179,7 +185,7 @@ impl Producer {
             .iter()
             .map(|bytes| {
                 let decoded = decode_bytes(&route.format, bytes.clone());
-                let copy = match self.routes.item_phase(&route, &decoded).postgres_is_live() {
+                let copy = match Routes::item_phase_in(state, &decoded).postgres_is_live() {
                     true => JobCopy::Live,
                     false => JobCopy::Mirror,
                 };

@@ -7,6 +7,7 @@ mod decommission;
 mod decommission_gap;
 mod decommission_idle;
 mod due_settle;
+mod followers;
 mod framework_structures;
 mod gate_noise;
 mod gradual;

@@ -14,6 +14,7 @@ mod identical_under_load;
 mod in_flight_at_flip;
 mod key_drift;
 mod lost_report;
+mod paused_link;
 mod popped_then_lost;
 mod process_rig;
 mod promotion;
@@ -57,14 +58,24 @@ impl ProxySide {
     /// [`ProxySide::start`] in front of the Redis at `redis_url` (a
     /// throwaway one, for keys shared by every queue such as Sidekiq's sets).
     pub async fn start_on(pool: &PgPool, toml: &str, redis_url: &str) -> ProxySide {
+        ProxySide::start_with(toml, redis_url, &support::db_url(pool)).await
+    }
+
+    /// [`ProxySide::start_on`] reaching the test's database at
+    /// `database_url` (through a relay the test can pause, say).
+    pub async fn start_with(toml: &str, redis_url: &str, database_url: &str) -> ProxySide {
         let overrides = Overrides {
-            database_url: Some(support::db_url(pool)),
+            database_url: Some(database_url.into()),
             redis_url: Some(redis_url.into()),
             ..Overrides::default()
         };
         let config = Config::from_toml(&format!("[proxy]\nenabled = true\n{toml}"), &overrides)
             .expect("config");
-        let db = support::extra_pool(pool, 8).await;
+        let db = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .connect(database_url)
+            .await
+            .expect("the proxy's pool connects");
         let mut services = Services::new();
         let mut side = RedisSide::start(&config, &db, true, &mut services)
             .await

@@ -84,6 +84,7 @@ async fn a_push_gathered_as_parked_items_are_retried_is_kept() {
         writes: k.writes,
         reply: None,
         _permit: permit,
+        _routed: None,
     })
     .await
     .unwrap();

@@ -52,28 +52,31 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             return Ok(Routing::NotRouted);
         };
         let routes = &self.shared.routes;
-        let (route, phase, mirror) = match push {
-            ScriptPush::List { list, item } => {
-                let Some(route) = routes.by_db_key(db, &list).cloned() else {
-                    return Ok(Routing::NotRouted);
-                };
-                let phase = routes.push_phase(&route, Some(&item));
-                let mirror = MirrorPush::new(route.clone(), vec![item], phase);
-                (route, phase, mirror)
+        let (route, first) = match &push {
+            ScriptPush::List { list, item } => (routes.by_db_key(db, list), Some(item)),
+            ScriptPush::SetAdd { set, member, .. } => (routes.set_route(db, set, member), None),
+        };
+        let Some(route) = route.cloned() else {
+            return Ok(Routing::NotRouted);
+        };
+        let first = first.cloned();
+        let Some((routed, phase)) = self
+            .followed_phase(&route, first.as_ref(), batch, read_at)
+            .await?
+        else {
+            return Ok(Routing::Local(Tag::Answer(super::follow::NOT_FOLLOWED)));
+        };
+        let mirror = match push {
+            ScriptPush::List { item, .. } => {
+                MirrorPush::new(route.clone(), vec![item], phase, routed)
             }
-            ScriptPush::SetAdd { set, member, score } => {
-                let Some(route) = routes.set_route(db, &set, &member).cloned() else {
-                    return Ok(Routing::NotRouted);
-                };
-                let phase = routes.phase(&route);
-                let mirror = MirrorPush {
-                    route: route.clone(),
-                    items: vec![member],
-                    due: Some(vec![score_time(score)]),
-                    ledger_only: false,
-                };
-                (route, phase, mirror)
-            }
+            ScriptPush::SetAdd { member, score, .. } => MirrorPush {
+                route: route.clone(),
+                items: vec![member],
+                due: Some(vec![score_time(score)]),
+                ledger_only: false,
+                routed,
+            },
         };
         metrics::counter!(m::ROUTE_PUSHES, "route" => route.name.clone(), "phase" => phase.as_str(), "via" => "proxy")
             .increment(1);

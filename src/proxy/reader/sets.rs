@@ -13,7 +13,7 @@ use super::{Batch, Reader, Routing};
 use crate::metrics as m;
 use crate::model::structures::score_time;
 use crate::model::Phase;
-use crate::proxy::command::{classify, zadd_members, Cmd, MirrorPush};
+use crate::proxy::command::{classify, zadd_members, Cmd, MirrorPush, Tag};
 use crate::proxy::{held_read, list_pop, set_pop};
 
 impl<W: AsyncWrite + Unpin> Reader<W> {
@@ -47,7 +47,10 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
         else {
             return Ok(Routing::NotRouted);
         };
-        let phase = routes.phase(&route);
+        let Some((routed, phase)) = self.followed_phase(&route, None, batch, read_at).await? else {
+            return Ok(Routing::Local(Tag::Answer(super::follow::NOT_FOLLOWED)));
+        };
+        let routes = &self.shared.routes;
         if !matches!(phase, Phase::DualWrite | Phase::Shadow) {
             return Ok(Routing::NotRouted);
         }
@@ -70,6 +73,7 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             items,
             due,
             ledger_only,
+            routed,
         }))
     }
 

@@ -99,7 +99,8 @@ fn mirror_push() -> MirrorPush {
     let routes = crate::routes::Routes::from_config(&config.routes);
     let route = std::sync::Arc::clone(routes.by_name("r").expect("route"));
     let item = Bytes::from_static(br#"{"id":"k"}"#);
-    MirrorPush::new(route, vec![item], crate::model::Phase::DualWrite)
+    let routed = crate::model::PhaseView::default().route_push();
+    MirrorPush::new(route, vec![item], crate::model::Phase::DualWrite, routed)
 }
 
 /// Redis's answer to a CLIENT REPLY command (sent to Redis as ON), taken.

@@ -7,6 +7,7 @@ use sqlx::PgPool;
 
 use qbridge::redis::keys::RouteKeys;
 
+use super::paused_link::PausedLink;
 use super::{delete_keys, ProxySide, REDIS};
 
 async fn redis() -> ::redis::aio::MultiplexedConnection {
@@ -19,14 +20,19 @@ async fn redis() -> ::redis::aio::MultiplexedConnection {
 
 /// An LPUSH through the proxy; its reply, an integer or an error's text.
 async fn push_through(side: &ProxySide, list: &str, item: &[u8]) -> Result<i64, String> {
-    let mut conn = ::redis::Client::open(side.url())
+    push_to(side.url(), list.to_string(), item.to_vec()).await
+}
+
+/// An LPUSH through the proxy at `url`.
+async fn push_to(url: String, list: String, item: Vec<u8>) -> Result<i64, String> {
+    let mut conn = ::redis::Client::open(url)
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
     ::redis::cmd("LPUSH")
-        .arg(list)
-        .arg(item)
+        .arg(&list)
+        .arg(&item)
         .query_async(&mut conn)
         .await
         .map_err(|e| e.to_string())
@@ -101,5 +107,72 @@ async fn a_repush_of_a_push_parked_before_the_flip_does_not_run_as_a_new_job(poo
     let mirror = "SELECT count(*) FROM qbridge.job_keys WHERE key = 'k-parked' AND copy = 'mirror'";
     assert_eq!(count(&pool, mirror).await, 1);
     side.stop().await;
+    delete_keys(&[&list, &format!("qbridge:*:{route}*")]).await;
+}
+
+/// The original's mirror copy is still being written by another proxy
+/// process when the route flips: that process's Postgres path stalls, so
+/// its write hangs and its view still says `shadow`. Before the fix the
+/// re-push through a process that followed the flip was stored as a new
+/// live job while Redis held the original (its side would run it too). Now
+/// a live store waits until every proxy process has followed the change,
+/// with every push it forwarded before written; the re-push then finds the
+/// original's copy and is held as any re-push of a mirrored key.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_repush_while_another_process_still_writes_the_original_is_held(pool: PgPool) {
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let (route, list) = (format!("f{id}"), format!("qbt:{id}:jobs"));
+    let toml = format!(
+        "[[routes]]\nname = \"{route}\"\nredis_key = \"{list}\"\nqueue = \"q\"\n\
+         format = \"json:/id\"\nphase = \"shadow\"\nredis_side = \"qbridge\"\n"
+    );
+    let item = br#"{"id":"k-in-flight"}"#;
+    let link = PausedLink::to_postgres().await;
+    let lagging = ProxySide::start_with(&toml, REDIS, &link.url(&pool)).await;
+    let following = ProxySide::start(&pool, &toml).await;
+
+    link.pause();
+    assert_eq!(push_through(&lagging, &list, item).await, Ok(1));
+    let flip = format!(
+        "UPDATE qbridge.route_phases SET phase = 'postgres_only', since = now() WHERE route = '{route}'"
+    );
+    sqlx::query(&flip).execute(&pool).await.unwrap();
+    let routes = following.side_routes();
+    crate::support::wait_for(
+        "the following process sees the flip",
+        std::time::Duration::from_secs(10),
+        || {
+            let phase = routes.phases().get(&route);
+            async move { phase == qbridge::model::Phase::PostgresOnly }
+        },
+    )
+    .await;
+    let repush = tokio::spawn(push_to(following.url(), list.clone(), item.to_vec()));
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    link.resume();
+    let answered = repush.await.unwrap();
+    let answered = match answered {
+        Ok(n) => Ok(n),
+        // Refused while the other process had not followed: the client
+        // retries, as it would.
+        Err(_) => push_through(&following, &list, item).await,
+    };
+    assert_eq!(answered, Ok(1), "the re-push is answered");
+    // The lagging process writes the original's copy once its path
+    // resumes (a duplicate, when the key was stored live first).
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let live = "SELECT count(*) FROM qbridge.jobs WHERE key = 'k-in-flight' AND copy = 'live'";
+    assert_eq!(
+        count(&pool, live).await,
+        0,
+        "no live job beside Redis's original"
+    );
+    let held = "SELECT count(*) FROM qbridge.held_repushes WHERE key = 'k-in-flight'";
+    assert_eq!(count(&pool, held).await, 1);
+    let mirror =
+        "SELECT count(*) FROM qbridge.job_keys WHERE key = 'k-in-flight' AND copy = 'mirror'";
+    assert_eq!(count(&pool, mirror).await, 1);
+    lagging.stop().await;
+    following.stop().await;
     delete_keys(&[&list, &format!("qbridge:*:{route}*")]).await;
 }
