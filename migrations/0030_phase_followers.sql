@@ -33,4 +33,3 @@ CREATE TABLE qbridge.phase_followers (
     beat     timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (process, route)
 );
-CREATE INDEX phase_followers_route_idx ON qbridge.phase_followers (route, beat);

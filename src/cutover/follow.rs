@@ -31,8 +31,21 @@ const DRAIN_STEP: Duration = Duration::from_millis(100);
 const BEAT_SQL: &str = r#"
 INSERT INTO qbridge.phase_followers AS f (process, route, followed)
 SELECT $1, t.route, t.followed FROM unnest($2::text[], $3::int8[]) AS t(route, followed)
-ON CONFLICT (process, route) DO UPDATE SET followed = EXCLUDED.followed, beat = now()
+ON CONFLICT (process, route)
+DO UPDATE SET followed = greatest(f.followed, EXCLUDED.followed), beat = now()
 "#;
+
+/// Rows of followers gone for good (each start is a new process).
+const FORGET_SQL: &str =
+    "DELETE FROM qbridge.phase_followers WHERE beat < now() - interval '1 day'";
+
+/// What a stopping follower leaves: a revision no change reaches, so its
+/// row holds nothing back even if a last beat writes it again.
+const LEFT: i64 = i64::MAX;
+
+/// How long a generation may take to drain before the watch says which
+/// process holds every route's pushes back, and how many it waits for.
+const SLOW_DRAIN: Duration = Duration::from_secs(5);
 
 /// Per route, the lowest revision a live follower follows.
 const FOLLOWED_SQL: &str = r#"
@@ -50,7 +63,17 @@ pub struct Follow {
     /// The revision this process follows, per route.
     follows: HashMap<String, i64>,
     /// A generation closed, and the revisions followed once it drains.
-    closing: Option<(Barrier, HashMap<String, i64>)>,
+    closing: Option<Closing>,
+}
+
+/// A generation this process closed and waits for.
+#[derive(Debug)]
+struct Closing {
+    barrier: Barrier,
+    /// The revisions followed once it drains.
+    held: HashMap<String, i64>,
+    since: std::time::Instant,
+    warned: bool,
 }
 
 impl Follow {
@@ -73,6 +96,9 @@ impl Follow {
             follows,
             closing: None,
         };
+        if process.is_some() {
+            sqlx::query(FORGET_SQL).execute(pool).await?;
+        }
         follow.beat(pool).await?;
         Ok(follow)
     }
@@ -87,17 +113,29 @@ impl Follow {
                 .iter()
                 .any(|r| view.revision(r) > self.follows[r]);
             if behind && self.closing.is_none() {
-                let held = self
-                    .routes
-                    .iter()
-                    .map(|r| (r.clone(), view.revision(r)))
-                    .collect();
-                self.closing = Some((view.routed().barrier(), held));
+                self.closing = Some(Closing {
+                    barrier: view.routed().barrier(),
+                    held: self
+                        .routes
+                        .iter()
+                        .map(|r| (r.clone(), view.revision(r)))
+                        .collect(),
+                    since: std::time::Instant::now(),
+                    warned: false,
+                });
             }
-            if let Some((barrier, held)) = &self.closing {
-                if view.routed().drain(*barrier, DRAIN_STEP).await {
-                    self.follows = held.clone();
+            if let Some(closing) = &mut self.closing {
+                if view.routed().drain(closing.barrier, DRAIN_STEP).await {
+                    self.follows = std::mem::take(&mut closing.held);
                     self.closing = None;
+                } else if closing.since.elapsed() >= SLOW_DRAIN && !closing.warned {
+                    closing.warned = true;
+                    let pending = view.routed().pending(closing.barrier);
+                    tracing::warn!(pending, process = %self.process.unwrap_or_default(),
+                        "pushes this proxy routed before a phase change are still not written \
+                         (a client not reading its replies, a Redis not answering, a MULTI \
+                         left open); until they are, pushes on changed routes wait and are \
+                         refused after 8 s");
                 }
             }
             self.beat(pool).await?;
@@ -139,10 +177,12 @@ impl Follow {
     }
 }
 
-/// Removes a stopping follower, once everything it routed is written.
+/// A stopping follower, once everything it routed is written, no longer
+/// holds any push back (its row expires after [`EXPIRY`]).
 pub async fn leave(pool: &PgPool, process: Uuid) -> sqlx::Result<()> {
-    sqlx::query("DELETE FROM qbridge.phase_followers WHERE process = $1")
+    sqlx::query("UPDATE qbridge.phase_followers SET followed = $2 WHERE process = $1")
         .bind(process)
+        .bind(LEFT)
         .execute(pool)
         .await?;
     Ok(())

@@ -3,6 +3,7 @@
 //! and stored in one transaction.
 
 use std::collections::HashMap;
+use std::time::Duration;
 use std::time::Instant;
 
 use ::redis::aio::ConnectionManager;
@@ -81,7 +82,40 @@ pub(super) async fn rq_jobs_of(
 /// (payloads, keys, bind arrays) cost about 3 KiB each, far past the mirror
 /// buffer. Chunks of one transaction see each other's rows, so keys and
 /// duplicates come out as in one statement.
+///
+/// A batch not committed within [`COMMIT_WITHIN`] (and a second per
+/// [`ITEMS_PER_SECOND`] items, for a bulk push of a million) fails as if
+/// Postgres were away, and its mirror copies are parked in the gap list: a proxy
+/// whose path to Postgres stalls must not keep writing them past the
+/// moment the other processes take it for gone (`cutover::follow::EXPIRY`)
+/// and store a re-push of one of them live. (Writes carry their write ids,
+/// so a batch that did commit is not numbered twice by the retry.)
 pub(super) async fn write_batch(
+    pool: &PgPool,
+    all: Vec<Part<'_>>,
+    rq_jobs: &HashMap<String, JobHash>,
+    payload_limit: usize,
+    chunk: usize,
+) -> Result<Vec<Stored>, Error> {
+    let within = COMMIT_WITHIN + Duration::from_secs((all.len() / ITEMS_PER_SECOND) as u64);
+    let write = write_in_one(pool, all, rq_jobs, payload_limit, chunk);
+    match tokio::time::timeout(within, write).await {
+        Ok(written) => written,
+        Err(_) => Err(Error::Db(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("mirror batch not committed within {within:?}"),
+        )))),
+    }
+}
+
+/// How long a batch may take to commit (see [`write_batch`]), shorter than
+/// `cutover::follow::EXPIRY`.
+const COMMIT_WITHIN: Duration = Duration::from_secs(3);
+
+/// Items a batch is given one more second for.
+const ITEMS_PER_SECOND: usize = 20_000;
+
+async fn write_in_one(
     pool: &PgPool,
     all: Vec<Part<'_>>,
     rq_jobs: &HashMap<String, JobHash>,

@@ -158,6 +158,17 @@ impl Mirror {
         route: Arc<Route>,
         items: Vec<Bytes>,
     ) -> Result<Vec<Stored>, StoreError> {
+        self.store_live_routed(route, items, None).await
+    }
+
+    /// [`Mirror::store_live`] of a push the proxy counts as routed until
+    /// this write ends ([`crate::model::following`]).
+    pub async fn store_live_routed(
+        &self,
+        route: Arc<Route>,
+        items: Vec<Bytes>,
+        routed: Option<RoutedPush>,
+    ) -> Result<Vec<Stored>, StoreError> {
         let (reply, rx) = oneshot::channel();
         let copy = (JobCopy::Live, Via::Proxy, false);
         self.send(
@@ -165,7 +176,7 @@ impl Mirror {
             items,
             copy,
             (Instant::now(), None),
-            (Some(reply), None),
+            (Some(reply), routed),
         )
         .await?;
         rx.await.map_err(|_| MirrorClosed)?

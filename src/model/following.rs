@@ -115,7 +115,12 @@ impl Routed {
 
     /// Whether every push counted before `barrier` is written.
     pub fn drained(&self, barrier: Barrier) -> bool {
-        self.pending[barrier.slot].load(Ordering::SeqCst) == 0
+        self.pending(barrier) == 0
+    }
+
+    /// How many pushes counted before `barrier` are not written yet.
+    pub fn pending(&self, barrier: Barrier) -> usize {
+        self.pending[barrier.slot].load(Ordering::SeqCst)
     }
 
     /// Waits up to `most` for `barrier` to drain.

@@ -228,10 +228,12 @@ impl PhaseView {
     }
 
     /// The route's phase and flipped share, only when every live follower
-    /// follows the revision they are from (read together).
+    /// follows the revision they are from (read together), or the route is
+    /// in `redis_only`: a push is then only forwarded, unmirrored, and
+    /// nothing in Postgres judges it, so it never waits.
     pub fn followed(&self, route: &str) -> Option<(Phase, u8)> {
         let r = self.read(route);
-        (r.followed >= r.revision).then_some((r.phase, r.percent))
+        (r.followed >= r.revision || r.phase == Phase::RedisOnly).then_some((r.phase, r.percent))
     }
 
     /// Waits until every live follower follows the revision the view holds

@@ -184,12 +184,15 @@ impl Cmd {
 /// The Postgres write of a routed push in `postgres_only`/`decommissioned`.
 #[derive(Debug)]
 pub(super) enum LocalStore {
+    /// Both hold the push's count as routed ([`RoutedPush`]) into the
+    /// mirror's request, so it ends with the write, not with the reply.
+    ///
     /// Already running (the reader expected no MULTI): resolves to the
     /// number of items stored or the reason it failed.
     Started(JoinHandle<Result<usize, String>>),
     /// Not started: the push was read inside MULTI, so it is written only
     /// if EXEC succeeds.
-    Deferred(Vec<Bytes>),
+    Deferred(Vec<Bytes>, RoutedPush),
 }
 
 /// A routed push answered by the proxy, not forwarded.
@@ -198,8 +201,6 @@ pub(super) struct LocalPush {
     pub route: Arc<Route>,
     pub items: usize,
     pub store: LocalStore,
-    /// Counts the push as routed until it is answered.
-    pub _routed: RoutedPush,
 }
 
 /// What the reader tells the reply side about each command, in command

@@ -53,6 +53,9 @@ enum Routing {
     Forward(MirrorPush),
     /// Answered by the proxy.
     Local(Tag),
+    /// A push inside MULTI that cannot be routed yet: Redis gets a command
+    /// it refuses in its place, so EXEC discards the whole transaction.
+    AbortMulti,
 }
 
 /// One connection's client reader; see the module docs. `W` is the
@@ -207,6 +210,10 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
                     }
                     Routing::Forward(push) => Cmd::Push(push),
                     Routing::NotRouted => self.classify_forwarded(&name, &args),
+                    Routing::AbortMulti => {
+                        bytes = BytesMut::from(follow::ABORT_MULTI);
+                        Cmd::Plain
+                    }
                 };
                 if let Cmd::ClientReply(mode) = cmd {
                     if in_multi {
@@ -299,10 +306,12 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
         read_at: Instant,
     ) -> std::io::Result<Routing> {
         if name == "ZADD" {
-            return self.route_set_add(args, batch, read_at).await;
+            return self.route_set_add(args, in_multi, batch, read_at).await;
         }
         if name == "EVALSHA" || name == "EVAL" {
-            return self.route_script(name, args, batch, read_at).await;
+            return self
+                .route_script(name, args, in_multi, batch, read_at)
+                .await;
         }
         // `LPUSH key` alone is an arity error: Redis answers it.
         if !is_push(name) || args.len() < 3 {
@@ -319,11 +328,12 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
         else {
             return Ok(Routing::NotRouted);
         };
-        let Some((routed, phase)) = self
-            .followed_phase(&route, args.get(2), batch, read_at)
+        let (routed, phase) = match self
+            .followed_phase(&route, args.get(2), in_multi, batch, read_at)
             .await?
-        else {
-            return Ok(Routing::Local(Tag::Answer(follow::NOT_FOLLOWED)));
+        {
+            Ok(followed) => followed,
+            Err(refused) => return Ok(refused),
         };
         let local = matches!(phase, Phase::PostgresOnly | Phase::Decommissioned);
         if local && !selected.authed {
@@ -345,7 +355,7 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
         }
         let count = items.len();
         let store = if in_multi {
-            LocalStore::Deferred(items)
+            LocalStore::Deferred(items, routed)
         } else {
             let permit = match Arc::clone(local_stores).try_acquire_owned() {
                 Ok(permit) => permit,
@@ -368,7 +378,7 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
                     mirror.record_releases(given_back).await;
                 }
                 mirror
-                    .store_live(route, items)
+                    .store_live_routed(route, items, Some(routed))
                     .await
                     .map(|stored| stored.len())
                     .map_err(|e| e.to_string())
@@ -378,7 +388,6 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             route,
             items: count,
             store,
-            _routed: routed,
         })))
     }
 

@@ -141,6 +141,13 @@ impl Producer {
     /// Enqueues items on `route` in a transaction of its own, then pushes
     /// what Redis is owed.
     pub async fn enqueue(&self, route: &str, items: Vec<Bytes>) -> Result<Enqueued> {
+        // Any wait for a phase change to be followed happens before a
+        // connection is taken (`enqueue_in` then finds it followed).
+        if let Some(known) = self.routes.by_name(route) {
+            let known = Arc::clone(known);
+            (self.routes.followed_state(&known, FOLLOW_WAIT).await)
+                .ok_or_else(|| Error::Refused(NOT_FOLLOWED.into()))?;
+        }
         let mut tx = self.pool.begin().await?;
         let pending = self.enqueue_in(&mut tx, route, items).await?;
         tx.commit().await?;

@@ -7,9 +7,10 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::io::AsyncWrite;
 
-use super::{Batch, Reader};
+use super::{Batch, Reader, Routing};
 use crate::model::following::{RoutedPush, FOLLOW_WAIT};
 use crate::model::Phase;
+use crate::proxy::command::Tag;
 use crate::routes::Route;
 
 /// The refusal after [`FOLLOW_WAIT`] (its text is
@@ -18,34 +19,50 @@ use crate::routes::Route;
 pub(super) const NOT_FOLLOWED: &[u8] = b"-TRYAGAIN qbridge: not every process routing this \
     route's pushes has followed its latest phase change yet; nothing was stored, push again\r\n";
 
+/// What Redis gets in place of a push inside MULTI that cannot be routed
+/// yet: a command it does not know, so it answers this one with an error
+/// and EXEC with `-EXECABORT`, running none of the transaction. (Answering
+/// the push locally would let EXEC run the rest: RQ's scheduler removes a
+/// job from its registry and pushes it in one MULTI.) Waiting is no choice
+/// there: an earlier push of the same MULTI may be what the change waits for.
+pub(super) const ABORT_MULTI: &[u8] = b"*1\r\n$16\r\nQBRIDGE.TRYAGAIN\r\n";
+
 impl<W: AsyncWrite + Unpin> Reader<W> {
     /// The phase a push on `route` (first item `first`) is routed in, with
-    /// its count; `None` when the route's latest change is still not
-    /// followed by every process after [`FOLLOW_WAIT`].
+    /// its count; else how it is refused: inside MULTI at once (see
+    /// [`ABORT_MULTI`]), otherwise after [`FOLLOW_WAIT`] with `-TRYAGAIN`.
     pub(super) async fn followed_phase(
         &mut self,
         route: &Route,
         first: Option<&Bytes>,
+        in_multi: bool,
         batch: &mut Batch,
         read_at: Instant,
-    ) -> std::io::Result<Option<(RoutedPush, Phase)>> {
+    ) -> std::io::Result<Result<(RoutedPush, Phase), Routing>> {
+        // Counted before the phase is read: a change after the read waits
+        // for this push (see `model::following`).
+        let routed = self.shared.routes.phases().route_push();
+        if let Some(phase) = self.shared.routes.followed_push_phase(route, first) {
+            return Ok(Ok((routed, phase)));
+        }
+        drop(routed);
+        if in_multi {
+            return Ok(Err(Routing::AbortMulti));
+        }
         let shared = std::sync::Arc::clone(&self.shared);
         let routes = &shared.routes;
         let until = tokio::time::Instant::now() + FOLLOW_WAIT;
         loop {
-            // Counted before the phase is read: a change after the read
-            // waits for this push (see `model::following`).
-            let routed = routes.phases().route_push();
-            if let Some(phase) = routes.followed_push_phase(route, first) {
-                return Ok(Some((routed, phase)));
-            }
-            drop(routed);
             // What is ready goes to Redis first; this client waits.
             let ready = std::mem::take(batch);
             self.flush(ready, read_at).await?;
             if !routes.phases().wait_followed(&route.name, until).await {
                 tracing::warn!(route = %route.name, "a push refused: its route's latest phase change is not followed by every process");
-                return Ok(None);
+                return Ok(Err(Routing::Local(Tag::Answer(NOT_FOLLOWED))));
+            }
+            let routed = routes.phases().route_push();
+            if let Some(phase) = routes.followed_push_phase(route, first) {
+                return Ok(Ok((routed, phase)));
             }
         }
     }

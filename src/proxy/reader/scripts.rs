@@ -34,6 +34,7 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
         &mut self,
         name: &str,
         args: &[Bytes],
+        in_multi: bool,
         batch: &mut Batch,
         read_at: Instant,
     ) -> std::io::Result<Routing> {
@@ -60,11 +61,12 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             return Ok(Routing::NotRouted);
         };
         let first = first.cloned();
-        let Some((routed, phase)) = self
-            .followed_phase(&route, first.as_ref(), batch, read_at)
+        let (routed, phase) = match self
+            .followed_phase(&route, first.as_ref(), in_multi, batch, read_at)
             .await?
-        else {
-            return Ok(Routing::Local(Tag::Answer(super::follow::NOT_FOLLOWED)));
+        {
+            Ok(followed) => followed,
+            Err(refused) => return Ok(refused),
         };
         let mirror = match push {
             ScriptPush::List { item, .. } => {

@@ -13,7 +13,7 @@ use super::{Batch, Reader, Routing};
 use crate::metrics as m;
 use crate::model::structures::score_time;
 use crate::model::Phase;
-use crate::proxy::command::{classify, zadd_members, Cmd, MirrorPush, Tag};
+use crate::proxy::command::{classify, zadd_members, Cmd, MirrorPush};
 use crate::proxy::{held_read, list_pop, set_pop};
 
 impl<W: AsyncWrite + Unpin> Reader<W> {
@@ -27,6 +27,7 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
     pub(super) async fn route_set_add(
         &mut self,
         args: &[Bytes],
+        in_multi: bool,
         batch: &mut Batch,
         read_at: Instant,
     ) -> std::io::Result<Routing> {
@@ -47,8 +48,12 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
         else {
             return Ok(Routing::NotRouted);
         };
-        let Some((routed, phase)) = self.followed_phase(&route, None, batch, read_at).await? else {
-            return Ok(Routing::Local(Tag::Answer(super::follow::NOT_FOLLOWED)));
+        let (routed, phase) = match self
+            .followed_phase(&route, None, in_multi, batch, read_at)
+            .await?
+        {
+            Ok(followed) => followed,
+            Err(refused) => return Ok(refused),
         };
         let routes = &self.shared.routes;
         if !matches!(phase, Phase::DualWrite | Phase::Shadow) {

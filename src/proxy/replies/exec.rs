@@ -147,7 +147,7 @@ fn pushed_keys(entries: &[Entry]) -> HashSet<(String, String)> {
         let (route, items) = match entry {
             Entry::Local(LocalPush {
                 route,
-                store: LocalStore::Deferred(items),
+                store: LocalStore::Deferred(items, _),
                 ..
             }) => (route, items),
             Entry::Redis(Some(push)) if push.due.is_none() => (&push.route, &push.items),
@@ -169,9 +169,9 @@ pub(super) async fn store(shared: Arc<Shared>, push: LocalPush) -> Result<usize,
         LocalStore::Started(handle) => handle
             .await
             .unwrap_or_else(|e| Err(format!("store task failed: {e}"))),
-        LocalStore::Deferred(items) => shared
+        LocalStore::Deferred(items, routed) => shared
             .mirror
-            .store_live(Arc::clone(&push.route), items)
+            .store_live_routed(Arc::clone(&push.route), items, Some(routed))
             .await
             .map(|stored| stored.len())
             .map_err(|e| e.to_string()),

@@ -117,7 +117,6 @@ impl Rig {
             route: Arc::clone(&self.route),
             items: 1,
             store: LocalStore::Started(tokio::spawn(async { Ok(1) })),
-            _routed: crate::model::PhaseView::default().route_push(),
         };
         self.tags
             .send(Tag::Local(push))

@@ -3,6 +3,8 @@
 //! `job_keys`, where the key is missing, so it was stored as a new live job
 //! while Redis still held (and its side would run) the original.
 
+use std::time::Duration;
+
 use sqlx::PgPool;
 
 use qbridge::redis::keys::RouteKeys;
@@ -23,11 +25,13 @@ async fn push_through(side: &ProxySide, list: &str, item: &[u8]) -> Result<i64, 
     push_to(side.url(), list.to_string(), item.to_vec()).await
 }
 
-/// An LPUSH through the proxy at `url`.
+/// An LPUSH through the proxy at `url`, waiting up to 10 s for its reply.
 async fn push_to(url: String, list: String, item: Vec<u8>) -> Result<i64, String> {
+    let patient = ::redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(std::time::Duration::from_secs(10)));
     let mut conn = ::redis::Client::open(url)
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&patient)
         .await
         .unwrap();
     ::redis::cmd("LPUSH")
@@ -120,6 +124,19 @@ async fn a_repush_of_a_push_parked_before_the_flip_does_not_run_as_a_new_job(poo
 /// original's copy and is held as any re-push of a mirrored key.
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn a_repush_while_another_process_still_writes_the_original_is_held(pool: PgPool) {
+    repush_while_another_process_stalls(pool, Duration::from_millis(1500)).await;
+}
+
+/// The same, with a stall long enough for the other processes to take the
+/// stalled proxy for gone: its write gave up first and parked the copy in
+/// the gap list, which the live store writes before it judges the re-push.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_repush_while_another_process_stalls_past_its_expiry_is_held(pool: PgPool) {
+    let stall = qbridge::cutover::follow::EXPIRY + Duration::from_millis(1500);
+    repush_while_another_process_stalls(pool, stall).await;
+}
+
+async fn repush_while_another_process_stalls(pool: PgPool, stall: Duration) {
     let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
     let (route, list) = (format!("f{id}"), format!("qbt:{id}:jobs"));
     let toml = format!(
@@ -148,15 +165,16 @@ async fn a_repush_while_another_process_still_writes_the_original_is_held(pool: 
     )
     .await;
     let repush = tokio::spawn(push_to(following.url(), list.clone(), item.to_vec()));
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    tokio::time::sleep(stall).await;
     link.resume();
-    let answered = repush.await.unwrap();
-    let answered = match answered {
-        Ok(n) => Ok(n),
-        // Refused while the other process had not followed: the client
-        // retries, as it would.
-        Err(_) => push_through(&following, &list, item).await,
-    };
+    let mut answered = repush.await.unwrap();
+    let retries_until = std::time::Instant::now() + Duration::from_secs(10);
+    while answered.is_err() && std::time::Instant::now() < retries_until {
+        // Refused while what the other process parked was being written:
+        // the client retries, as it would.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        answered = push_through(&following, &list, item).await;
+    }
     assert_eq!(answered, Ok(1), "the re-push is answered");
     // The lagging process writes the original's copy once its path
     // resumes (a duplicate, when the key was stored live first).
@@ -175,4 +193,105 @@ async fn a_repush_while_another_process_still_writes_the_original_is_held(pool: 
     lagging.stop().await;
     following.stop().await;
     delete_keys(&[&list, &format!("qbridge:*:{route}*")]).await;
+}
+
+/// While another proxy has not followed the flip, a push inside MULTI
+/// cannot wait (an earlier push of the same transaction may be what that
+/// proxy waits for) and is not answered alone (EXEC would run the rest:
+/// RQ's scheduler removes a job from a registry and pushes it in one
+/// MULTI): Redis discards the whole transaction. A push outside MULTI
+/// waits, and is stored once every proxy follows.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_push_that_cannot_be_routed_yet_aborts_its_multi_or_waits(pool: PgPool) {
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let (route, list, other) = (
+        format!("m{id}"),
+        format!("qbt:{id}:jobs"),
+        format!("qbt:{id}:other"),
+    );
+    let toml = format!(
+        "[[routes]]\nname = \"{route}\"\nredis_key = \"{list}\"\nqueue = \"q\"\n\
+         format = \"json:/id\"\nphase = \"shadow\"\nredis_side = \"qbridge\"\n"
+    );
+    let side = ProxySide::start(&pool, &toml).await;
+    // Another proxy, alive, still following the revision before the flip.
+    let behind = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO qbridge.phase_followers (process, route, followed) \
+         SELECT $1, route, revision FROM qbridge.route_phases WHERE route = $2",
+    )
+    .bind(behind)
+    .bind(&route)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let flip =
+        format!("UPDATE qbridge.route_phases SET phase = 'postgres_only' WHERE route = '{route}'");
+    sqlx::query(&flip).execute(&pool).await.unwrap();
+    let routes = side.side_routes();
+    crate::support::wait_for(
+        "the proxy holds the flip",
+        std::time::Duration::from_secs(5),
+        || {
+            let phase = routes.phases().get(&route);
+            async move { phase == qbridge::model::Phase::PostgresOnly }
+        },
+    )
+    .await;
+
+    let mut conn = ::redis::Client::open(side.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let aborted: Result<(), _> = ::redis::pipe()
+        .atomic()
+        .cmd("SET")
+        .arg(&other)
+        .arg("1")
+        .cmd("LPUSH")
+        .arg(&list)
+        .arg(&br#"{"id":"k-multi"}"#[..])
+        .query_async(&mut conn)
+        .await;
+    let error = aborted
+        .expect_err("EXEC discards the transaction")
+        .to_string();
+    assert!(
+        error.contains("EXECABORT") || error.contains("QBRIDGE.TRYAGAIN"),
+        "{error}"
+    );
+    let set: Option<String> = ::redis::cmd("GET")
+        .arg(&other)
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    assert_eq!(set, None, "none of the transaction ran");
+    let stored = "SELECT count(*) FROM qbridge.job_keys WHERE key IN ('k-multi', 'k-waits')";
+    assert_eq!(count(&pool, stored).await, 0);
+
+    let waiting = tokio::spawn(push_to(
+        side.url(),
+        list.clone(),
+        br#"{"id":"k-waits"}"#.to_vec(),
+    ));
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "the push waits for the other proxy");
+    sqlx::query(
+        "UPDATE qbridge.phase_followers f SET followed = p.revision, beat = now() \
+           FROM qbridge.route_phases p WHERE f.process = $1 AND p.route = f.route",
+    )
+    .bind(behind)
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        waiting.await.unwrap(),
+        Ok(1),
+        "stored once every proxy follows"
+    );
+    let live = "SELECT count(*) FROM qbridge.jobs WHERE key = 'k-waits' AND copy = 'live'";
+    assert_eq!(count(&pool, live).await, 1);
+    side.stop().await;
+    delete_keys(&[&list, &other, &format!("qbridge:*:{route}*")]).await;
 }
