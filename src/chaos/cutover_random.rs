@@ -106,6 +106,9 @@ async fn start_rig(c: &Campaign, items: Items, phase: Phase) -> Result<Rig> {
     }
 }
 
+/// The walk's second proxy process (after the rig's own and its workers).
+const SECOND_PROXY: &str = "proxy-b";
+
 /// Items pushed at once before a walk that starts in `redis_only` leaves it.
 const BACKLOG: usize = 300;
 
@@ -131,9 +134,13 @@ pub async fn run_seed(c: &Campaign, seed: u64) -> Result<SeedReport> {
     };
     let start = start_phase(seed);
     let mut rig = start_rig(c, items, start).await?;
+    // A second proxy: producers and re-pushes go through either, so a job's
+    // re-push can reach a proxy that learns of a phase change at another
+    // moment than the one still writing its first push.
+    rig.add_process(SECOND_PROXY, start, true).await?;
     let h = Harness::attach(&rig).await?;
     let window_start = chrono::Utc::now() - chrono::Duration::seconds(1);
-    let load = Load::start_with(c.rate, rig.proxy_port, h.producer.clone(), items);
+    let load = Load::start_across(c.rate, &rig.proxy_ports(), h.producer.clone(), items);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut done = Vec::new();
     if start == Phase::RedisOnly {

@@ -34,6 +34,8 @@ pub struct Rig {
     pub bin: PathBuf,
     pub dir: tempfile::TempDir,
     pub proxy_port: u16,
+    /// The ports of the proxies [`Rig::add_process`] started.
+    pub more_proxies: Vec<u16>,
     pub handler_url: String,
     pub workers: Vec<Process>,
     pub proxy: Option<Process>,
@@ -181,6 +183,7 @@ impl Rig {
             bin: bin.to_path_buf(),
             dir,
             proxy_port: free_port(),
+            more_proxies: Vec::new(),
             handler_url,
             workers: Vec::new(),
             proxy: None,
@@ -245,8 +248,16 @@ impl Rig {
         self.workers.push(process);
         if proxy {
             wait_for_port(port, &|| self.log_tail(name)).await?;
+            self.more_proxies.push(port);
         }
         Ok(port)
+    }
+
+    /// Every proxy's port: the rig's own first.
+    pub fn proxy_ports(&self) -> Vec<u16> {
+        std::iter::once(self.proxy_port)
+            .chain(self.more_proxies.iter().copied())
+            .collect()
     }
 
     /// The processes' shared state folder (one host: a killed worker's

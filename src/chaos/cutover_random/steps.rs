@@ -163,7 +163,12 @@ pub async fn take(
             };
             let item = load::item(rig.items, &key);
             let (answer, ok) = match via_proxy {
-                true => repush_through_proxy(rig.proxy_port, &item).await,
+                // Through any proxy: another than the one that took its
+                // first push, as often as not.
+                true => {
+                    let ports = rig.proxy_ports();
+                    repush_through_proxy(ports[(index >> 8) % ports.len()], &item).await
+                }
                 false => match h.producer.enqueue(&route.name, vec![item]).await {
                     Ok(_) => ("ok".to_string(), true),
                     Err(e) => (e.to_string(), false),
