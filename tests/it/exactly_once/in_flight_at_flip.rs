@@ -42,6 +42,22 @@ async fn push_to(url: String, list: String, item: Vec<u8>) -> Result<i64, String
         .map_err(|e| e.to_string())
 }
 
+/// Flips `route` to `postgres_only` in the store (no other process is
+/// told) and waits until `side`'s view holds it.
+async fn flip_and_wait(pool: &PgPool, route: &str, side: &ProxySide) {
+    sqlx::query("UPDATE qbridge.route_phases SET phase = 'postgres_only' WHERE route = $1")
+        .bind(route)
+        .execute(pool)
+        .await
+        .unwrap();
+    let routes = side.side_routes();
+    crate::support::wait_for("the proxy holds the flip", Duration::from_secs(10), || {
+        let phase = routes.phases().get(route);
+        async move { phase == qbridge::model::Phase::PostgresOnly }
+    })
+    .await;
+}
+
 async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
@@ -150,20 +166,7 @@ async fn repush_while_another_process_stalls(pool: PgPool, stall: Duration) {
 
     link.pause();
     assert_eq!(push_through(&lagging, &list, item).await, Ok(1));
-    let flip = format!(
-        "UPDATE qbridge.route_phases SET phase = 'postgres_only', since = now() WHERE route = '{route}'"
-    );
-    sqlx::query(&flip).execute(&pool).await.unwrap();
-    let routes = following.side_routes();
-    crate::support::wait_for(
-        "the following process sees the flip",
-        std::time::Duration::from_secs(10),
-        || {
-            let phase = routes.phases().get(&route);
-            async move { phase == qbridge::model::Phase::PostgresOnly }
-        },
-    )
-    .await;
+    flip_and_wait(&pool, &route, &following).await;
     let repush = tokio::spawn(push_to(following.url(), list.clone(), item.to_vec()));
     tokio::time::sleep(stall).await;
     link.resume();
@@ -225,19 +228,7 @@ async fn a_push_that_cannot_be_routed_yet_aborts_its_multi_or_waits(pool: PgPool
     .execute(&pool)
     .await
     .unwrap();
-    let flip =
-        format!("UPDATE qbridge.route_phases SET phase = 'postgres_only' WHERE route = '{route}'");
-    sqlx::query(&flip).execute(&pool).await.unwrap();
-    let routes = side.side_routes();
-    crate::support::wait_for(
-        "the proxy holds the flip",
-        std::time::Duration::from_secs(5),
-        || {
-            let phase = routes.phases().get(&route);
-            async move { phase == qbridge::model::Phase::PostgresOnly }
-        },
-    )
-    .await;
+    flip_and_wait(&pool, &route, &side).await;
 
     let mut conn = ::redis::Client::open(side.url())
         .unwrap()
