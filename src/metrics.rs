@@ -62,6 +62,8 @@ pub const OUTCOMES_SPOOL_FAILURES: &str = "qbridge_outcomes_spool_failures_total
 
 pub const SHADOW_CALLS: &str = "qbridge_shadow_calls_total";
 pub const ROUTE_PHASE: &str = "qbridge_route_phase";
+pub const ROUTE_FOLLOWED: &str = "qbridge_route_followed";
+pub const PUSHES_NOT_FOLLOWED: &str = "qbridge_pushes_not_followed_total";
 pub const DIFF_JOBS: &str = "qbridge_diff_jobs";
 pub const DIFF_ONE_SIDED: &str = "qbridge_diff_one_sided_jobs";
 pub const DIFF_MISMATCHES: &str = "qbridge_diff_outcome_mismatches";
@@ -121,6 +123,8 @@ pub const ALL: &[&str] = &[
     OUTCOMES_SPOOL_FAILURES,
     SHADOW_CALLS,
     ROUTE_PHASE,
+    ROUTE_FOLLOWED,
+    PUSHES_NOT_FOLLOWED,
     DIFF_JOBS,
     DIFF_ONE_SIDED,
     DIFF_MISMATCHES,
@@ -312,6 +316,14 @@ fn describe_cutover() {
     describe_gauge!(
         ROUTE_PHASE,
         "1 for the phase each route is in, 0 for the others (labels route, phase)"
+    );
+    describe_gauge!(
+        ROUTE_FOLLOWED,
+        "1 when every live proxy follows the route's latest phase change (pushes are routed), 0 while pushes wait for one"
+    );
+    describe_counter!(
+        PUSHES_NOT_FOLLOWED,
+        "Pushes refused because a proxy had not followed the route's latest phase change (TRYAGAIN after the wait, or a MULTI discarded), per route"
     );
     describe_gauge!(
         DIFF_JOBS,

@@ -220,24 +220,11 @@ impl Routes {
         key_phase(state.0, state.1, key_base(decoded))
     }
 
-    /// The phase of a push command, decided by its first item: only a
-    /// partial `postgres_only` needs the item decoded (a multi-item push goes
-    /// one way as a whole, so the proxy can forward or answer it as one).
-    pub fn push_phase(&self, route: &Route, first: Option<&Bytes>) -> Phase {
-        let phase = self.phase(route);
-        match first {
-            Some(item)
-                if phase == Phase::PostgresOnly && self.phases.percent(&route.name) < 100 =>
-            {
-                self.item_phase(route, &decode_bytes(&route.format, item.clone()))
-            }
-            _ => phase,
-        }
-    }
-
-    /// [`Routes::push_phase`], only when every process routing the route's
-    /// pushes follows the phase change it is from
-    /// ([`crate::model::following`]).
+    /// The phase of a push command, decided by its first item (only a
+    /// partial `postgres_only` needs the item decoded: a multi-item push goes
+    /// one way as a whole, so the proxy can forward or answer it as one),
+    /// and only when every process routing the route's pushes follows the
+    /// phase change it is from ([`crate::model::following`]).
     pub fn followed_push_phase(&self, route: &Route, first: Option<&Bytes>) -> Option<Phase> {
         let (phase, percent) = self.phases.followed(&route.name)?;
         Some(match first {

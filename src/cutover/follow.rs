@@ -13,7 +13,8 @@ use std::time::Duration;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::model::following::Barrier;
+use crate::metrics as m;
+use crate::model::following::{Barrier, FOLLOW_WAIT};
 use crate::model::PhaseView;
 
 /// A follower silent this long is taken for gone (crashed, or cut off from
@@ -132,10 +133,11 @@ impl Follow {
                     closing.warned = true;
                     let pending = view.routed().pending(closing.barrier);
                     tracing::warn!(pending, process = %self.process.unwrap_or_default(),
+                        refused_after = ?FOLLOW_WAIT,
                         "pushes this proxy routed before a phase change are still not written \
                          (a client not reading its replies, a Redis not answering, a MULTI \
-                         left open); until they are, pushes on changed routes wait and are \
-                         refused after 8 s");
+                         left open); until they are, pushes on changed routes wait, then are \
+                         refused");
                 }
             }
             self.beat(pool).await?;
@@ -158,7 +160,14 @@ impl Follow {
                 view.set_followed(route, followed.unwrap_or(view.revision(route)));
             }
         }
-        Ok(self.closing.is_none() && self.routes.iter().all(|r| view.followed_by_all(r)))
+        let mut all = self.closing.is_none();
+        for route in &self.routes {
+            let followed = view.followed_by_all(route);
+            metrics::gauge!(m::ROUTE_FOLLOWED, "route" => route.clone())
+                .set(f64::from(u8::from(followed)));
+            all &= followed;
+        }
+        Ok(all)
     }
 
     /// Records the revisions this process follows (and that it is alive).

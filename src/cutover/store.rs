@@ -187,19 +187,16 @@ pub async fn all(pool: &PgPool) -> Result<Vec<RouteState>, PhaseError> {
 /// Every stored route, by name, each with the revision of its flag (bumped
 /// by every change of phase or share), read together.
 pub async fn all_revised(pool: &PgPool) -> Result<Vec<(RouteState, i64)>, PhaseError> {
-    let rows: Vec<(Row, i64)> = sqlx::query_as::<_, RevisedRow>(
+    let rows: Vec<RevisedRow> = sqlx::query_as(
         "SELECT route, phase, since, changed_by, reason, percent, revision \
            FROM qbridge.route_phases ORDER BY route",
     )
     .fetch_all(pool)
-    .await?
-    .into_iter()
-    .map(|(route, phase, since, by, reason, percent, revision)| {
-        ((route, phase, since, by, reason, percent), revision)
-    })
-    .collect();
+    .await?;
     rows.into_iter()
-        .map(|(row, revision)| Ok((state(row)?, revision)))
+        .map(|(route, phase, since, by, reason, percent, revision)| {
+            Ok((state((route, phase, since, by, reason, percent))?, revision))
+        })
         .collect()
 }
 

@@ -23,6 +23,7 @@ const PER_ROUTE: &[&str] = &[
     MIRROR_LOST,
     MIRROR_FAILURES,
     MIRROR_SPOOLED,
+    PUSHES_NOT_FOLLOWED,
 ];
 
 /// Counters labelled by `queue` alone.

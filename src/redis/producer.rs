@@ -146,7 +146,7 @@ impl Producer {
         if let Some(known) = self.routes.by_name(route) {
             let known = Arc::clone(known);
             (self.routes.followed_state(&known, FOLLOW_WAIT).await)
-                .ok_or_else(|| Error::Refused(NOT_FOLLOWED.into()))?;
+                .ok_or_else(|| not_followed(&known))?;
         }
         let mut tx = self.pool.begin().await?;
         let pending = self.enqueue_in(&mut tx, route, items).await?;
@@ -171,7 +171,7 @@ impl Producer {
         // a proxy's push of the same job made under the phase before may
         // still be on its way to Postgres (`model::following`).
         let state = (self.routes.followed_state(&route, FOLLOW_WAIT).await)
-            .ok_or_else(|| Error::Refused(NOT_FOLLOWED.into()))?;
+            .ok_or_else(|| not_followed(&route))?;
         let phase = state.0;
         metrics::counter!(m::ROUTE_PUSHES, "route" => route.name.clone(),
             "phase" => phase.as_str(), "via" => self.via.as_str())
@@ -283,4 +283,11 @@ impl Pending {
         }
         Ok(enqueued)
     }
+}
+
+/// The refusal of a push whose route's latest phase change not every
+/// proxy follows yet, counted.
+fn not_followed(route: &Route) -> Error {
+    metrics::counter!(m::PUSHES_NOT_FOLLOWED, "route" => route.name.clone()).increment(1);
+    Error::Refused(NOT_FOLLOWED.into())
 }

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use tokio::io::AsyncWrite;
 
 use super::{Batch, Reader, Routing};
+use crate::metrics as m;
 use crate::model::following::{RoutedPush, FOLLOW_WAIT};
 use crate::model::Phase;
 use crate::proxy::command::Tag;
@@ -46,7 +47,11 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             return Ok(Ok((routed, phase)));
         }
         drop(routed);
+        let refused = || {
+            metrics::counter!(m::PUSHES_NOT_FOLLOWED, "route" => route.name.clone()).increment(1);
+        };
         if in_multi {
+            refused();
             return Ok(Err(Routing::AbortMulti));
         }
         let shared = std::sync::Arc::clone(&self.shared);
@@ -58,6 +63,7 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             self.flush(ready, read_at).await?;
             if !routes.phases().wait_followed(&route.name, until).await {
                 tracing::warn!(route = %route.name, "a push refused: its route's latest phase change is not followed by every process");
+                refused();
                 return Ok(Err(Routing::Local(Tag::Answer(NOT_FOLLOWED))));
             }
             let routed = routes.phases().route_push();

@@ -15,7 +15,7 @@ use qbridge::model::Phase;
 
 use crate::support::wait_for;
 
-const ROUTE: &str = "w";
+const ROUTE: &str = "follow_w";
 
 async fn followed(pool: &PgPool, process: uuid::Uuid) -> i64 {
     sqlx::query_scalar("SELECT followed FROM qbridge.phase_followers WHERE process = $1")
@@ -35,7 +35,7 @@ async fn revision(pool: &PgPool) -> i64 {
 
 #[sqlx::test(migrator = "qbridge::MIGRATOR")]
 async fn a_change_is_followed_once_every_live_proxy_has_written_what_it_routed(pool: PgPool) {
-    let toml = "[[routes]]\nname = \"w\"\nredis_key = \"w\"\nqueue = \"w\"\nformat = \"json:/id\"\nphase = \"shadow\"\n";
+    let toml = "[[routes]]\nname = \"follow_w\"\nredis_key = \"follow_w\"\nqueue = \"follow_w\"\nformat = \"json:/id\"\nphase = \"shadow\"\n";
     let config = Config::from_toml(toml, &Overrides::default()).expect("config");
     let token = CancellationToken::new();
     let url = crate::support::db_url(&pool);
@@ -59,6 +59,7 @@ async fn a_change_is_followed_once_every_live_proxy_has_written_what_it_routed(p
 
     // A push the proxy routed under `shadow`, its mirror copy not written.
     let in_flight = proxy.route_push();
+    let metrics = qbridge::telemetry::prometheus();
     let flip = store::Change {
         route: ROUTE,
         from: Phase::Shadow,
@@ -83,6 +84,11 @@ async fn a_change_is_followed_once_every_live_proxy_has_written_what_it_routed(p
         "held by the push in flight"
     );
     assert_eq!(other.followed(ROUTE), None, "pushes wait meanwhile");
+    let gauge = "qbridge_route_followed{route=\"follow_w\"}";
+    assert!(
+        metrics.render().contains(&format!("{gauge} 0")),
+        "{gauge} says they wait"
+    );
 
     drop(in_flight);
     wait_for(
@@ -100,6 +106,15 @@ async fn a_change_is_followed_once_every_live_proxy_has_written_what_it_routed(p
     )
     .await;
     assert_eq!(followed(&pool, proxy_id).await, after);
+    wait_for(
+        "the gauge says every proxy follows",
+        Duration::from_secs(2),
+        || {
+            let text = metrics.render();
+            async move { text.contains(&format!("{gauge} 1")) }
+        },
+    )
+    .await;
 
     // Another proxy that has not followed the next change holds pushes
     // while it is alive, and no longer once it is silent past the expiry.

@@ -216,6 +216,7 @@ async fn a_push_that_cannot_be_routed_yet_aborts_its_multi_or_waits(pool: PgPool
         "[[routes]]\nname = \"{route}\"\nredis_key = \"{list}\"\nqueue = \"q\"\n\
          format = \"json:/id\"\nphase = \"shadow\"\nredis_side = \"qbridge\"\n"
     );
+    let metrics = qbridge::telemetry::prometheus();
     let side = ProxySide::start(&pool, &toml).await;
     // Another proxy, alive, still following the revision before the flip.
     let behind = uuid::Uuid::new_v4();
@@ -258,6 +259,8 @@ async fn a_push_that_cannot_be_routed_yet_aborts_its_multi_or_waits(pool: PgPool
         .await
         .unwrap();
     assert_eq!(set, None, "none of the transaction ran");
+    let refused = format!("qbridge_pushes_not_followed_total{{route=\"{route}\"}} 1");
+    assert!(metrics.render().contains(&refused), "{refused}");
     let stored = "SELECT count(*) FROM qbridge.job_keys WHERE key IN ('k-multi', 'k-waits')";
     assert_eq!(count(&pool, stored).await, 0);
 
