@@ -134,6 +134,7 @@ async fn splice<R, W>(
         link: Arc::clone(&link),
         fence: Fence::default(),
         gate_passed: false,
+        routed_in_multi: false,
         shared: Arc::clone(&shared),
         stop: stop.clone(),
         closed: closed.clone(),

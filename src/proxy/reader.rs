@@ -74,6 +74,9 @@ pub(super) struct Reader<W> {
     /// Whether the client passed the proxy's own password (see `auth`);
     /// unused when the proxy has none.
     pub gate_passed: bool,
+    /// A push was routed inside the current MULTI: its count is held until
+    /// EXEC, so a later push of the same MULTI must not wait for a change.
+    pub routed_in_multi: bool,
     pub shared: Arc<Shared>,
     /// The server is shutting down: stop reading new commands.
     pub stop: CancellationToken,
@@ -283,8 +286,10 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             _ => false,
         };
         match cmd {
-            Cmd::Multi => *in_multi = true,
-            Cmd::Exec | Cmd::Discard | Cmd::Reset => *in_multi = false,
+            Cmd::Multi => (*in_multi, self.routed_in_multi) = (true, false),
+            Cmd::Exec | Cmd::Discard | Cmd::Reset => {
+                (*in_multi, self.routed_in_multi) = (false, false)
+            }
             Cmd::Monitor => *monitor = true,
             _ => {}
         }

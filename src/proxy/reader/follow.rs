@@ -21,17 +21,20 @@ pub(super) const NOT_FOLLOWED: &[u8] = b"-TRYAGAIN qbridge: not every process ro
     route's pushes has followed its latest phase change yet; nothing was stored, push again\r\n";
 
 /// What Redis gets in place of a push inside MULTI that cannot be routed
-/// yet: a command it does not know, so it answers this one with an error
-/// and EXEC with `-EXECABORT`, running none of the transaction. (Answering
-/// the push locally would let EXEC run the rest: RQ's scheduler removes a
-/// job from its registry and pushes it in one MULTI.) Waiting is no choice
-/// there: an earlier push of the same MULTI may be what the change waits for.
+/// yet when an earlier push of the same MULTI was routed (its count, held
+/// until EXEC, may be what the change waits for, so this one cannot wait):
+/// a command Redis does not know, so it answers this one with an error and
+/// EXEC with `-EXECABORT`, running none of the transaction. (Answering the
+/// push locally would let EXEC run the rest: RQ's scheduler removes a job
+/// from its registry and pushes it in one MULTI.) The first push of a
+/// MULTI waits like any other: Sidekiq, kombu and RQ push once per MULTI.
 pub(super) const ABORT_MULTI: &[u8] = b"*1\r\n$16\r\nQBRIDGE.TRYAGAIN\r\n";
 
 impl<W: AsyncWrite + Unpin> Reader<W> {
     /// The phase a push on `route` (first item `first`) is routed in, with
-    /// its count; else how it is refused: inside MULTI at once (see
-    /// [`ABORT_MULTI`]), otherwise after [`FOLLOW_WAIT`] with `-TRYAGAIN`.
+    /// its count; else how it is refused: at once after another push of
+    /// the same MULTI (see [`ABORT_MULTI`]), otherwise after
+    /// [`FOLLOW_WAIT`] (`-TRYAGAIN`; inside MULTI, [`ABORT_MULTI`] too).
     pub(super) async fn followed_phase(
         &mut self,
         route: &Route,
@@ -44,15 +47,20 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
         // for this push (see `model::following`).
         let routed = self.shared.routes.phases().route_push();
         if let Some(phase) = self.shared.routes.followed_push_phase(route, first) {
+            self.routed_in_multi |= in_multi;
             return Ok(Ok((routed, phase)));
         }
         drop(routed);
         let refused = || {
             metrics::counter!(m::PUSHES_NOT_FOLLOWED, "route" => route.name.clone()).increment(1);
         };
-        if in_multi {
+        let refusal = match in_multi {
+            true => Routing::AbortMulti,
+            false => Routing::Local(Tag::Answer(NOT_FOLLOWED)),
+        };
+        if self.routed_in_multi {
             refused();
-            return Ok(Err(Routing::AbortMulti));
+            return Ok(Err(refusal));
         }
         let shared = std::sync::Arc::clone(&self.shared);
         let routes = &shared.routes;
@@ -64,10 +72,11 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
             if !routes.phases().wait_followed(&route.name, until).await {
                 tracing::warn!(route = %route.name, "a push refused: its route's latest phase change is not followed by every process");
                 refused();
-                return Ok(Err(Routing::Local(Tag::Answer(NOT_FOLLOWED))));
+                return Ok(Err(refusal));
             }
             let routed = routes.phases().route_push();
             if let Some(phase) = routes.followed_push_phase(route, first) {
+                self.routed_in_multi |= in_multi;
                 return Ok(Ok((routed, phase)));
             }
         }

@@ -198,27 +198,16 @@ async fn repush_while_another_process_stalls(pool: PgPool, stall: Duration) {
     delete_keys(&[&list, &format!("qbridge:*:{route}*")]).await;
 }
 
-/// While another proxy has not followed the flip, a push inside MULTI
-/// cannot wait (an earlier push of the same transaction may be what that
-/// proxy waits for) and is not answered alone (EXEC would run the rest:
-/// RQ's scheduler removes a job from a registry and pushes it in one
-/// MULTI): Redis discards the whole transaction. A push outside MULTI
-/// waits, and is stored once every proxy follows.
-#[sqlx::test(migrator = "qbridge::MIGRATOR")]
-async fn a_push_that_cannot_be_routed_yet_aborts_its_multi_or_waits(pool: PgPool) {
-    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
-    let (route, list, other) = (
-        format!("m{id}"),
-        format!("qbt:{id}:jobs"),
-        format!("qbt:{id}:other"),
-    );
+/// A route of its own in `shadow` behind a started proxy, with another
+/// proxy process on record, alive, still following the revision before the
+/// flip the test makes next. Returns (route, list, that process).
+async fn with_a_proxy_behind(pool: &PgPool, id: &str) -> (ProxySide, String, String, uuid::Uuid) {
+    let (route, list) = (format!("m{id}"), format!("qbt:{id}:jobs"));
     let toml = format!(
         "[[routes]]\nname = \"{route}\"\nredis_key = \"{list}\"\nqueue = \"q\"\n\
          format = \"json:/id\"\nphase = \"shadow\"\nredis_side = \"qbridge\"\n"
     );
-    let metrics = qbridge::telemetry::prometheus();
-    let side = ProxySide::start(&pool, &toml).await;
-    // Another proxy, alive, still following the revision before the flip.
+    let side = ProxySide::start(pool, &toml).await;
     let behind = uuid::Uuid::new_v4();
     sqlx::query(
         "INSERT INTO qbridge.phase_followers (process, route, followed) \
@@ -226,66 +215,133 @@ async fn a_push_that_cannot_be_routed_yet_aborts_its_multi_or_waits(pool: PgPool
     )
     .bind(behind)
     .bind(&route)
-    .execute(&pool)
+    .execute(pool)
     .await
     .unwrap();
-    flip_and_wait(&pool, &route, &side).await;
+    (side, route, list, behind)
+}
 
-    let mut conn = ::redis::Client::open(side.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let aborted: Result<(), _> = ::redis::pipe()
-        .atomic()
-        .cmd("SET")
-        .arg(&other)
-        .arg("1")
-        .cmd("LPUSH")
-        .arg(&list)
-        .arg(&br#"{"id":"k-multi"}"#[..])
-        .query_async(&mut conn)
-        .await;
-    let error = aborted
-        .expect_err("EXEC discards the transaction")
-        .to_string();
-    assert!(
-        error.contains("EXECABORT") || error.contains("QBRIDGE.TRYAGAIN"),
-        "{error}"
-    );
-    let set: Option<String> = ::redis::cmd("GET")
-        .arg(&other)
-        .query_async(&mut redis().await)
-        .await
-        .unwrap();
-    assert_eq!(set, None, "none of the transaction ran");
-    let refused = format!("qbridge_pushes_not_followed_total{{route=\"{route}\"}} 1");
-    assert!(metrics.render().contains(&refused), "{refused}");
-    let stored = "SELECT count(*) FROM qbridge.job_keys WHERE key IN ('k-multi', 'k-waits')";
-    assert_eq!(count(&pool, stored).await, 0);
-
-    let waiting = tokio::spawn(push_to(
-        side.url(),
-        list.clone(),
-        br#"{"id":"k-waits"}"#.to_vec(),
-    ));
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    assert!(!waiting.is_finished(), "the push waits for the other proxy");
+/// The proxy that was behind follows the flip.
+async fn catches_up(pool: &PgPool, behind: uuid::Uuid) {
     sqlx::query(
         "UPDATE qbridge.phase_followers f SET followed = p.revision, beat = now() \
            FROM qbridge.route_phases p WHERE f.process = $1 AND p.route = f.route",
     )
     .bind(behind)
-    .execute(&pool)
+    .execute(pool)
     .await
     .unwrap();
+}
+
+/// While another proxy has not followed the flip, a push waits, inside
+/// MULTI too (Sidekiq, kombu and RQ push once per MULTI), and is stored
+/// once every proxy follows; the rest of its transaction runs with it.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_push_waits_until_every_proxy_follows_the_flip(pool: PgPool) {
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let (side, route, list, behind) = with_a_proxy_behind(&pool, id).await;
+    let other = format!("qbt:{id}:other");
+    flip_and_wait(&pool, &route, &side).await;
+    let waiting = tokio::spawn(push_to(
+        side.url(),
+        list.clone(),
+        br#"{"id":"k-waits"}"#.to_vec(),
+    ));
+    let in_multi = {
+        let (url, list, other) = (side.url(), list.clone(), other.clone());
+        tokio::spawn(async move {
+            let patient = ::redis::AsyncConnectionConfig::new()
+                .set_response_timeout(Some(Duration::from_secs(10)));
+            let mut conn = ::redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection_with_config(&patient)
+                .await
+                .unwrap();
+            ::redis::pipe()
+                .atomic()
+                .cmd("SET")
+                .arg(&other)
+                .arg("1")
+                .cmd("LPUSH")
+                .arg(&list)
+                .arg(&br#"{"id":"k-multi"}"#[..])
+                .query_async::<(String, i64)>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished() && !in_multi.is_finished(),
+        "both wait for the other proxy"
+    );
+    let stored = "SELECT count(*) FROM qbridge.job_keys WHERE key IN ('k-multi', 'k-waits')";
+    assert_eq!(count(&pool, stored).await, 0);
+    catches_up(&pool, behind).await;
     assert_eq!(
         waiting.await.unwrap(),
         Ok(1),
         "stored once every proxy follows"
     );
-    let live = "SELECT count(*) FROM qbridge.jobs WHERE key = 'k-waits' AND copy = 'live'";
-    assert_eq!(count(&pool, live).await, 1);
+    assert_eq!(in_multi.await.unwrap(), Ok(("OK".to_string(), 1)));
+    let live =
+        "SELECT count(*) FROM qbridge.jobs WHERE key IN ('k-multi', 'k-waits') AND copy = 'live'";
+    assert_eq!(count(&pool, live).await, 2);
     side.stop().await;
     delete_keys(&[&list, &other, &format!("qbridge:*:{route}*")]).await;
+}
+
+/// A second push inside a MULTI whose first push was routed before the
+/// flip cannot wait: the first push's count, held until EXEC, is what this
+/// proxy's own following of the flip waits for. It is not answered alone
+/// either (EXEC would run the rest: RQ's scheduler removes a job from a
+/// registry and pushes it in one MULTI): Redis discards the whole
+/// transaction.
+#[sqlx::test(migrator = "qbridge::MIGRATOR")]
+async fn a_second_push_of_a_multi_across_the_flip_aborts_the_transaction(pool: PgPool) {
+    let metrics = qbridge::telemetry::prometheus();
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let (side, route, list, behind) = with_a_proxy_behind(&pool, id).await;
+    let mut conn = ::redis::Client::open(side.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = ::redis::cmd("MULTI").query_async(&mut conn).await.unwrap();
+    let queued: String = ::redis::cmd("LPUSH")
+        .arg(&list)
+        .arg(&br#"{"id":"k-first"}"#[..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(queued, "QUEUED");
+    flip_and_wait(&pool, &route, &side).await;
+    let second: Result<String, _> = ::redis::cmd("LPUSH")
+        .arg(&list)
+        .arg(&br#"{"id":"k-second"}"#[..])
+        .query_async(&mut conn)
+        .await;
+    let error = second.expect_err("refused at once").to_string();
+    assert!(error.contains("QBRIDGE.TRYAGAIN"), "{error}");
+    let exec: Result<Vec<i64>, _> = ::redis::cmd("EXEC").query_async(&mut conn).await;
+    let error = exec.expect_err("EXEC discards the transaction").to_string();
+    assert!(error.to_uppercase().contains("EXECABORT"), "{error}");
+    let refused = format!("qbridge_pushes_not_followed_total{{route=\"{route}\"}} 1");
+    assert!(metrics.render().contains(&refused), "{refused}");
+    let held: i64 = ::redis::cmd("LLEN")
+        .arg(&list)
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    assert_eq!(held, 0, "none of the transaction ran");
+    let stored = "SELECT count(*) FROM qbridge.job_keys WHERE key IN ('k-first', 'k-second')";
+    assert_eq!(count(&pool, stored).await, 0);
+    catches_up(&pool, behind).await;
+    assert_eq!(
+        push_through(&side, &list, br#"{"id":"k-second"}"#).await,
+        Ok(1),
+        "the client's retry is stored"
+    );
+    side.stop().await;
+    delete_keys(&[&list, &format!("qbridge:*:{route}*")]).await;
 }
