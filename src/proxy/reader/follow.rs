@@ -43,41 +43,33 @@ impl<W: AsyncWrite + Unpin> Reader<W> {
         batch: &mut Batch,
         read_at: Instant,
     ) -> std::io::Result<Result<(RoutedPush, Phase), Routing>> {
-        // Counted before the phase is read: a change after the read waits
-        // for this push (see `model::following`).
-        let routed = self.shared.routes.phases().route_push();
-        if let Some(phase) = self.shared.routes.followed_push_phase(route, first) {
-            self.routed_in_multi |= in_multi;
-            return Ok(Ok((routed, phase)));
-        }
-        drop(routed);
-        let refused = || {
-            metrics::counter!(m::PUSHES_NOT_FOLLOWED, "route" => route.name.clone()).increment(1);
-        };
-        let refusal = match in_multi {
-            true => Routing::AbortMulti,
-            false => Routing::Local(Tag::Answer(NOT_FOLLOWED)),
-        };
-        if self.routed_in_multi {
-            refused();
-            return Ok(Err(refusal));
-        }
-        let shared = std::sync::Arc::clone(&self.shared);
-        let routes = &shared.routes;
-        let until = tokio::time::Instant::now() + FOLLOW_WAIT;
+        let mut until = None;
         loop {
-            // What is ready goes to Redis first; this client waits.
-            let ready = std::mem::take(batch);
-            self.flush(ready, read_at).await?;
-            if !routes.phases().wait_followed(&route.name, until).await {
-                tracing::warn!(route = %route.name, "a push refused: its route's latest phase change is not followed by every process");
-                refused();
-                return Ok(Err(refusal));
-            }
-            let routed = routes.phases().route_push();
-            if let Some(phase) = routes.followed_push_phase(route, first) {
+            // Counted before the phase is read: a change after the read
+            // waits for this push (see `model::following`).
+            let routed = self.shared.routes.phases().route_push();
+            if let Some(phase) = self.shared.routes.followed_push_phase(route, first) {
                 self.routed_in_multi |= in_multi;
                 return Ok(Ok((routed, phase)));
+            }
+            drop(routed);
+            let until = *until.get_or_insert_with(|| tokio::time::Instant::now() + FOLLOW_WAIT);
+            // After a push of the same MULTI this one cannot wait.
+            let waited = !self.routed_in_multi && {
+                // What is ready goes to Redis first; this client waits.
+                let ready = std::mem::take(batch);
+                self.flush(ready, read_at).await?;
+                let phases = self.shared.routes.phases();
+                phases.wait_followed(&route.name, until).await
+            };
+            if !waited {
+                tracing::warn!(route = %route.name, "a push refused: its route's latest phase change is not followed by every process");
+                metrics::counter!(m::PUSHES_NOT_FOLLOWED, "route" => route.name.clone())
+                    .increment(1);
+                return Ok(Err(match in_multi {
+                    true => Routing::AbortMulti,
+                    false => Routing::Local(Tag::Answer(NOT_FOLLOWED)),
+                }));
             }
         }
     }

@@ -25,15 +25,21 @@ async fn push_through(side: &ProxySide, list: &str, item: &[u8]) -> Result<i64, 
     push_to(side.url(), list.to_string(), item.to_vec()).await
 }
 
+/// A connection to `url` that waits up to 10 s for a reply (a push may
+/// wait for every proxy to follow a flip).
+async fn patient(url: String) -> ::redis::aio::MultiplexedConnection {
+    let config =
+        ::redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(10)));
+    ::redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap()
+}
+
 /// An LPUSH through the proxy at `url`, waiting up to 10 s for its reply.
 async fn push_to(url: String, list: String, item: Vec<u8>) -> Result<i64, String> {
-    let patient = ::redis::AsyncConnectionConfig::new()
-        .set_response_timeout(Some(std::time::Duration::from_secs(10)));
-    let mut conn = ::redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection_with_config(&patient)
-        .await
-        .unwrap();
+    let mut conn = patient(url).await;
     ::redis::cmd("LPUSH")
         .arg(&list)
         .arg(&item)
@@ -250,13 +256,7 @@ async fn a_push_waits_until_every_proxy_follows_the_flip(pool: PgPool) {
     let in_multi = {
         let (url, list, other) = (side.url(), list.clone(), other.clone());
         tokio::spawn(async move {
-            let patient = ::redis::AsyncConnectionConfig::new()
-                .set_response_timeout(Some(Duration::from_secs(10)));
-            let mut conn = ::redis::Client::open(url)
-                .unwrap()
-                .get_multiplexed_async_connection_with_config(&patient)
-                .await
-                .unwrap();
+            let mut conn = patient(url).await;
             ::redis::pipe()
                 .atomic()
                 .cmd("SET")
