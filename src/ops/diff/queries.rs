@@ -131,25 +131,45 @@ classed AS (
 ranked AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.hash, c.class
                                    ORDER BY c.pushed DESC, c.n DESC) AS newest
-      FROM classed c)
+      FROM classed c),
+-- Per text with fresh copies: the copies Redis holds above its pop count,
+-- and those the outbox owes. Counted once per text and joined, not once
+-- per fresh copy: a backlog of N identical items made that N x N.
+fresh_texts AS (
+    SELECT DISTINCT hash, pops FROM classed WHERE class = 'fresh'),
+listed AS (
+    SELECT f.hash, count(*) AS copies
+      FROM fresh_texts f
+      JOIN (SELECT substring(a.key from '^sha256:([0-9a-f]+):') AS hash,
+                   substring(a.key from '^sha256:[0-9a-f]+:([0-9]+)$')::bigint AS n
+              FROM unnest($4::text[]) AS a(key)
+             WHERE a.key LIKE 'sha256:%') a ON a.hash = f.hash AND a.n > f.pops
+     GROUP BY f.hash),
+-- The keys Redis accounts for, as a set to join (a lookup in the array
+-- for each copy made a long backlog quadratic too).
+accounted AS (
+    SELECT DISTINCT a.key FROM unnest($4::text[]) AS a(key)),
+owing AS (
+    SELECT substring(owed.key from '^sha256:([0-9a-f]+):') AS hash, count(*) AS copies
+      FROM (SELECT b.key FROM qbridge.redis_outbox b
+             WHERE b.queue = $1 AND NOT (b.token = ANY($8::uuid[]))
+            UNION
+            SELECT o.key FROM unnest($5::text[]) AS o(key)) owed
+     WHERE owed.key LIKE 'sha256:%'
+     GROUP BY 1)
 SELECT r.key, r.class IN ('popped', 'hole') AS popped FROM ranked r
+  LEFT JOIN listed l ON l.hash = r.hash
+  LEFT JOIN owing w ON w.hash = r.hash
+  LEFT JOIN accounted acc ON acc.key = r.key
  WHERE (r.due < $3 OR r.class = 'fresh')
    AND CASE r.class
-         WHEN 'id' THEN NOT (r.key = ANY($4::text[]))
+         WHEN 'id' THEN acc.key IS NULL
                         AND NOT (r.key = ANY($5::text[]))
                         AND NOT EXISTS (SELECT 1 FROM qbridge.redis_outbox b
                                          WHERE b.queue = $1 AND b.key = r.key
                                            AND NOT (b.token = ANY($8::uuid[])))
-         WHEN 'fresh' THEN r.newest >
-              (SELECT count(*) FROM unnest($4::text[]) AS a(key)
-                WHERE a.key LIKE 'sha256:' || r.hash || ':%'
-                  AND substring(a.key from ':([0-9]+)$')::bigint > r.pops)
-            + (SELECT count(*) FROM (SELECT b.key FROM qbridge.redis_outbox b
-                                      WHERE b.queue = $1 AND NOT (b.token = ANY($8::uuid[]))
-                                     UNION
-                                     SELECT o.key FROM unnest($5::text[]) AS o(key)) owed
-                WHERE owed.key LIKE 'sha256:' || r.hash || ':%')
-         ELSE NOT (r.key = ANY($4::text[]))
+         WHEN 'fresh' THEN r.newest > COALESCE(l.copies, 0) + COALESCE(w.copies, 0)
+         ELSE acc.key IS NULL
        END
  ORDER BY r.due, r.key
 "#;
