@@ -150,7 +150,9 @@ async fn phase_flip_and_rollback_under_load() {
 /// rollbacks (also below `dual_write`), ramps, kills, restarts, lost
 /// reports, re-pushes and repairs, then flips to 100% and decommissions;
 /// the oracle and the diff judge it. Seed 3 starts in `redis_only` with a
-/// backlog waiting in Redis; 1 and 5 start in `dual_write`.
+/// backlog waiting in Redis; 1 and 5 start in `dual_write`. Seed 1 SIGKILLs
+/// a proxy; seed 5 SIGKILLs one and hands two jobs back (one taken in
+/// `shadow` and pushed back after the flip, one across a lowered share).
 ///
 /// Odd seeds only: they push id-keyed jobs. Even seeds (identical texts,
 /// content-hash keys) still lose jobs when Redis restarts without

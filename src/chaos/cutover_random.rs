@@ -2,7 +2,8 @@
 //! --seeds N`): for each seed, one route walks — from `dual_write`, or from
 //! `redis_only` with a backlog waiting — through a random sequence of
 //! phase advances (with a flipped share), rollbacks, percent ramps, worker
-//! kills, Redis and Postgres restarts, lost outcome reports, client
+//! kills, proxy kills, Redis and Postgres restarts, lost outcome reports,
+//! jobs handed back across a phase change ([`hand_back`]), client
 //! re-pushes of acknowledged jobs and repairs ([`steps`]), under continuous
 //! load through the proxy and the producer API — ids on odd seeds, a few
 //! identical texts on a `raw` route (content-hash keys) on even seeds — and
@@ -19,6 +20,7 @@
 //! recording).
 
 mod dump;
+mod hand_back;
 mod steps;
 
 use std::time::{Duration, Instant};
@@ -168,7 +170,7 @@ pub async fn run_seed(c: &Campaign, seed: u64) -> Result<SeedReport> {
     oracle::record_acked(&rig.db, items, &acked.take()).await?;
     done.extend(rig.supervise().into_iter().map(stamped));
     let mut violations = finish(&mut rig, &h, seed, c.patience, &mut done).await;
-    let mut verdict = oracle::judge(&rig.db).await?;
+    let mut verdict = oracle::judge(&rig.db, &rig.faults).await?;
     violations.extend(visible_in_the_diff(&rig, &h, window_start, &verdict).await?);
     verdict.violations.extend(violations);
     if !verdict.violations.is_empty() {

@@ -162,6 +162,7 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report> {
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let span = opts.span;
+    let fault_from = chrono::Utc::now();
     let note = match scenario {
         Scenario::WorkerKill => faults::kill_worker(&mut rig, span).await,
         Scenario::TerminateBackends => faults::terminate_backends(&mut rig, span).await,
@@ -185,6 +186,10 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report> {
         Err(e) => format!("FAULT FAILED: {e}"),
     };
     let fault_end = Instant::now();
+    // Flipping phases is no fault: a Redis job run twice there is a duplicate.
+    if scenario != Scenario::PhaseFlip {
+        rig.faulted(scenario.name(), fault_from);
+    }
     oracle::record_acked(&rig.db, rig.items, &load.acked.take()).await?;
     if scenario == Scenario::RedisRestart {
         note.push_str("; ");
@@ -198,7 +203,7 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report> {
     let acked = load.stop().await;
     oracle::record_acked(&rig.db, rig.items, &acked.take()).await?;
     let drained = oracle::wait_until_done(&rig.db, opts.patience).await;
-    let mut verdict = oracle::judge(&rig.db).await?;
+    let mut verdict = oracle::judge(&rig.db, &rig.faults).await?;
     if scenario == Scenario::ManyProcesses {
         let (led, overlaps) = leaders::judge(&leaders::read(rig.dir.path()));
         note.push_str("; ");

@@ -11,7 +11,10 @@
 //!   cause: the same item with its attempt counter continued (its consumer
 //!   died, or its ack was lost), or a second item of a key whose first
 //!   run never reached the record (see [`REDIS_RUN_UNRECORDED`]); a second
-//!   item after the first run was on record is a violation;
+//!   item after the first run was on record is a violation; each of these
+//!   Redis-side reasons holds only across a fault the run named
+//!   ([`Fault`]): without one between the runs, a Redis
+//!   job run twice is a violation;
 //!   never on both sides — except a Redis attempt on record
 //!   as interrupted (its consumer died holding the item, and decommission
 //!   archived it into Postgres, which ran it: at least once under a crash,
@@ -30,6 +33,15 @@ use super::load::{item, Items, UNSURE};
 use super::rig::ROUTE;
 use crate::error::Result;
 use crate::model::formats::{decode_bytes, Format};
+
+/// A fault caused on purpose (a kill, a restart, a scenario's whole
+/// fault): what it was and when it began and ended.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    pub what: String,
+    pub from: chrono::DateTime<chrono::Utc>,
+    pub until: chrono::DateTime<chrono::Utc>,
+}
 
 /// Stores acknowledged pushes for the SQL checks: keys (repeats are
 /// ignored: a re-push of an id is the same job), or on a content-hash route
@@ -223,8 +235,9 @@ SELECT a.key FROM chaos.aborted a
     OR EXISTS (SELECT 1 FROM qbridge.job_keys k WHERE k.key = a.key)
 "#;
 
-/// Runs every check.
-pub async fn judge(db: &PgPool) -> Result<Verdict> {
+/// Runs every check; `faults` are those caused on purpose, the only
+/// reasons a Redis job may run twice.
+pub async fn judge(db: &PgPool, faults: &[Fault]) -> Result<Verdict> {
     let mut v = Verdict {
         jobs: sqlx::query_scalar::<_, i64>(
             "SELECT (SELECT count(*) FROM chaos.acked) \
@@ -254,7 +267,7 @@ pub async fn judge(db: &PgPool) -> Result<Verdict> {
         v.extra
             .insert("retry after a handler failure".into(), failed as u64);
     }
-    classify_repeats(db, &mut v).await?;
+    classify_repeats(db, faults, &mut v).await?;
     let drifted: Vec<String> = sqlx::query_scalar(EXTRA_KEYS_SQL).fetch_all(db).await?;
     if let Some(text) = drifted.first() {
         v.violations.push(format!(
@@ -357,8 +370,22 @@ pub const IDENTICAL_TEXT_NUMBER_AGAIN: &str =
 pub const INTERRUPTED_THEN_ARCHIVED: &str =
     "Redis attempt interrupted by a crash, run again from the archive";
 
+/// How long before a run's record a fault may have begun and still have
+/// caused the run again: the record is written after the handler's work,
+/// and a consumer killed meanwhile never acknowledged the item.
+const FAULT_BEFORE_RECORD: chrono::Duration = chrono::Duration::seconds(1);
+
+/// The fault that lasted into the window from just before run `a`'s record
+/// to run `b`'s, if any: a Redis job run twice without one is a duplicate
+/// qbridge let through, whatever the reason would otherwise be.
+fn fault_between<'f>(faults: &'f [Fault], a: &Run, b: &Run) -> Option<&'f Fault> {
+    faults
+        .iter()
+        .find(|f| f.from <= b.at && f.until >= a.at - FAULT_BEFORE_RECORD)
+}
+
 /// Sorts every second successful live run into a reason or a violation.
-async fn classify_repeats(db: &PgPool, v: &mut Verdict) -> Result<()> {
+async fn classify_repeats(db: &PgPool, faults: &[Fault], v: &mut Verdict) -> Result<()> {
     let runs: Vec<Run> = sqlx::query_as(REPEATS_SQL)
         .bind(ROUTE)
         .fetch_all(db)
@@ -370,6 +397,11 @@ async fn classify_repeats(db: &PgPool, v: &mut Verdict) -> Result<()> {
             continue;
         }
         let reason = match (a.job_id, b.job_id) {
+            // Every reason below for a Redis job to run again needs a
+            // crash or a restart between the runs: the walk names each.
+            (0, 0) if fault_between(faults, a, b).is_none() => {
+                Err("Redis job ran twice with no fault between its runs")
+            }
             // The same item again, its attempt counter continued: its
             // attempt did not finish (the consumer died, or the ack was
             // lost). A second item of the key starts again at 1: a

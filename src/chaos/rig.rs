@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 
 use super::items::Items;
+use super::oracle::Fault;
 use crate::demo::pgbouncer::ThrowawayPgBouncer;
 use crate::demo::servers::{free_port, ThrowawayPostgres, ThrowawayRedis};
 use crate::error::{Error, Result};
@@ -52,6 +53,12 @@ pub struct Rig {
     /// connect with: through the PgBouncer when there is one, declared as a
     /// pooler, as an operator's `qbridge advance` there would; else [`Rig::db`].
     pub operator: PgPool,
+    /// The faults caused so far, named: the oracle accepts a Redis job run
+    /// twice only across one of them.
+    pub faults: Vec<Fault>,
+    /// When [`Rig::supervise`] last looked: a process found exited since
+    /// died within this window.
+    last_supervised: chrono::DateTime<chrono::Utc>,
 }
 
 /// One qbridge child process.
@@ -191,6 +198,8 @@ impl Rig {
             items,
             pgbouncer: None,
             operator: db.clone(),
+            faults: Vec::new(),
+            last_supervised: chrono::Utc::now(),
         })
     }
 
@@ -324,6 +333,7 @@ gates = {{ window = "2s", min_jobs = 1 }}
         let url = self.process_url();
         let dir = self.dir.path().to_path_buf();
         let mut said = Vec::new();
+        let mut exited_names = Vec::new();
         for p in self.workers.iter_mut().chain(self.proxy.iter_mut()) {
             let exited = match p.child.as_mut().map(|c| c.try_wait()) {
                 Some(Ok(Some(status))) => status,
@@ -346,8 +356,55 @@ gates = {{ window = "2s", min_jobs = 1 }}
                 "{} exited on its own ({exited}; last log: {tail}); {again}",
                 p.name
             ));
+            exited_names.push(p.name.clone());
+        }
+        // When it exited is not known: any time since the last look.
+        let since = std::mem::replace(&mut self.last_supervised, chrono::Utc::now());
+        for name in exited_names {
+            self.faulted(format!("{name} exited on its own"), since);
         }
         said
+    }
+
+    /// SIGKILLs proxy `i` (the rig's own first, then those
+    /// [`Rig::add_process`] started, in [`Rig::proxy_ports`] order) and
+    /// starts it again once its port is free; its name.
+    pub async fn kill_proxy(&mut self, i: usize) -> Result<String> {
+        let port = self.proxy_ports()[i];
+        let process = match i {
+            0 => self.proxy.as_mut(),
+            i => self
+                .workers
+                .iter_mut()
+                .filter(|p| p.args.first().is_some_and(|c| c == "proxy"))
+                .nth(i - 1),
+        };
+        let Some(process) = process else {
+            return Err(Error::Config(format!("no proxy {i}")));
+        };
+        process.kill();
+        let name = process.name.clone();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let url = self.process_url();
+        let dir = self.dir.path().to_path_buf();
+        let process = match i {
+            0 => self.proxy.as_mut(),
+            _ => self.workers.iter_mut().find(|p| p.name == name),
+        };
+        if let Some(process) = process {
+            process.spawn(&self.bin, &dir, &url)?;
+        }
+        wait_for_port(port, &|| self.log_tail(&name)).await?;
+        Ok(name)
+    }
+
+    /// Records a fault that began at `from` and ends now.
+    pub fn faulted(&mut self, what: impl Into<String>, from: chrono::DateTime<chrono::Utc>) {
+        self.faults.push(Fault {
+            what: what.into(),
+            from,
+            until: chrono::Utc::now(),
+        });
     }
 
     /// Starts worker `i` again after a kill.

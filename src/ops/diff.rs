@@ -18,6 +18,7 @@
 //! still waiting in Redis; those already run on Redis ran live once, which is
 //! what matters, and are only counted.
 
+mod only_postgres;
 mod queries;
 mod render;
 
@@ -163,8 +164,9 @@ impl Diff {
     }
 }
 
+pub(crate) use only_postgres::ONLY_POSTGRES_SQL;
 pub(crate) use queries::ran_both_sides;
-pub(crate) use queries::{ONLY_POSTGRES_SQL, UNKNOWN_KEYS_SQL};
+pub(crate) use queries::UNKNOWN_KEYS_SQL;
 pub use render::table;
 
 /// The distinct lines of evidence, with how many jobs each covers.

@@ -52,13 +52,20 @@ pub enum Step {
     Repush { index: usize, via_proxy: bool },
     /// `qbridge diff --repair` on evidence alone.
     Repair,
+    /// SIGKILL a proxy process (the rig's own, or the second) and start it
+    /// again: what it routed and had not yet written is gone with it.
+    KillProxy { proxy: usize },
+    /// A client takes a job off the list through a proxy, the phase or
+    /// share changes while it holds the job, and it pushes the job back on
+    /// the same connection ([`super::hand_back`]).
+    HandBack { pick: usize },
 }
 
 /// Draws the next step for a route in `phase` with `percent` flipped.
 /// Decommission is not drawn: the walk ends with it.
 pub fn draw(rng: &mut StdRng, phase: Phase, percent: u8) -> Step {
     loop {
-        let step = match rng.random_range(0..100) {
+        let step = match rng.random_range(0..110) {
             0..=14 => Step::Advance {
                 percent: [10, 50, 100][rng.random_range(0..3)],
             },
@@ -79,7 +86,13 @@ pub fn draw(rng: &mut StdRng, phase: Phase, percent: u8) -> Step {
                 index: rng.random_range(0..usize::MAX / 2),
                 via_proxy: rng.random_bool(0.5),
             },
-            _ => Step::Repair,
+            90..=99 => Step::Repair,
+            100..=104 => Step::KillProxy {
+                proxy: rng.random_range(0..2),
+            },
+            _ => Step::HandBack {
+                pick: rng.random_range(0..usize::MAX / 2),
+            },
         };
         let possible = match step {
             Step::Advance { .. } => phase < Phase::PostgresOnly,
@@ -111,41 +124,42 @@ pub async fn take(
 ) -> Result<String> {
     let route = &h.route;
     match step {
-        Step::Advance { percent } => advance(rig, h, percent, pause).await,
-        Step::Rollback => {
-            let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
-            let req = Request::new(BY, Some(REASON));
-            let state = operate::rollback(&rig.operator, Some(&mut redis), route, &req).await?;
-            Ok(format!("rollback → {}", state.phase))
-        }
-        Step::Ramp { percent } => {
-            let req = Request::new(BY, Some(REASON));
-            let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
-            operate::ramp(&rig.operator, Some(&mut redis), route, percent, &req).await?;
-            Ok(format!("ramp → {percent}%"))
+        Step::Advance { .. } | Step::Rollback | Step::Ramp { .. } => {
+            change_phase(step, rig, h, pause).await
         }
         Step::KillWorker { worker } => {
+            let from = chrono::Utc::now();
             rig.workers[worker].kill();
             tokio::time::sleep(Duration::from_millis(200)).await;
+            rig.faulted(format!("w{} SIGKILLed", worker + 1), from);
             rig.restart_worker(worker)?;
             Ok(format!("SIGKILL w{} and restart", worker + 1))
         }
         Step::RestartRedis => restart_redis(rig, h).await,
         Step::RestartPostgres => {
+            let from = chrono::Utc::now();
             rig.pg.kill();
             tokio::time::sleep(Duration::from_millis(500)).await;
-            rig.pg.try_resume().map_err(Error::Config)?;
+            let resumed = rig.pg.try_resume().map_err(Error::Config);
+            rig.faulted("Postgres crashed", from);
+            resumed?;
             Ok("Postgres crashed and restarted".into())
         }
         Step::KillWorkerWhilePostgresAway {
             worker,
             restart_redis: then_redis,
         } => {
+            let from = chrono::Utc::now();
             rig.pg.kill();
             // Jobs that finish now are acked with their outcomes kept.
             tokio::time::sleep(Duration::from_millis(1500)).await;
             rig.workers[worker].kill();
-            rig.pg.try_resume().map_err(Error::Config)?;
+            let resumed = rig.pg.try_resume().map_err(Error::Config);
+            rig.faulted(
+                format!("Postgres crashed and w{} SIGKILLed meanwhile", worker + 1),
+                from,
+            );
+            resumed?;
             let redis = match then_redis {
                 true => format!("; {}", restart_redis(rig, h).await?),
                 false => String::new(),
@@ -183,6 +197,40 @@ pub async fn take(
             Ok(format!("re-push {key} via {via}: {answer}"))
         }
         Step::Repair => repair_once(rig, h, None).await,
+        Step::KillProxy { proxy } => {
+            let from = chrono::Utc::now();
+            let killed = rig.kill_proxy(proxy).await;
+            let name = killed.as_deref().unwrap_or("a proxy").to_string();
+            rig.faulted(format!("{name} SIGKILLed"), from);
+            Ok(format!("SIGKILL {} and restart", killed?))
+        }
+        Step::HandBack { pick } => super::hand_back::hand_back(rig, h, pick, pause).await,
+    }
+}
+
+/// An advance, a rollback or a new share (any other step is refused).
+pub(super) async fn change_phase(
+    step: Step,
+    rig: &Rig,
+    h: &Harness,
+    pause: &Pause,
+) -> Result<String> {
+    let route = &h.route;
+    match step {
+        Step::Advance { percent } => advance(rig, h, percent, pause).await,
+        Step::Rollback => {
+            let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
+            let req = Request::new(BY, Some(REASON));
+            let state = operate::rollback(&rig.operator, Some(&mut redis), route, &req).await?;
+            Ok(format!("rollback → {}", state.phase))
+        }
+        Step::Ramp { percent } => {
+            let req = Request::new(BY, Some(REASON));
+            let mut redis = crate::redis::connect::connect_redis(&rig.redis.url()).await?;
+            operate::ramp(&rig.operator, Some(&mut redis), route, percent, &req).await?;
+            Ok(format!("ramp → {percent}%"))
+        }
+        other => Err(Error::InvalidInput(format!("{other:?} changes no phase"))),
     }
 }
 
@@ -293,9 +341,12 @@ async fn repush_through_proxy(port: u16, item: &[u8]) -> (String, bool) {
 /// evidence, then the operator's decision for what was mirrored before
 /// Redis came back.
 async fn restart_redis(rig: &mut Rig, h: &Harness) -> Result<String> {
+    let from = chrono::Utc::now();
     rig.redis.kill();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    rig.redis.try_resume().map_err(Error::Config)?;
+    let resumed = rig.redis.try_resume().map_err(Error::Config);
+    rig.faulted("Redis killed without persistence", from);
+    resumed?;
     let back = chrono::Utc::now();
     // Past the route's settle time (1 s), so the losses are counted.
     tokio::time::sleep(Duration::from_millis(1500)).await;
