@@ -368,7 +368,7 @@ gates = {{ window = "2s", min_jobs = 1 }}
 
     /// SIGKILLs proxy `i` (the rig's own first, then those
     /// [`Rig::add_process`] started, in [`Rig::proxy_ports`] order) and
-    /// starts it again once its port is free; its name.
+    /// starts it again, waiting until it accepts connections; its name.
     pub async fn kill_proxy(&mut self, i: usize) -> Result<String> {
         let port = self.proxy_ports()[i];
         let process = match i {
