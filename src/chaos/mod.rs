@@ -16,6 +16,7 @@
 //! random walks through the cutover, by seed.
 
 pub mod cutover_random;
+pub mod fault;
 pub mod faults;
 pub mod handler;
 pub mod items;

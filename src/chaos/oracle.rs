@@ -29,19 +29,11 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
+pub use super::fault::Fault;
 use super::load::{item, Items, UNSURE};
 use super::rig::ROUTE;
 use crate::error::Result;
 use crate::model::formats::{decode_bytes, Format};
-
-/// A fault caused on purpose (a kill, a restart, a scenario's whole
-/// fault): what it was and when it began and ended.
-#[derive(Debug, Clone)]
-pub struct Fault {
-    pub what: String,
-    pub from: chrono::DateTime<chrono::Utc>,
-    pub until: chrono::DateTime<chrono::Utc>,
-}
 
 /// Stores acknowledged pushes for the SQL checks: keys (repeats are
 /// ignored: a re-push of an id is the same job), or on a content-hash route

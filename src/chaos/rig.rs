@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
+use super::fault::Fault;
 use super::items::Items;
-use super::oracle::Fault;
 use crate::demo::pgbouncer::ThrowawayPgBouncer;
 use crate::demo::servers::{free_port, ThrowawayPostgres, ThrowawayRedis};
 use crate::error::{Error, Result};

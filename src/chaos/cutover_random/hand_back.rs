@@ -1,8 +1,8 @@
-//! The walk's hand-back step: a client takes a job off the route's list
-//! through a proxy (a raw `BRPOP`, as a worker fetching it), the route's
-//! phase or share changes while the client holds it, and the client pushes
-//! the same bytes back on the same connection (`RPUSH`, as a worker giving
-//! a job up at shutdown). The job must then run once, on whichever side the
+//! The client of the walk's hand-back step: it takes a job off the route's
+//! list through a proxy (a raw `BRPOP`, as a worker fetching it) and, once
+//! the walk changed the route's phase or share, pushes the same bytes back
+//! on the same connection (`RPUSH`, as a worker giving a job up at
+//! shutdown). The job must then run once, on whichever side the
 //! route sends it to now; the oracle finds it lost if it stayed held, and
 //! run twice if both sides ran it.
 
@@ -12,14 +12,10 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::steps::{change_phase, Step};
-use crate::chaos::load::{self, Pause};
+use crate::chaos::load;
 use crate::chaos::rig::{Rig, LIST};
-use crate::chaos::Harness;
 use crate::error::Result;
-use crate::model::formats::decode_bytes;
-use crate::model::Phase;
-use crate::ops::operate;
+use crate::model::formats::{decode_bytes, Format};
 
 /// How long the client waits for a job to take: the consumers, blocked on
 /// the list before it, are handed the next items first.
@@ -29,9 +25,19 @@ const TAKE_WITHIN_SECONDS: u32 = 3;
 /// change) is tried again, a second apart, as a client retrying would.
 const TRIES: usize = 12;
 
-/// Takes one job through proxy `pick` (modulo the proxies), changes the
-/// phase or share while holding it (`pick` chooses how), and hands it back.
-pub async fn hand_back(rig: &Rig, h: &Harness, pick: usize, pause: &Pause) -> Result<String> {
+/// A job a client took off the route's list, and the connection it took
+/// it on (the one it must push it back on).
+pub struct Taken {
+    conn: TcpStream,
+    item: Bytes,
+    /// The proxy's port, for the walk's report.
+    pub port: u16,
+}
+
+/// Takes one job through proxy `pick` (modulo the proxies) with `BRPOP`;
+/// `Err` says why nothing was taken (none came within the wait, the pop
+/// failed).
+pub async fn take(rig: &Rig, pick: usize) -> Result<std::result::Result<Taken, String>> {
     let ports = rig.proxy_ports();
     let port = ports[pick % ports.len()];
     let mut conn = TcpStream::connect(("127.0.0.1", port)).await?;
@@ -42,39 +48,28 @@ pub async fn hand_back(rig: &Rig, h: &Harness, pick: usize, pause: &Pause) -> Re
     ]))
     .await?;
     let wait = Duration::from_secs(u64::from(TAKE_WITHIN_SECONDS) + 5);
-    let taken = match tokio::time::timeout(wait, read_pop(&mut conn)).await {
-        Ok(Ok(taken)) => taken,
-        Ok(Err(e)) => return Ok(format!("hand-back: the pop failed: {e}")),
-        Err(_) => return Ok("hand-back: the pop was not answered".into()),
-    };
-    let Some(item) = taken else {
-        return Ok("hand-back: nothing to take".into());
-    };
-    let name = decode_bytes(&h.route.format, item.clone())
-        .key
-        .with_occurrence(0);
-    let state = operate::state_of(&rig.operator, &h.route, super::steps::BY).await?;
-    let change = match (state.phase, pick % 3) {
-        (Phase::PostgresOnly, 0) => Step::Rollback,
-        (Phase::PostgresOnly, n) => Step::Ramp {
-            percent: match (state.percent, n) {
-                (100, _) => 0,
-                (0, _) | (_, 1) => 100,
-                (p, _) => p / 2,
-            },
+    Ok(
+        match tokio::time::timeout(wait, read_pop(&mut conn)).await {
+            Ok(Ok(Some(item))) => Ok(Taken { conn, item, port }),
+            Ok(Ok(None)) => Err("nothing to take".into()),
+            Ok(Err(e)) => Err(format!("the pop failed: {e}")),
+            Err(_) => Err("the pop was not answered".into()),
         },
-        (_, n) => Step::Advance {
-            percent: [10, 50, 100][n],
-        },
-    };
-    let changed = match change_phase(change, rig, h, pause).await {
-        Ok(said) => said,
-        Err(e) => format!("{change:?} failed: {e}"),
-    };
-    let back = give_back(&mut conn, &item).await;
-    Ok(format!(
-        "hand-back: took {name} via proxy :{port}; {changed}; pushed it back on the same connection: {back}"
-    ))
+    )
+}
+
+impl Taken {
+    /// The job's key on a route of `format`.
+    pub fn key(&self, format: &Format) -> String {
+        decode_bytes(format, self.item.clone())
+            .key
+            .with_occurrence(0)
+    }
+
+    /// Pushes the job back on the connection it was taken on; the reply.
+    pub async fn give_back(mut self) -> String {
+        give_back(&mut self.conn, &self.item).await
+    }
 }
 
 /// `RPUSH` of `item` on `conn` until it is acknowledged or refused for

@@ -11,6 +11,7 @@ use rand::Rng;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+use super::hand_back;
 use crate::chaos::load::{self, Acked, Pause};
 use crate::chaos::rig::{Rig, LIST};
 use crate::chaos::Harness;
@@ -204,17 +205,46 @@ pub async fn take(
             rig.faulted(format!("{name} SIGKILLed"), from);
             Ok(format!("SIGKILL {} and restart", killed?))
         }
-        Step::HandBack { pick } => super::hand_back::hand_back(rig, h, pick, pause).await,
+        Step::HandBack { pick } => take_and_hand_back(rig, h, pick, pause).await,
     }
 }
 
+/// A client takes a job through a proxy, the phase or share changes while
+/// it holds it (`pick` chooses the proxy and the change), and it pushes the
+/// job back on the same connection ([`hand_back::Taken`]).
+async fn take_and_hand_back(rig: &Rig, h: &Harness, pick: usize, pause: &Pause) -> Result<String> {
+    let taken = match hand_back::take(rig, pick).await? {
+        Ok(taken) => taken,
+        Err(why) => return Ok(format!("hand-back: {why}")),
+    };
+    let key = taken.key(&h.route.format);
+    let port = taken.port;
+    let state = operate::state_of(&rig.operator, &h.route, BY).await?;
+    let change = match (state.phase, pick % 3) {
+        (Phase::PostgresOnly, 0) => Step::Rollback,
+        (Phase::PostgresOnly, n) => Step::Ramp {
+            percent: match (state.percent, n) {
+                (100, _) => 0,
+                (0, _) | (_, 1) => 100,
+                (p, _) => p / 2,
+            },
+        },
+        (_, n) => Step::Advance {
+            percent: [10, 50, 100][n],
+        },
+    };
+    let changed = match change_phase(change, rig, h, pause).await {
+        Ok(said) => said,
+        Err(e) => format!("{change:?} failed: {e}"),
+    };
+    let back = taken.give_back().await;
+    Ok(format!(
+        "hand-back: took {key} via proxy :{port}; {changed}; pushed it back on the same connection: {back}"
+    ))
+}
+
 /// An advance, a rollback or a new share (any other step is refused).
-pub(super) async fn change_phase(
-    step: Step,
-    rig: &Rig,
-    h: &Harness,
-    pause: &Pause,
-) -> Result<String> {
+async fn change_phase(step: Step, rig: &Rig, h: &Harness, pause: &Pause) -> Result<String> {
     let route = &h.route;
     match step {
         Step::Advance { percent } => advance(rig, h, percent, pause).await,
